@@ -1,0 +1,145 @@
+"""Benchmark analyst agent -- job: run the benchmarks of a Ready candidate through the bench
+server, judge it against the incumbent (keep / discard / crash, with evidence), and turn every
+failure into a lesson whose condition covers the whole family of configs it dooms.
+
+Prompt (for the Claude brain of a later issue): ``agents/prompts/analyst.md``. Outputs:
+:class:`Verdict` and :class:`~domain.lesson.Lesson`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from mcp import Client
+from pydantic import BaseModel
+
+from agents.deployer import DeployOutcome
+from agents.mcp_tools import call
+from domain.config import ServingConfig
+from domain.lesson import Clause, Lesson, Scope
+from domain.metrics import MetricsSummary
+from domain.study import Study
+
+FIXES = {
+    "UNSUPPORTED_BACKEND": "leave --attention-backend unset (the engine picks the backend for the "
+                           "GPU architecture) or choose one the architecture supports",
+    "OOM_WEIGHTS": "use more GPUs per replica (higher --tp-size) or a smaller checkpoint",
+    "KV_NO_ROOM": "raise --mem-fraction-static, raise --tp-size or use a smaller checkpoint",
+    "GRAPH_CAPTURE_OOM": "lower --mem-fraction-static or --cuda-graph-max-bs-decode",
+    "BAD_FLAG": "use only flags and values of the pinned SGLang version's inventory",
+}
+OUTCOME = {"UNSUPPORTED_BACKEND": "unsupported", "OOM_WEIGHTS": "oom", "KV_NO_ROOM": "oom",
+           "GRAPH_CAPTURE_OOM": "oom", "BAD_FLAG": "invalid-flag"}
+
+
+class Verdict(BaseModel):
+    """The analyst's decision on one trial."""
+
+    status: Literal["baseline", "keep", "discard", "crash"]
+    objective: float | None
+    reason: str
+
+
+class BenchOutcome(BaseModel):
+    """One benchmark's summary and where its records are."""
+
+    bench_id: str
+    summary: MetricsSummary
+    records_path: str
+    workload: dict[str, Any]
+    replicas: list[dict[str, Any]]
+
+
+def failure_condition(config: ServingConfig, failure_class: str,
+                      tp_values: list[int]) -> tuple[Scope, list[Clause]]:
+    """Scope and condition of the family a failure of ``config`` dooms.
+
+    - UNSUPPORTED_BACKEND: that backend on this GPU, any model or checkpoint.
+    - OOM_WEIGHTS: these weights at this or any smaller TP (weights per GPU only grow).
+    - KV_NO_ROOM / GRAPH_CAPTURE_OOM: these weights, this TP and this memory fraction.
+    - anything else: exactly this config's explicitly set knobs.
+    """
+    scope = Scope(gpu=config.gpu, engine=config.engine, engine_version=config.engine_version)
+    if failure_class == "UNSUPPORTED_BACKEND":
+        return scope, [Clause(field="attention_backend", op="eq",
+                              value=config.attention_backend)]
+    mscope = scope.model_copy(update={"model": config.model, "quantization": config.weights})
+    if failure_class == "OOM_WEIGHTS":
+        return mscope, [Clause(field="weights", op="eq", value=config.weights),
+                        Clause(field="tp_size", op="le", value=config.tp_size)]
+    if failure_class in ("KV_NO_ROOM", "GRAPH_CAPTURE_OOM"):
+        return mscope, [Clause(field="weights", op="eq", value=config.weights),
+                        Clause(field="tp_size", op="eq", value=config.tp_size),
+                        Clause(field="mem_fraction_static", op="eq",
+                               value=config.mem_fraction_static)]
+    clauses = [Clause(field="weights", op="eq", value=config.weights),
+               Clause(field="tp_size", op="eq", value=config.tp_size)]
+    clauses += [Clause(field=k, op="eq", value=v) for k, v in sorted(config.set_fields().items())]
+    return mscope, clauses
+
+
+def failure_lesson(config: ServingConfig, outcome: DeployOutcome, run_id: str,
+                   trial_key: str, tp_values: list[int]) -> Lesson:
+    """The lesson of a failed launch, with the engine's log line as evidence."""
+    cls = outcome.failure_class or "UNKNOWN"
+    scope, clauses = failure_condition(config, cls, tp_values)
+    title = {
+        "UNSUPPORTED_BACKEND": f"--attention-backend {config.attention_backend} refused on "
+                               f"{config.gpu} at startup",
+        "OOM_WEIGHTS": f"{config.weights} weights: CUDA out of memory at weight load on "
+                       f"TP{config.tp_size} {config.gpu}",
+    }.get(cls, f"{cls} at startup: {config.weights} TP{config.tp_size} on {config.gpu}")
+    return Lesson(
+        title=title, scope=scope, condition=clauses, outcome=OUTCOME.get(cls, "crash"),
+        failure_class=cls,
+        root_cause=f"SGLang {config.engine_version} died in stage {outcome.stage}: "
+                   f"{outcome.evidence}",
+        fix=FIXES.get(cls, "inspect the log; avoid this exact combination"),
+        evidence="\n".join(outcome.log_tail[-6:]), source="trial", run_id=run_id,
+        trial_id=trial_key).with_id()
+
+
+class Analyst:
+    """Deterministic analyst brain over the bench MCP server."""
+
+    def __init__(self, bench: Client, study: Study) -> None:
+        self.bench, self.study = bench, study
+
+    async def saturation(self, deployment: str, concurrency: int | None = None,
+                         duration_s: float | None = None) -> BenchOutcome:
+        """The study's synthetic saturation run on ``deployment``."""
+        s = self.study.saturation
+        r = await call(self.bench, "run_saturation", {
+            "deployment": deployment, "isl": s.isl, "osl": s.osl,
+            "concurrency": concurrency or s.concurrency,
+            "duration_s": duration_s or s.duration_s})
+        return BenchOutcome.model_validate(r)
+
+    async def replay(self, deployment: str) -> BenchOutcome:
+        """The study's trace replay on ``deployment`` (goodput under the TTFT SLO)."""
+        rp = self.study.replay
+        r = await call(self.bench, "run_replay", {
+            "deployment": deployment, "trace": rp.trace, "format": rp.format,
+            "start_s": rp.start_s, "duration_s": rp.duration_s, "time_scale": rp.time_scale,
+            "slo_ttft_ms": self.study.slo.ttft_p99_ms})
+        return BenchOutcome.model_validate(r)
+
+    def judge(self, summary: MetricsSummary, best: float | None, is_baseline: bool) -> Verdict:
+        """Keep if tok/s/GPU beats the incumbent by ``min_improvement``, else discard.
+
+        A run that completed no request is a crash (the server served nothing).
+        """
+        obj = summary.output_tok_s_per_gpu
+        if summary.completed == 0:
+            return Verdict(status="crash", objective=None,
+                           reason=f"no request completed ({summary.errors} errors)")
+        if is_baseline or best is None:
+            return Verdict(status="baseline", objective=obj,
+                           reason=f"baseline: {obj:,.0f} output tok/s/GPU")
+        gain = obj / best - 1
+        if gain > self.study.min_improvement:
+            return Verdict(status="keep", objective=obj,
+                           reason=f"{obj:,.0f} tok/s/GPU, {gain:+.1%} vs best {best:,.0f}")
+        return Verdict(status="discard", objective=obj,
+                       reason=f"{obj:,.0f} tok/s/GPU, {gain:+.1%} vs best {best:,.0f} "
+                              f"(needs > {self.study.min_improvement:.0%})")

@@ -1,0 +1,109 @@
+"""Deployer agent -- job: launch one candidate through the cluster server, wait until it is Ready
+or Failed, classify a failure from the engine's own log, and always tear it down afterwards.
+
+Prompt (for the Claude brain of a later issue): ``agents/prompts/deployer.md``. Output: a
+:class:`DeployOutcome`. The deterministic brain below needs no API key.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from mcp import Client
+from pydantic import BaseModel
+
+from agents.mcp_tools import call
+from domain.config import ServingConfig
+
+
+@dataclass(frozen=True)
+class FailurePattern:
+    """One row of the classifier table (servetune's sglang-knobs reference, section 3.2)."""
+
+    failure_class: str
+    regex: re.Pattern[str]
+    retryable: bool
+    meaning: str
+
+
+FAILURE_PATTERNS: tuple[FailurePattern, ...] = tuple(FailurePattern(c, re.compile(r), rt, m)
+                                                     for c, r, rt, m in (
+    ("BAD_FLAG", r"error: (ambiguous option|unrecognized arguments|argument --[\w-]+)", False,
+     "argparse refused a flag or value for this SGLang version"),
+    ("UNSUPPORTED_BACKEND",
+     r"(FlashAttention v3 Backend requires SM>=80 and SM<=90|backend is only supported on|"
+     r"backend can only be used with)", False,
+     "the attention backend cannot run on this GPU architecture or model"),
+    ("OOM_WEIGHTS", r"(torch\.)?OutOfMemoryError: CUDA out of memory|CUDA error: out of memory",
+     False, "the weight shard does not fit in GPU memory"),
+    ("KV_NO_ROOM", r"Loaded weights leave no GPU memory for the KV cache|Not enough memory\. "
+     r"Please try to increase --mem-fraction-static", False,
+     "weights leave no KV cache under mem_fraction_static"),
+    ("GRAPH_CAPTURE_OOM", r"Capture cuda graph failed", False,
+     "too little memory outside the static pool for CUDA-graph capture"),
+    ("INVALID_COMBINATION", r"(ValueError|AssertionError|NotImplementedError): ", False,
+     "the engine's argument resolution rejected a flag combination"),
+))
+
+
+def classify(log: list[str]) -> tuple[str, str]:
+    """Failure class and the evidence line of a failed startup log.
+
+    OOM rows are checked before the generic INVALID_COMBINATION row, so the first match in
+    table order wins; the evidence is the first log line that matched.
+
+    Returns:
+        (failure_class, evidence line); ("UNKNOWN", last line) if nothing matched.
+    """
+    for p in FAILURE_PATTERNS:
+        for line in log:
+            if p.regex.search(line):
+                return p.failure_class, line
+    return "UNKNOWN", log[-1] if log else ""
+
+
+class DeployOutcome(BaseModel):
+    """What happened to one launch."""
+
+    name: str
+    ready: bool
+    failure_class: str | None = None
+    evidence: str = ""
+    stage: str | None = None
+    log_tail: list[str] = []
+    startup_s: float = 0.0
+
+
+class Deployer:
+    """Deterministic deployer brain over the cluster MCP server."""
+
+    def __init__(self, cluster: Client) -> None:
+        self.cluster = cluster
+
+    async def launch(self, name: str, config: ServingConfig,
+                     labels: dict[str, str]) -> DeployOutcome:
+        """Deploy ``config`` as ``name`` and wait for Ready or Failed.
+
+        Any deployment left under that name by a killed run is torn down first (adopting
+        nothing of unknown state).
+        """
+        existing = await call(self.cluster, "list_deployments")
+        if any(d["name"] == name and d["phase"] != "Terminated" for d in existing):
+            await call(self.cluster, "tear_down", {"name": name})
+        st = await call(self.cluster, "deploy", {"name": name,
+                                                 "config": config.model_dump(mode="json")})
+        # The twin answers at once; a real backend is polled until it leaves Pending.
+        while st["phase"] not in ("Ready", "Failed", "Terminated"):
+            st = await call(self.cluster, "get_status", {"name": name})
+        if st["phase"] == "Ready":
+            return DeployOutcome(name=name, ready=True, startup_s=st["startup_s"])
+        page = await call(self.cluster, "get_logs", {"name": name, "tail": 40})
+        lines = page["lines"]
+        cls, evidence = classify(lines)
+        return DeployOutcome(name=name, ready=False, failure_class=cls, evidence=evidence,
+                             stage=st.get("failed_stage"), log_tail=lines[-12:])
+
+    async def teardown(self, name: str) -> None:
+        """Tear down ``name`` (idempotent)."""
+        await call(self.cluster, "tear_down", {"name": name})

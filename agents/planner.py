@@ -1,0 +1,161 @@
+"""Planner agent -- job: propose the next candidate, one knob changed from the current best,
+after pruning what lessons forbid and what the memory-fit estimate clearly rules out (each such
+estimate becomes a lesson whose evidence is the arithmetic).
+
+Prompt (for the Claude brain of a later issue): ``agents/prompts/planner.md``. Output:
+:class:`PlanStep` carrying ``TrialPlan | NoViableConfig`` plus the candidates pruned on the way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Literal
+
+from mcp import Client
+from pydantic import BaseModel
+
+from agents.mcp_tools import call
+from domain.config import ServingConfig
+from domain.errors import ConfigInvalid, DoesNotFit
+from domain.fit import fit
+from domain.knobs import apply_knob, normalize_value
+from domain.lesson import Clause, Lesson, Scope
+from domain.study import Study
+
+
+class TrialPlan(BaseModel):
+    """Launch this config next."""
+
+    kind: Literal["plan"] = "plan"
+    config: ServingConfig
+    changed: str
+    rationale: str
+    predicted: dict[str, Any] = {}
+
+
+class NoViableConfig(BaseModel):
+    """Nothing left to try from the current best."""
+
+    kind: Literal["none"] = "none"
+    reason: str
+
+
+class Pruned(BaseModel):
+    """A candidate dropped before launch."""
+
+    config: ServingConfig
+    changed: str
+    reason: str
+    lesson_ids: list[str]
+    new_lesson: Lesson | None = None
+
+
+class PlanStep(BaseModel):
+    """The planner's output for one step."""
+
+    pruned: list[Pruned]
+    decision: TrialPlan | NoViableConfig
+
+
+def _fmt(v: Any) -> str:
+    return "unset" if v is None else str(v)
+
+
+def estimate_lesson(config: ServingConfig, err: DoesNotFit, study: Study) -> Lesson:
+    """Lesson for a config the memory-fit estimate rules out, covering its whole family.
+
+    Weights that exceed the GPU at TP ``t`` exceed it at every smaller TP, so the condition is
+    ``weights == w AND tp_size <= t_max`` where ``t_max`` is the largest TP of the study's space
+    that also fails; a KV-pool or graph-capture shortfall also depends on mem_fraction_static.
+    """
+    scope = Scope(gpu=config.gpu, model=config.model, quantization=config.weights,
+                  engine=config.engine, engine_version=config.engine_version)
+    if err.phase == "weights_load":
+        t_max = config.tp_size
+        for t in sorted(int(v) for v in study.knobs.get("tp_size", [])):
+            if t > t_max:
+                try:
+                    fit(config.model_copy(update={"tp_size": t}))
+                except DoesNotFit as e2:
+                    if e2.phase == "weights_load":
+                        t_max = t
+                        continue
+                break
+        cond = [Clause(field="weights", op="eq", value=config.weights),
+                Clause(field="tp_size", op="le", value=t_max)]
+        title = (f"{config.weights} weights of {config.model} do not fit TP<={t_max} "
+                 f"{config.gpu}: CUDA out of memory at weight load")
+    else:
+        cond = [Clause(field="weights", op="eq", value=config.weights),
+                Clause(field="tp_size", op="eq", value=config.tp_size),
+                Clause(field="mem_fraction_static", op="eq", value=config.mem_fraction_static)]
+        title = f"{config.weights} TP{config.tp_size} does not fit ({err.phase})"
+    return Lesson(title=title, scope=scope, condition=cond, outcome="does-not-fit",
+                  failure_class="OOM_WEIGHTS" if err.phase == "weights_load" else err.phase,
+                  root_cause=f"memory-fit estimate: {err.arithmetic}",
+                  fix="raise --tp-size or use a smaller checkpoint (e.g. NVFP4)",
+                  evidence=err.arithmetic, source="estimate").with_id()
+
+
+class Planner:
+    """Deterministic planner brain: greedy one-knob-at-a-time search from the current best."""
+
+    def __init__(self, study: Study, lessons: Client) -> None:
+        self.study, self.lessons = study, lessons
+
+    def neighbours(self, best: ServingConfig) -> Iterator[tuple[ServingConfig, str]]:
+        """Configs one knob away from ``best``, in the study's knob and value order."""
+        for name, values in self.study.knobs.items():
+            for v in values:
+                try:
+                    cand = apply_knob(best, name, v, self.study.gpu_count)
+                except ConfigInvalid:
+                    continue  # validated at study load; unreachable for a parsed study
+                if cand != best:
+                    yield cand, f"{name}={_fmt(normalize_value(v))}"
+
+    async def forbidding(self, config: ServingConfig) -> list[dict[str, Any]]:
+        """Lessons (id, title) that forbid ``config``, asked through the lessons server."""
+        r = await call(self.lessons, "check_config", {"config": config.model_dump(mode="json")})
+        return list(r.get("forbidding", []))
+
+    async def step(self, best: ServingConfig, seen: set[str], run_id: str) -> PlanStep:
+        """Next candidate from ``best``, skipping config ids in ``seen``.
+
+        Pruned candidates are returned (and their new lessons stored through the lessons
+        server) so the caller can ledger them before anything launches.
+        """
+        pruned: list[Pruned] = []
+        for cand, changed in self.neighbours(best):
+            cid = cand.config_id()
+            if cid in seen:
+                continue
+            seen.add(cid)
+            forb = await self.forbidding(cand)
+            if forb:
+                ids = [f["id"] for f in forb]
+                pruned.append(Pruned(config=cand, changed=changed, lesson_ids=ids,
+                                     reason=f"forbidden by lesson {ids[0]}: {forb[0]['title']}"))
+                continue
+            try:
+                rep = fit(cand)
+            except DoesNotFit as e:
+                lesson = estimate_lesson(cand, e, self.study).model_copy(
+                    update={"run_id": run_id})
+                stored = await call(self.lessons, "add_lesson",
+                                    {"lesson": lesson.model_dump(mode="json")})
+                lid = stored["lesson"]["id"]
+                pruned.append(Pruned(config=cand, changed=changed, lesson_ids=[lid],
+                                     new_lesson=lesson,
+                                     reason=f"pruned by memory-fit estimate: {e.arithmetic}"))
+                continue
+            predicted = {"kv_tokens": rep.kv_tokens,
+                         "max_running_requests": rep.max_running_requests,
+                         "mem_fraction_static": rep.mem_fraction_static,
+                         "kv_pool_gb": round(rep.kv_pool_gb, 2)}
+            return PlanStep(pruned=pruned, decision=TrialPlan(
+                config=cand, changed=changed, predicted=predicted,
+                rationale=f"one knob from the best: {changed}; estimate fits with "
+                          f"{rep.kv_tokens:,} KV tokens per replica"))
+        return PlanStep(pruned=pruned, decision=NoViableConfig(
+            reason="every one-knob change of the best config was tried or pruned"))

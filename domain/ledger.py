@@ -1,0 +1,107 @@
+"""The append-only trial ledger of a run: SQLite in WAL mode, one committed row per trial.
+
+Every trial is committed before the study takes its next step, so a killed run loses nothing
+and a resumed one can skip finished work by its ``key``. Standard library only.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import UTC, datetime
+from pathlib import Path
+
+from domain.trial import Trial
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS trials (
+    seq INTEGER PRIMARY KEY,
+    key TEXT NOT NULL UNIQUE,
+    run_id TEXT NOT NULL,
+    phase TEXT NOT NULL,
+    status TEXT NOT NULL,
+    config_id TEXT NOT NULL,
+    changed TEXT NOT NULL,
+    objective REAL,
+    reason TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    body TEXT NOT NULL
+);
+"""
+
+
+class Ledger:
+    """A run's ledger at ``path`` (created on first use)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None,
+                                   check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._db.close()
+
+    # ---- meta ----
+    def get_meta(self, key: str) -> str | None:
+        """A run-level value (e.g. the study digest), or None."""
+        row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Store a run-level value (committed at once)."""
+        self._db.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) "
+                         "DO UPDATE SET value=excluded.value", (key, value))
+
+    # ---- trials ----
+    def next_seq(self) -> int:
+        """The seq the next appended trial gets."""
+        row = self._db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM trials").fetchone()
+        return int(row[0])
+
+    def append(self, trial: Trial) -> Trial:
+        """Commit ``trial``; if its key is already there, return the stored one unchanged.
+
+        Returns:
+            The committed trial (its ``seq`` is the ledger's).
+        """
+        existing = self.get(trial.key)
+        if existing is not None:
+            return existing
+        trial = trial.model_copy(update={
+            "seq": self.next_seq(),
+            "created_at": trial.created_at or datetime.now(UTC).isoformat(timespec="seconds")})
+        self._db.execute(
+            "INSERT INTO trials(seq, key, run_id, phase, status, config_id, changed, objective,"
+            " reason, created_at, body) VALUES(?,?,?,?,?,?,?,?,?,?,?)",
+            (trial.seq, trial.key, trial.run_id, trial.phase, trial.status,
+             trial.config.config_id(), trial.changed, trial.objective, trial.reason,
+             trial.created_at, trial.model_dump_json()))
+        return trial
+
+    def update_status(self, key: str, status: str, reason: str | None = None) -> None:
+        """Change the status (and optionally the reason) of a committed trial."""
+        t = self.get(key)
+        if t is None:
+            raise KeyError(key)
+        upd: dict[str, str] = {"status": status}
+        if reason is not None:
+            upd["reason"] = reason
+        t = t.model_copy(update=upd)
+        self._db.execute("UPDATE trials SET status=?, reason=?, body=? WHERE key=?",
+                         (t.status, t.reason, t.model_dump_json(), key))
+
+    def get(self, key: str) -> Trial | None:
+        """The trial with ``key``, or None."""
+        row = self._db.execute("SELECT body FROM trials WHERE key=?", (key,)).fetchone()
+        return Trial.model_validate_json(row[0]) if row else None
+
+    def trials(self, phase: str | None = None) -> list[Trial]:
+        """All trials in seq order (optionally of one phase)."""
+        q = "SELECT body FROM trials" + (" WHERE phase=?" if phase else "") + " ORDER BY seq"
+        rows = self._db.execute(q, (phase,) if phase else ()).fetchall()
+        return [Trial.model_validate_json(r[0]) for r in rows]

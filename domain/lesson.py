@@ -1,0 +1,132 @@
+"""Lessons: what a failure (or an estimate) taught, with a machine-checkable condition.
+
+A lesson's *family* is the set of configs its condition matches inside its scope; the planner asks
+``lesson.forbids(config)`` before launching anything, so one failure prunes its whole family.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from domain.config import ServingConfig
+
+Outcome = Literal["oom", "does-not-fit", "crash", "invalid-flag", "unsupported", "slo-miss",
+                  "improvement", "regression"]
+# Outcomes that mean "a config of this family cannot run"; the others only inform.
+FORBIDDING = frozenset({"oom", "does-not-fit", "crash", "invalid-flag", "unsupported"})
+
+Op = Literal["eq", "ne", "in", "not_in", "lt", "le", "gt", "ge", "is_null", "not_null"]
+
+
+class Clause(BaseModel):
+    """One test over a ServingConfig field, e.g. ``tp_size le 4``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    field: str = Field(description="a ServingConfig field name")
+    op: Op
+    value: Any = None
+
+    def matches(self, config: ServingConfig) -> bool:
+        """True if ``config`` satisfies this clause (False for unknown fields or type clashes)."""
+        if self.field not in ServingConfig.model_fields:
+            return False
+        v = getattr(config, self.field)
+        try:
+            match self.op:
+                case "eq":
+                    return bool(v == self.value)
+                case "ne":
+                    return bool(v != self.value)
+                case "in":
+                    return v in self.value
+                case "not_in":
+                    return v not in self.value
+                case "is_null":
+                    return v is None
+                case "not_null":
+                    return v is not None
+            if v is None:
+                return False
+            return bool({"lt": v < self.value, "le": v <= self.value,
+                         "gt": v > self.value, "ge": v >= self.value}[self.op])
+        except TypeError:
+            return False
+
+    def text(self) -> str:
+        """Human-readable form, e.g. ``tp_size <= 4``."""
+        sym = {"eq": "==", "ne": "!=", "in": "in", "not_in": "not in", "lt": "<", "le": "<=",
+               "gt": ">", "ge": ">="}
+        if self.op in ("is_null", "not_null"):
+            return f"{self.field} is {'unset' if self.op == 'is_null' else 'set'}"
+        return f"{self.field} {sym[self.op]} {self.value!r}"
+
+
+class Scope(BaseModel):
+    """Where a lesson applies. ``None`` fields match anything."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gpu: str | None = None
+    model: str | None = None
+    quantization: str | None = Field(None, description="checkpoint key, e.g. 'fp8'")
+    engine: str | None = "sglang"
+    engine_version: str | None = None
+
+    def matches(self, config: ServingConfig) -> bool:
+        """True if ``config`` lies in this scope."""
+        pairs = ((self.gpu, config.gpu), (self.model, config.model),
+                 (self.quantization, config.weights), (self.engine, config.engine),
+                 (self.engine_version, config.engine_version))
+        return all(want is None or want == have for want, have in pairs)
+
+
+class Lesson(BaseModel):
+    """A lesson learned from a trial (or from the memory-fit estimate before any launch)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field("", description="content hash; filled by with_id()")
+    title: str
+    scope: Scope
+    condition: list[Clause] = Field(description="all clauses must hold (conjunction)")
+    outcome: Outcome
+    failure_class: str | None = Field(None, description="e.g. OOM_WEIGHTS, INVALID_BACKEND")
+    root_cause: str
+    fix: str
+    evidence: str = Field(description="log lines, arithmetic, or metrics that prove it")
+    source: Literal["trial", "estimate", "research", "user"] = "trial"
+    run_id: str | None = None
+    trial_id: str | None = None
+
+    def with_id(self) -> Lesson:
+        """A copy whose id hashes scope + condition + outcome (same finding => same id)."""
+        key = json.dumps({"scope": self.scope.model_dump(), "outcome": self.outcome,
+                          "condition": [c.model_dump(mode="json") for c in self.condition]},
+                         sort_keys=True, default=str)
+        return self.model_copy(update={"id": "L-" + hashlib.sha256(key.encode()).hexdigest()[:10]})
+
+    def matches(self, config: ServingConfig) -> bool:
+        """True if ``config`` is in this lesson's family (scope and every clause hold)."""
+        return self.scope.matches(config) and all(c.matches(config) for c in self.condition)
+
+    def forbids(self, config: ServingConfig) -> bool:
+        """True if the lesson says ``config`` cannot run (a failure outcome and a match)."""
+        return self.outcome in FORBIDDING and self.matches(config)
+
+    def condition_text(self) -> str:
+        """The condition as ``a AND b`` text."""
+        return " AND ".join(c.text() for c in self.condition) or "(always)"
+
+    def document(self) -> str:
+        """The text that is embedded for semantic search."""
+        s = self.scope
+        return (f"{self.title}. Outcome: {self.outcome} ({self.failure_class or '-'}). "
+                f"Scope: {s.gpu or 'any GPU'}, {s.model or 'any model'}, "
+                f"weights {s.quantization or 'any'}, {s.engine} {s.engine_version or ''}. "
+                f"When: {self.condition_text()}. Cause: {self.root_cause} Fix: {self.fix} "
+                f"Evidence: {self.evidence}")

@@ -1,0 +1,157 @@
+"""Per-request records -> a metrics summary, and the Pareto frontier.
+
+Definitions follow SGLang's ``bench_serving`` (``sglang/benchmark/serving.py: calculate_metrics``;
+sglang-knobs reference section 5.4):
+
+- TTFT: first token time - send (arrival) time; E2E: last token - arrival.
+- ITL: every gap between consecutive output tokens of a request (pooled over requests).
+- TPOT: (E2E - TTFT) / (output_tokens - 1) per request with more than one output token.
+- Output throughput: total output tokens / duration, where duration runs from the first arrival
+  to the last finish; tok/s/GPU divides it by the GPUs of the config.
+- tok/s/user: mean over requests of 1 / TPOT (the decode speed one user sees).
+- Goodput: completed requests per second that met every SLO given.
+Percentiles use linear interpolation (numpy's default). Times are seconds in records; the summary
+carries milliseconds (``*_ms``) for latencies and seconds for durations.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from pydantic import BaseModel
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One request as a load generator saw it. Times in seconds; ``itl_s`` holds the gaps."""
+
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int
+    first_token_s: float = math.nan
+    finish_s: float = math.nan
+    itl_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    error: str | None = None
+
+    @property
+    def ttft_s(self) -> float:
+        """Time to first token, s (NaN on error)."""
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def e2e_s(self) -> float:
+        """End-to-end latency, s (NaN on error)."""
+        return self.finish_s - self.arrival_s
+
+
+class Percentiles(BaseModel):
+    """p50/p90/p99 and mean of one latency, in ms (NaN when there are no samples)."""
+
+    p50: float
+    p90: float
+    p99: float
+    mean: float
+
+    @classmethod
+    def of(cls, seconds: Sequence[float] | np.ndarray) -> Percentiles:
+        """Percentiles of ``seconds`` reported in milliseconds."""
+        a = np.asarray(seconds, dtype=float) * 1e3
+        if a.size == 0:
+            return cls(p50=math.nan, p90=math.nan, p99=math.nan, mean=math.nan)
+        p50, p90, p99 = np.percentile(a, [50, 90, 99])
+        return cls(p50=float(p50), p90=float(p90), p99=float(p99), mean=float(a.mean()))
+
+
+class MetricsSummary(BaseModel):
+    """Summary of one benchmark run (one workload on one config)."""
+
+    requests: int
+    completed: int
+    errors: int
+    duration_s: float
+    input_tokens: int
+    output_tokens: int
+    output_tok_s: float
+    input_tok_s: float
+    output_tok_s_per_gpu: float
+    tok_s_per_user: float
+    request_rate: float
+    ttft_ms: Percentiles
+    itl_ms: Percentiles
+    tpot_ms: Percentiles
+    e2e_ms: Percentiles
+    goodput_req_s: float | None = None
+    gpus: int
+
+
+def summarize(records: Sequence[RequestRecord], gpus: int,
+              slo_ttft_ms: float | None = None,
+              slo_tpot_ms: float | None = None) -> MetricsSummary:
+    """Summarize ``records`` of a run on ``gpus`` GPUs.
+
+    Args:
+        records: one per request; failed ones carry ``error``.
+        gpus: GPUs of the config (tp x replicas), for tok/s/GPU.
+        slo_ttft_ms: optional TTFT target (ms) for goodput.
+        slo_tpot_ms: optional TPOT target (ms) for goodput.
+
+    Raises:
+        ValueError: if ``gpus`` < 1.
+    """
+    if gpus < 1:
+        raise ValueError("gpus must be >= 1")
+    ok = [r for r in records if r.error is None]
+    if ok:
+        start = min(r.arrival_s for r in records)
+        end = max(r.finish_s for r in ok)
+        duration = max(end - start, 1e-9)
+    else:
+        duration = 0.0
+    out_tok = sum(r.output_tokens for r in ok)
+    in_tok = sum(r.input_tokens for r in ok)
+    ttft = [r.ttft_s for r in ok]
+    e2e = [r.e2e_s for r in ok]
+    tpot = [(r.e2e_s - r.ttft_s) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
+    itl = np.concatenate([r.itl_s for r in ok]) if ok else np.zeros(0)
+    per_user = [1.0 / t for t in tpot if t > 0]
+    good = None
+    if slo_ttft_ms is not None or slo_tpot_ms is not None:
+        n_good = 0
+        for r in ok:
+            t_ok = slo_ttft_ms is None or r.ttft_s * 1e3 <= slo_ttft_ms
+            p = (r.e2e_s - r.ttft_s) / (r.output_tokens - 1) if r.output_tokens > 1 else 0.0
+            p_ok = slo_tpot_ms is None or p * 1e3 <= slo_tpot_ms
+            n_good += t_ok and p_ok
+        good = n_good / duration if duration else 0.0
+    out_rate = out_tok / duration if duration else 0.0
+    return MetricsSummary(
+        requests=len(records), completed=len(ok), errors=len(records) - len(ok),
+        duration_s=duration, input_tokens=in_tok, output_tokens=out_tok,
+        output_tok_s=out_rate, input_tok_s=in_tok / duration if duration else 0.0,
+        output_tok_s_per_gpu=out_rate / gpus,
+        tok_s_per_user=float(np.mean(per_user)) if per_user else 0.0,
+        request_rate=len(ok) / duration if duration else 0.0,
+        ttft_ms=Percentiles.of(ttft), itl_ms=Percentiles.of(itl), tpot_ms=Percentiles.of(tpot),
+        e2e_ms=Percentiles.of(e2e), goodput_req_s=good, gpus=gpus,
+    )
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the points not dominated when maximising both coordinates.
+
+    Args:
+        points: (x, y) pairs, e.g. (tok/s/user, tok/s/GPU).
+
+    Returns:
+        Indices of the frontier sorted by increasing x.
+    """
+    order = sorted(range(len(points)), key=lambda i: (-points[i][0], -points[i][1]))
+    front, best_y = [], -math.inf
+    for i in order:
+        if points[i][1] > best_y:
+            front.append(i)
+            best_y = points[i][1]
+    return sorted(front, key=lambda i: points[i][0])

@@ -1,0 +1,162 @@
+"""The study spec: what to tune, on which workloads, toward which objective, under which SLO.
+
+Parsing YAML happens at the edge (``servetune/``); this module validates the parsed mapping and
+resolves every knob value against the catalog, so a bad study fails before anything runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from domain.config import ServingConfig
+from domain.errors import ConfigInvalid
+from domain.knobs import KNOBS, apply_knob
+
+
+class SaturationSpec(BaseModel):
+    """Synthetic closed-loop saturation run: fixed ISL/OSL at a fixed concurrency."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    isl: int = Field(ge=1, le=1_000_000, description="input tokens per request")
+    osl: int = Field(ge=1, le=100_000, description="output tokens per request")
+    concurrency: int = Field(ge=1, le=100_000, description="clients in flight (whole pool)")
+    duration_s: float = Field(gt=0, le=86_400, description="virtual seconds new requests start")
+
+
+class ReplaySpec(BaseModel):
+    """Timestamp-faithful replay of a real trace window."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trace: str = Field(description="trace file path, relative to the study file or the repo")
+    format: Literal["auto", "mooncake", "azure", "bailian"] = "auto"
+    start_s: float = Field(0.0, ge=0, description="window start in trace time, s")
+    duration_s: float = Field(gt=0, description="window length in trace time, s")
+    time_scale: float = Field(1.0, gt=0, le=1000,
+                              description="arrival speed-up: 2.0 replays twice as fast")
+
+
+class SLO(BaseModel):
+    """Latency targets checked on the trace replay."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ttft_p99_ms: float = Field(gt=0, description="TTFT p99 target on the replay, ms")
+
+
+class Budget(BaseModel):
+    """When the search stops."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_trials: int = Field(ge=1, le=10_000, description="launched trials (pruned ones are free)")
+    patience: int = Field(ge=1, le=10_000,
+                          description="stop after this many launched trials without improvement")
+
+
+class Study(BaseModel):
+    """A whole study as written in ``studies/*.yaml``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str = ""
+    model: str
+    gpu: str
+    gpu_count: int = Field(ge=1, le=4096)
+    engine: Literal["sglang"] = "sglang"
+    engine_version: str = "0.5.23"
+    baseline: dict[str, Any] = Field(description="knob -> value of the starting config")
+    knobs: dict[str, list[Any]] = Field(description="knob -> values searched")
+    saturation: SaturationSpec
+    replay: ReplaySpec
+    objective: Literal["output_tok_s_per_gpu"] = "output_tok_s_per_gpu"
+    min_improvement: float = Field(0.01, ge=0, le=1,
+                                   description="relative gain a change must bring to be kept")
+    slo: SLO
+    finalists: int = Field(3, ge=1, le=50, description="best configs replayed on the trace")
+    sweep_concurrency: list[int] = Field(default_factory=lambda: [8, 32, 128, 512],
+                                         description="concurrencies of the frontier sweep")
+    budget: Budget
+
+    @model_validator(mode="after")
+    def _check(self) -> Study:
+        problems = []
+        for name, values in self.knobs.items():
+            if name not in KNOBS:
+                problems.append(f"knobs.{name}: unknown knob; known: {', '.join(KNOBS)}")
+            elif not values:
+                problems.append(f"knobs.{name}: give at least one value")
+        for name in self.baseline:
+            if name not in KNOBS:
+                problems.append(f"baseline.{name}: unknown knob; known: {', '.join(KNOBS)}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def digest(self) -> str:
+        """sha256 (16 hex) of the canonical study, to refuse reusing a run id for another."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def base_config(self) -> ServingConfig:
+        """The baseline ServingConfig.
+
+        Raises:
+            ConfigInvalid: a baseline value outside its knob's domain.
+        """
+        cfg = ServingConfig(model=self.model, gpu=self.gpu, weights=str(
+            self.baseline.get("weights", "")) or "missing", engine_version=self.engine_version,
+            tp_size=1, replicas=self.gpu_count)
+        for name, value in self.baseline.items():
+            cfg = apply_knob(cfg, name.replace("baseline.", ""), value, self.gpu_count)
+        return cfg
+
+    def validate_space(self) -> None:
+        """Check every knob value against the catalog and the model (weights keys, choices).
+
+        Raises:
+            ConfigInvalid: listing every bad value with the knob it belongs to.
+        """
+        from domain.models import get_model
+
+        problems: list[str] = []
+        try:
+            base = self.base_config()
+            get_model(self.model).checkpoint(base.weights)
+        except ConfigInvalid as e:
+            raise ConfigInvalid([f"baseline: {v}" for v in e.violations]) from e
+        for name, values in self.knobs.items():
+            for v in values:
+                try:
+                    cfg = apply_knob(base, name, v, self.gpu_count)
+                    get_model(self.model).checkpoint(cfg.weights)
+                except ConfigInvalid as e:
+                    problems += e.violations
+        if problems:
+            raise ConfigInvalid(problems)
+
+
+def parse_study(data: Any) -> Study:
+    """Validate a parsed study mapping.
+
+    Raises:
+        ConfigInvalid: one line per problem, each naming the field path.
+    """
+    if not isinstance(data, dict):
+        raise ConfigInvalid(["study: expected a mapping at the top level"])
+    try:
+        study = Study.model_validate(data)
+    except ValidationError as e:
+        msgs = []
+        for err in e.errors():
+            loc = ".".join(str(x) for x in err["loc"]) or "study"
+            msgs.append(f"{loc}: {err['msg']}")
+        raise ConfigInvalid(msgs) from e
+    study.validate_space()
+    return study

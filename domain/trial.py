@@ -1,0 +1,65 @@
+"""Trial: one row of a study's ledger -- a config that was launched, pruned or replayed."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from domain.config import ServingConfig, flag_inventory
+from domain.metrics import MetricsSummary
+
+TrialStatus = Literal["baseline", "keep", "discard", "crash", "pruned", "finalist", "winner",
+                      "slo-miss", "sweep"]
+Phase = Literal["search", "validate", "frontier"]
+
+
+class VersionManifest(BaseModel):
+    """What a measurement was made with, so results from different engines never mix."""
+
+    engine: str
+    engine_version: str
+    image: str
+    flag_inventory_sha: str = Field(description="sha256 (12 hex) of the flag inventory used")
+    backend: str = Field(description="cluster backend: twin, local, kubernetes")
+
+
+def manifest_for(config: ServingConfig, backend: str) -> VersionManifest:
+    """The manifest of ``config`` run on ``backend`` (image tag as lmsysorg/sglang publishes)."""
+    inv = flag_inventory(config.engine_version)
+    sha = hashlib.sha256(repr(sorted(inv)).encode()).hexdigest()[:12]
+    return VersionManifest(engine=config.engine, engine_version=config.engine_version,
+                           image=f"lmsysorg/sglang:v{config.engine_version}",
+                           flag_inventory_sha=sha, backend=backend)
+
+
+class Trial(BaseModel):
+    """One ledger row. ``key`` identifies the work (phase + config + workload) for idempotence."""
+
+    run_id: str
+    seq: int = Field(description="1-based order in the run")
+    key: str = Field(description="phase:config_id[:suffix], unique within a run")
+    phase: Phase
+    status: TrialStatus
+    config: ServingConfig
+    changed: str = Field("", description="'knob=value' relative to the parent, '' for baseline")
+    parent_seq: int | None = None
+    reason: str = Field(description="one line: why kept, discarded, pruned or crashed")
+    failure_class: str | None = None
+    lesson_ids: list[str] = Field(default_factory=list)
+    saturation: MetricsSummary | None = None
+    replay: MetricsSummary | None = None
+    objective: float | None = Field(None, description="output tok/s/GPU on the saturation run")
+    predicted: dict[str, Any] = Field(default_factory=dict,
+                                      description="the estimator's numbers before launch")
+    log_tail: list[str] = Field(default_factory=list)
+    records_path: str | None = None
+    manifest: VersionManifest | None = None
+    wall_s: float = 0.0
+    created_at: str = ""
+
+    @property
+    def launched(self) -> bool:
+        """True if the trial deployed something (pruned trials never launch)."""
+        return self.status != "pruned"

@@ -1,0 +1,74 @@
+"""Run (or resume) one study: wire the MCP servers, the checkpointer and the supervisor graph.
+
+The agents reach the cluster, bench and lessons servers through the MCP protocol (in-memory
+``mcp.Client`` sessions), never by importing their functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+from mcp import Client
+
+from domain.ledger import Ledger
+from domain.study import Study
+from graph.state import Progress, StudyContext
+from graph.supervisor import build_graph
+from mcp_servers.bench.ops import BenchService
+from mcp_servers.bench.server import build_server as bench_server
+from mcp_servers.cluster.backend import TwinBackend
+from mcp_servers.cluster.server import build_server as cluster_server
+from mcp_servers.lessons.server import build_server as lessons_server
+from memory.store import LessonStore
+
+
+@dataclass
+class StudyOutcome:
+    """How a run ended."""
+
+    run_id: str
+    resumed: bool
+    stop_reason: str
+    winner_seq: int | None
+
+
+async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore,
+                    trace_roots: list[Path], progress: Progress | None = None) -> StudyOutcome:
+    """Run ``study`` as ``run_id`` in ``run_dir`` (resuming from its checkpoint if present).
+
+    Args:
+        study: the validated study (its replay trace must lie under one of ``trace_roots``).
+        run_id: thread id of the checkpoint and id of every ledger row.
+        run_dir: ``runs/<run-id>/``: ledger.sqlite, checkpoint.sqlite, records/.
+        store: the shared lesson store.
+        trace_roots: folders the bench server may read traces from.
+        progress: callback for progress events (phase, trial, config).
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ledger = Ledger(run_dir / "ledger.sqlite")
+    backend = TwinBackend(namespace="servetune")
+    bench = BenchService(backend, run_dir / "records", trace_roots)
+    try:
+        async with Client(cluster_server(backend)) as c_cluster, \
+                Client(bench_server(bench)) as c_bench, \
+                Client(lessons_server(store, run_id)) as c_lessons, \
+                AsyncSqliteSaver.from_conn_string(str(run_dir / "checkpoint.sqlite")) as saver:
+            graph = build_graph().compile(checkpointer=saver)
+            cfg = {"configurable": {"thread_id": run_id}, "recursion_limit": 100_000}
+            snap = await graph.aget_state(cfg)
+            resumed = bool(snap.values)
+            ctx = StudyContext(run_id=run_id, study=study, ledger=ledger, cluster=c_cluster,
+                               bench=c_bench, lessons=c_lessons, backend_kind=backend.kind,
+                               progress=progress)
+            if resumed and not snap.next:
+                final = snap.values  # finished before: nothing to do
+            else:
+                inp = None if resumed else {"run_id": run_id, "phase": "search"}
+                final = await graph.ainvoke(inp, cfg, context=ctx)
+        return StudyOutcome(run_id=run_id, resumed=resumed,
+                            stop_reason=final.get("stop_reason", ""),
+                            winner_seq=final.get("winner_seq"))
+    finally:
+        ledger.close()

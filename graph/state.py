@@ -1,0 +1,55 @@
+"""Graph state and the runtime context injected into every node.
+
+The state is small and JSON-serialisable (it is checkpointed after every node); raw logs,
+per-request records and trial bodies live in the ledger and artifacts and are referenced by seq.
+Infrastructure (MCP clients, the ledger, progress output) travels in :class:`StudyContext`,
+never in state and never as a tool argument a model fills.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+from mcp import Client
+
+from domain.ledger import Ledger
+from domain.study import Study
+
+
+class StudyState(TypedDict, total=False):
+    """What the supervisor carries between steps."""
+
+    run_id: str
+    phase: str                 # search | validate | frontier | done
+    best_seq: int | None       # ledger seq of the incumbent
+    best_objective: float | None
+    launched: int              # search trials launched (pruned ones are free)
+    since_improvement: int
+    stop_reason: str
+    finalists: list[int]       # ledger seqs of the configs replayed
+    cursor: int                # index into finalists for validate/frontier
+    winner_seq: int | None
+
+
+Progress = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class StudyContext:
+    """Everything a node needs that is not state."""
+
+    run_id: str
+    study: Study
+    ledger: Ledger
+    cluster: Client
+    bench: Client
+    lessons: Client
+    backend_kind: str = "twin"
+    progress: Progress | None = None
+
+    def report(self, **event: Any) -> None:
+        """Send a progress event (phase, trial n/N, current config) to the CLI, if any."""
+        if self.progress is not None:
+            self.progress(event)

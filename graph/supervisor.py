@@ -1,0 +1,236 @@
+"""The supervisor: a LangGraph loop over planner, deployer and analyst, checkpointed in SQLite.
+
+Phases: ``search`` (one trial per step: plan -> deploy -> benchmark -> judge -> ledger),
+``validate`` (replay the real trace on the finalists, pick the winner under the SLO) and
+``frontier`` (concurrency sweep of the finalists). Every node first commits its trial to the
+ledger and derives the search position from the ledger, so a run killed anywhere and resumed
+with the same id reproduces an uninterrupted run without repeating a finished trial.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from langgraph.graph import END, START, StateGraph
+from langgraph.runtime import Runtime
+
+from agents.analyst import Analyst, failure_lesson
+from agents.deployer import Deployer
+from agents.mcp_tools import call
+from agents.planner import NoViableConfig, Planner
+from domain.config import ServingConfig
+from domain.ledger import Ledger
+from domain.study import Study
+from domain.trial import Trial, manifest_for
+from graph.state import StudyContext, StudyState
+
+SUCCESS = ("baseline", "keep", "discard")
+
+
+def search_position(ledger: Ledger, study: Study) -> dict[str, Any]:
+    """Incumbent, launches and trials-since-improvement, recomputed from the ledger."""
+    best_seq, best_obj, launched, since = None, None, 0, 0
+    for t in ledger.trials("search"):
+        if t.status == "pruned":
+            continue
+        launched += 1
+        if t.status in ("baseline", "keep"):
+            best_seq, best_obj, since = t.seq, t.objective, 0
+        else:
+            since += 1
+    return {"best_seq": best_seq, "best_objective": best_obj, "launched": launched,
+            "since_improvement": since}
+
+
+def _deployment_name(config: ServingConfig) -> str:
+    return f"trial-{config.config_id()}"
+
+
+async def _launch_and_measure(ctx: StudyContext, key: str, phase: str, config: ServingConfig,
+                              changed: str, parent: int | None, predicted: dict[str, Any],
+                              is_baseline: bool = False) -> Trial:
+    """Deploy, benchmark (saturation), judge, tear down, and commit one search trial."""
+    t0 = time.time()
+    deployer, analyst = Deployer(ctx.cluster), Analyst(ctx.bench, ctx.study)
+    name = _deployment_name(config)
+    labels = {"servetune/run-id": ctx.run_id, "servetune/trial": key.replace(":", "-")[:63]}
+    out = await deployer.launch(name, config, labels)
+    base: dict[str, Any] = dict(run_id=ctx.run_id, seq=0, key=key, phase=phase, config=config,
+                                changed=changed, parent_seq=parent, predicted=predicted,
+                                manifest=manifest_for(config, ctx.backend_kind))
+    if not out.ready:
+        lesson = failure_lesson(config, out, ctx.run_id, key,
+                                [int(v) for v in ctx.study.knobs.get("tp_size", [])])
+        stored = await call(ctx.lessons, "add_lesson", {"lesson": lesson.model_dump(mode="json")})
+        await deployer.teardown(name)
+        trial = Trial(**base, status="crash", failure_class=out.failure_class,
+                      reason=f"{out.failure_class} at {out.stage}: {out.evidence[:160]}",
+                      lesson_ids=[stored["lesson"]["id"]], log_tail=out.log_tail,
+                      wall_s=time.time() - t0)
+        return ctx.ledger.append(trial)
+    try:
+        bench = await analyst.saturation(name)
+    finally:
+        await deployer.teardown(name)
+    pos = search_position(ctx.ledger, ctx.study)
+    verdict = analyst.judge(bench.summary, pos["best_objective"], is_baseline)
+    trial = Trial(**base, status=verdict.status, reason=verdict.reason,
+                  objective=verdict.objective, saturation=bench.summary,
+                  records_path=bench.records_path, wall_s=time.time() - t0)
+    return ctx.ledger.append(trial)
+
+
+async def search(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str, Any]:
+    """One search step: baseline first, then the planner's next one-knob candidate."""
+    ctx = runtime.context
+    study, ledger = ctx.study, ctx.ledger
+    pos = search_position(ledger, study)
+    budget = study.budget
+    if pos["best_seq"] is None:
+        trials = ledger.trials("search")
+        if trials:  # the baseline crashed: nothing to search from
+            return {**pos, "phase": "validate", "stop_reason": "baseline failed to start: "
+                    + trials[0].reason}
+        base = study.base_config()
+        ctx.report(phase="search", trial=1, total=budget.max_trials, config="baseline")
+        await _launch_and_measure(ctx, f"search:{base.config_id()}", "search", base, "", None,
+                                  {}, is_baseline=True)
+        return {**search_position(ledger, study), "phase": "search"}
+    if pos["launched"] >= budget.max_trials:
+        return {**pos, "phase": "validate",
+                "stop_reason": f"trial budget reached ({budget.max_trials} launched)"}
+    if pos["since_improvement"] >= budget.patience:
+        return {**pos, "phase": "validate",
+                "stop_reason": f"no improvement for {budget.patience} trials"}
+    best = ledger.trials("search")
+    best_trial = next(t for t in best if t.seq == pos["best_seq"])
+    seen = {t.config.config_id() for t in best}
+    step = await Planner(study, ctx.lessons).step(best_trial.config, seen, ctx.run_id)
+    for p in step.pruned:
+        ledger.append(Trial(run_id=ctx.run_id, seq=0, key=f"search:{p.config.config_id()}",
+                            phase="search", status="pruned", config=p.config, changed=p.changed,
+                            parent_seq=best_trial.seq, reason=p.reason,
+                            lesson_ids=p.lesson_ids))
+        ctx.report(phase="search", pruned=p.changed, reason=p.reason)
+    if isinstance(step.decision, NoViableConfig):
+        return {**search_position(ledger, study), "phase": "validate",
+                "stop_reason": step.decision.reason}
+    plan = step.decision
+    ctx.report(phase="search", trial=pos["launched"] + 1, total=budget.max_trials,
+               config=plan.changed)
+    await _launch_and_measure(ctx, f"search:{plan.config.config_id()}", "search", plan.config,
+                              plan.changed, best_trial.seq, plan.predicted)
+    return {**search_position(ledger, study), "phase": "search"}
+
+
+def _finalists(ledger: Ledger, k: int) -> list[int]:
+    ok = [t for t in ledger.trials("search") if t.status in SUCCESS and t.objective is not None]
+    ok.sort(key=lambda t: (-(t.objective or 0.0), len(t.config.set_fields()), t.seq))
+    return [t.seq for t in ok[:k]]
+
+
+def _by_seq(ledger: Ledger, seq: int) -> Trial:
+    return next(t for t in ledger.trials() if t.seq == seq)
+
+
+async def validate(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str, Any]:
+    """Replay the trace on the next finalist; after the last one, name the winner."""
+    ctx = runtime.context
+    finalists = state.get("finalists") or _finalists(ctx.ledger, ctx.study.finalists)
+    cursor = state.get("cursor", 0)
+    if cursor >= len(finalists):
+        winner = _pick_winner(ctx.ledger)
+        return {"finalists": finalists, "cursor": 0, "phase": "frontier", "winner_seq": winner}
+    src = _by_seq(ctx.ledger, finalists[cursor])
+    key = f"validate:{src.config.config_id()}"
+    ctx.report(phase="validate", trial=cursor + 1, total=len(finalists), config=src.changed
+               or "baseline")
+    if ctx.ledger.get(key) is None:
+        t0 = time.time()
+        deployer, analyst = Deployer(ctx.cluster), Analyst(ctx.bench, ctx.study)
+        name = _deployment_name(src.config)
+        out = await deployer.launch(name, src.config, {"servetune/run-id": ctx.run_id})
+        try:
+            rep = await analyst.replay(name) if out.ready else None
+        finally:
+            await deployer.teardown(name)
+        slo = ctx.study.slo.ttft_p99_ms
+        if rep is None:
+            status, reason, summary = "crash", f"did not start: {out.evidence}", None
+        else:
+            summary = rep.summary
+            p99 = summary.ttft_ms.p99
+            ok = p99 <= slo and summary.errors == 0
+            status = "finalist" if ok else "slo-miss"
+            reason = (f"replay TTFT p99 {p99:,.0f} ms {'<=' if ok else '>'} SLO {slo:,.0f} ms; "
+                      f"{summary.completed}/{summary.requests} completed")
+        ctx.ledger.append(Trial(
+            run_id=ctx.run_id, seq=0, key=key, phase="validate", status=status,
+            config=src.config, changed=src.changed, parent_seq=src.seq, reason=reason,
+            objective=src.objective, saturation=src.saturation, replay=summary,
+            records_path=rep.records_path if rep else None,
+            manifest=manifest_for(src.config, ctx.backend_kind), wall_s=time.time() - t0))
+    return {"finalists": finalists, "cursor": cursor + 1, "phase": "validate"}
+
+
+def _pick_winner(ledger: Ledger) -> int | None:
+    """Best search objective among finalists that met the SLO; marks it ``winner``."""
+    ok = [t for t in ledger.trials("validate") if t.status in ("finalist", "winner")]
+    if not ok:
+        return None
+    ok.sort(key=lambda t: (-(t.objective or 0.0), len(t.config.set_fields()), t.seq))
+    win = ok[0]
+    if win.status != "winner":
+        ledger.update_status(win.key, "winner", win.reason + "; best finalist meeting the SLO")
+    return win.seq
+
+
+async def frontier(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str, Any]:
+    """Concurrency sweep of the next finalist (tok/s/GPU vs tok/s/user points)."""
+    ctx = runtime.context
+    finalists = state.get("finalists", [])
+    cursor = state.get("cursor", 0)
+    if cursor >= len(finalists):
+        return {"phase": "done"}
+    src = _by_seq(ctx.ledger, finalists[cursor])
+    conc = ctx.study.sweep_concurrency
+    ctx.report(phase="frontier", trial=cursor + 1, total=len(finalists),
+               config=src.changed or "baseline")
+    todo = [c for c in conc if ctx.ledger.get(f"frontier:{src.config.config_id()}:{c}") is None]
+    if todo:
+        deployer, analyst = Deployer(ctx.cluster), Analyst(ctx.bench, ctx.study)
+        name = _deployment_name(src.config)
+        out = await deployer.launch(name, src.config, {"servetune/run-id": ctx.run_id})
+        try:
+            for c in todo if out.ready else []:
+                t0 = time.time()
+                b = await analyst.saturation(name, concurrency=c,
+                                             duration_s=ctx.study.saturation.duration_s / 2)
+                ctx.ledger.append(Trial(
+                    run_id=ctx.run_id, seq=0, key=f"frontier:{src.config.config_id()}:{c}",
+                    phase="frontier", status="sweep", config=src.config, changed=src.changed,
+                    parent_seq=src.seq, reason=f"concurrency {c}", saturation=b.summary,
+                    objective=b.summary.output_tok_s_per_gpu, records_path=b.records_path,
+                    manifest=manifest_for(src.config, ctx.backend_kind),
+                    wall_s=time.time() - t0))
+        finally:
+            await deployer.teardown(name)
+    return {"cursor": cursor + 1, "phase": "frontier"}
+
+
+def _route(state: StudyState) -> str:
+    return {"search": "search", "validate": "validate", "frontier": "frontier"}.get(
+        state.get("phase", "search"), END)
+
+
+def build_graph() -> StateGraph:
+    """The uncompiled supervisor graph (compile it with a checkpointer)."""
+    g = StateGraph(StudyState, context_schema=StudyContext)
+    g.add_node("search", search)
+    g.add_node("validate", validate)
+    g.add_node("frontier", frontier)
+    g.add_conditional_edges(START, _route, ["search", "validate", "frontier", END])
+    for node in ("search", "validate", "frontier"):
+        g.add_conditional_edges(node, _route, ["search", "validate", "frontier", END])
+    return g

@@ -1,0 +1,148 @@
+"""MCP server "servetune-lessons": search, list, add and check lessons in a LessonStore.
+
+Thin wiring only: each tool validates its arguments (pydantic, from the signature), calls the
+matching function of :mod:`mcp_servers.lessons.ops` with the store this server was built over,
+and turns expected failures into tool errors the model can act on. Logs go to stderr; stdout is
+the protocol channel on stdio.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from collections.abc import Iterator
+from typing import Annotated
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
+from pydantic import Field
+
+from domain.config import ServingConfig
+from domain.lesson import Lesson, Outcome
+from mcp_servers.lessons import ops
+from memory.embeddings import EmbeddingKind
+from memory.store import LessonStore, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+SERVER_NAME = "servetune-lessons"
+INSTRUCTIONS = (
+    "Lessons learned from earlier serving trials: what failed (OOM, crash, invalid flag, "
+    "unsupported backend) or helped, for which GPU/model/weights, under which config condition. "
+    "Call check_config before launching a config; query_lessons to find what is known about a "
+    "symptom; add_lesson to record a new finding."
+)
+# Catalog keys look like 'B200', 'glm-5', 'fp8': refuse anything else (no leading '-', no spaces).
+KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,63}$"
+
+READ_ONLY = ToolAnnotations(readOnlyHint=True, destructiveHint=False, idempotentHint=True,
+                            openWorldHint=False)
+WRITE_IDEMPOTENT = ToolAnnotations(readOnlyHint=False, destructiveHint=False,
+                                   idempotentHint=True, openWorldHint=False)
+
+GpuArg = Annotated[str | None, Field(
+    description="GPU catalog key, e.g. 'B200'; keeps lessons for this GPU or for any GPU",
+    pattern=KEY_PATTERN)]
+ModelArg = Annotated[str | None, Field(
+    description="model catalog key, e.g. 'glm-5'; keeps lessons for this model or any model",
+    pattern=KEY_PATTERN)]
+
+
+@contextlib.contextmanager
+def _as_tool_errors() -> Iterator[None]:
+    """Re-raise expected failures as ToolError so their message reaches the model."""
+    try:
+        yield
+    except (ValueError, StoreUnavailable) as e:
+        raise ToolError(str(e)) from e
+
+
+def build_server(store: LessonStore, run_id: str | None = None) -> MCPServer:
+    """An MCP server over ``store`` (held by the server; never a tool argument).
+
+    Args:
+        store: the lesson store; the caller keeps ownership (and closes it).
+        run_id: recorded on lessons added through ``add_lesson`` that name no run.
+
+    Returns:
+        The server, with tools query_lessons, list_lessons, add_lesson and check_config.
+    """
+    server = MCPServer(SERVER_NAME, instructions=INSTRUCTIONS)
+
+    @server.tool(annotations=READ_ONLY)
+    def query_lessons(
+        text: Annotated[str, Field(min_length=1, max_length=2000, description=(
+            "what to look for, in words: a symptom, log line or question, e.g. "
+            "'fp8 out of memory at weight load'"))],
+        k: Annotated[int, Field(ge=1, le=50, description="at most this many hits")] = 5,
+        gpu: GpuArg = None,
+        model: ModelArg = None,
+        quantization: Annotated[str | None, Field(
+            description="checkpoint key (ServingConfig.weights), e.g. 'fp8'; keeps lessons for "
+                        "these weights or any weights", pattern=KEY_PATTERN)] = None,
+    ) -> ops.QueryResult:
+        """Search lessons by meaning; best match first, each with a 0..1 similarity score."""
+        with _as_tool_errors():
+            return ops.query_lessons(store, text, k=k, gpu=gpu, model=model,
+                                     quantization=quantization)
+
+    @server.tool(annotations=READ_ONLY)
+    def list_lessons(
+        gpu: GpuArg = None,
+        model: ModelArg = None,
+        outcome: Annotated[Outcome | None, Field(
+            description="keep only lessons with this outcome")] = None,
+        start: Annotated[int, Field(ge=0, description=(
+            "index of the first lesson to return; use next_start of the previous page"))] = 0,
+        max_items: Annotated[int, Field(ge=1, le=200, description="page size")] = 50,
+    ) -> ops.LessonPage:
+        """List stored lessons, oldest first, one page at a time (next_start is null at the end)."""
+        with _as_tool_errors():
+            return ops.list_lessons(store, gpu=gpu, model=model, outcome=outcome, start=start,
+                                    max_items=max_items)
+
+    @server.tool(annotations=WRITE_IDEMPOTENT)
+    def add_lesson(
+        lesson: Annotated[Lesson, Field(description=(
+            "the finding: scope, condition clauses over ServingConfig fields, outcome, root "
+            "cause, fix and evidence; id is computed, any given id is ignored"))],
+    ) -> ops.AddResult:
+        """Record a lesson. Adding the same finding again merges into the stored lesson."""
+        with _as_tool_errors():
+            return ops.add_lesson(store, lesson, run_id=run_id)
+
+    @server.tool(annotations=READ_ONLY)
+    def check_config(
+        config: Annotated[ServingConfig, Field(description="the serving config to check")],
+    ) -> ops.CheckResult:
+        """Check a serving config against stored lessons before launching it.
+
+        Returns allowed=false and the forbidding lessons (with their fixes) when a known failure
+        covers this config.
+        """
+        with _as_tool_errors():
+            return ops.check_config(store, config)
+
+    return server
+
+
+def main(store_path: str, embedding: EmbeddingKind = "auto") -> None:
+    """Serve the lessons in ``store_path`` over stdio until the client disconnects.
+
+    Args:
+        store_path: lesson store directory (created if missing).
+        embedding: embedding kind for a new store (see ``memory.store.LessonStore``).
+
+    Raises:
+        StoreUnavailable: if the store cannot be opened.
+    """
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    store = LessonStore(store_path, embedding=embedding)
+    log.info("serving %d lessons from %s over stdio", store.count(), store.path)
+    try:
+        build_server(store).run()
+    finally:
+        store.close()

@@ -1,0 +1,371 @@
+"""The persistent lesson store: one ChromaDB collection of :class:`~domain.lesson.Lesson` records.
+
+Each record keeps the whole lesson as JSON in its metadata (the schema of record is the pydantic
+model, not chroma's columns) plus flat copies of the fields that ``where`` filters need. The
+embedded text is ``Lesson.document()``.
+
+Scope filters mean "lessons that apply to": asking for ``gpu="B200"`` returns lessons scoped to
+B200 *and* lessons whose scope leaves the GPU open (``None`` = any GPU). To express "open" in a
+store that cannot hold ``None``, each scope field ``f`` is stored as ``f`` when set and as
+``any_f=True`` when not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import chromadb
+from chromadb.api.types import Documents, EmbeddingFunction
+from chromadb.config import Settings
+from chromadb.errors import ChromaError, NotFoundError
+
+from domain.config import ServingConfig
+from domain.errors import ServetuneError
+from domain.lesson import FORBIDDING, Lesson
+from memory.embeddings import KIND_BY_NAME, EmbeddingKind, default_embedding
+
+log = logging.getLogger(__name__)
+
+COLLECTION = "lessons"
+SCOPE_FIELDS = ("gpu", "model", "quantization", "engine", "engine_version")
+EXACT_FIELDS = ("outcome", "failure_class", "source", "run_id")
+MAX_EVIDENCE_CHARS = 4000
+
+
+class StoreUnavailable(ServetuneError):
+    """The lesson store cannot be opened or used.
+
+    Attributes:
+        path: The store directory.
+        reason: What is wrong and what to do about it.
+    """
+
+    def __init__(self, path: Path | str, reason: str) -> None:
+        self.path, self.reason = str(path), reason
+        super().__init__(f"lesson store {self.path}: {reason}")
+
+
+def _flat_metadata(lesson: Lesson, seq: int) -> dict[str, Any]:
+    meta: dict[str, Any] = {"lesson": lesson.model_dump_json(), "seq": seq,
+                            "forbidding": lesson.outcome in FORBIDDING}
+    for field in SCOPE_FIELDS:
+        value = getattr(lesson.scope, field)
+        if value is None:
+            meta[f"any_{field}"] = True
+        else:
+            meta[field] = value
+    for field in EXACT_FIELDS:
+        value = getattr(lesson, field)
+        if value is not None:
+            meta[field] = value
+    return meta
+
+
+def _and(clauses: list[dict[str, Any]]) -> dict[str, Any] | None:
+    if not clauses:
+        return None
+    return clauses[0] if len(clauses) == 1 else {"$and": clauses}
+
+
+def _clauses(**filters: str | None) -> list[dict[str, Any]]:
+    """Chroma ``where`` clauses for the given filters (None values are ignored).
+
+    Raises:
+        ValueError: for a filter name that is neither a scope nor an exact field.
+    """
+    clauses: list[dict[str, Any]] = []
+    for field, value in filters.items():
+        if value is None:
+            continue
+        if field in SCOPE_FIELDS:
+            clauses.append({"$or": [{field: value}, {f"any_{field}": True}]})
+        elif field in EXACT_FIELDS:
+            clauses.append({field: value})
+        else:
+            raise ValueError(f"unknown lesson filter {field!r}; use one of "
+                             f"{', '.join(SCOPE_FIELDS + EXACT_FIELDS)}")
+    return clauses
+
+
+def _merge(old: Lesson, new: Lesson) -> Lesson:
+    """The stored lesson after ``new`` repeats the finding ``old`` already holds (same id).
+
+    The newer wording wins; the first run and trial that found it are kept; distinct evidence is
+    appended (capped at MAX_EVIDENCE_CHARS).
+    """
+    evidence = old.evidence
+    if new.evidence.strip() and new.evidence.strip() not in old.evidence:
+        evidence = f"{old.evidence}\n---\n{new.evidence}"[:MAX_EVIDENCE_CHARS]
+    return new.model_copy(update={
+        "id": old.id,
+        "run_id": old.run_id or new.run_id,
+        "trial_id": old.trial_id or new.trial_id,
+        "failure_class": new.failure_class or old.failure_class,
+        "evidence": evidence,
+    })
+
+
+class LessonStore:
+    """Lessons in a ChromaDB persistent collection (cosine space) on a local directory.
+
+    Usable as a context manager; :meth:`close` releases the SQLite files.
+    """
+
+    def __init__(self, path: Path | str,
+                 embedding: EmbeddingKind | EmbeddingFunction[Documents] = "auto") -> None:
+        """Open (or create) the store.
+
+        Args:
+            path: store directory; created with its parents if missing.
+            embedding: ``"auto"`` (reuse the embedding the store was built with, else MiniLM if
+                installed, else hashing), ``"minilm"``, ``"hashing"``, or an embedding function.
+
+        Raises:
+            StoreUnavailable: the path is a file, the directory cannot be created or read, the
+                store is corrupt, or it was built with a different embedding than requested.
+        """
+        self.path = Path(path).expanduser()
+        if self.path.exists() and not self.path.is_dir():
+            raise StoreUnavailable(self.path, "the path is a file, not a directory; pass a "
+                                   "directory (it is created if missing) or move the file away")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._client = chromadb.PersistentClient(
+                path=str(self.path), settings=Settings(anonymized_telemetry=False))
+        except (OSError, ChromaError) as e:
+            raise StoreUnavailable(self.path, f"cannot open the store ({e}); check the directory's "
+                                   "permissions, or point to a fresh directory") from e
+        try:
+            ef = self._choose_embedding(embedding)
+            self._collection = self._client.get_or_create_collection(
+                COLLECTION, configuration={"hnsw": {"space": "cosine"}}, embedding_function=ef)
+        except StoreUnavailable:
+            self._client.close()
+            raise
+        except (ChromaError, OSError, ValueError) as e:
+            self._client.close()
+            raise StoreUnavailable(self.path, f"cannot open collection {COLLECTION!r} ({e}); "
+                                   "the store may be corrupt: move it away and start afresh") from e
+        self.embedding = ef
+        log.debug("lesson store %s open (%s, %d lessons)", self.path, ef.name(), self.count())
+
+    def _choose_embedding(
+        self, embedding: EmbeddingKind | EmbeddingFunction[Documents]
+    ) -> EmbeddingFunction[Documents]:
+        try:
+            existing = self._client.get_collection(COLLECTION)
+        except NotFoundError:
+            existing = None
+        persisted = existing.configuration.get("embedding_function") if existing else None
+        built_with = persisted.name() if persisted is not None else None
+        try:
+            if embedding == "auto" and built_with in KIND_BY_NAME:
+                return default_embedding(KIND_BY_NAME[built_with])
+            ef = default_embedding(embedding) if isinstance(embedding, str) else embedding
+        except ValueError as e:
+            raise StoreUnavailable(self.path, str(e)) from e
+        if built_with is not None and built_with != ef.name():
+            kind = KIND_BY_NAME.get(built_with, built_with)
+            raise StoreUnavailable(self.path, f"it was built with embedding {built_with!r} and "
+                                   f"cannot be searched with {ef.name()!r}; open it with "
+                                   f"embedding={kind!r} (or 'auto'), or use a fresh directory")
+        return ef
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release the underlying client (idempotent)."""
+        self._client.close()
+
+    def __enter__(self) -> LessonStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def _guard(self, action: str) -> Iterator[None]:
+        try:
+            yield
+        except ChromaError as e:
+            raise StoreUnavailable(self.path, f"{action} failed ({e}); check that the store "
+                                   "directory still exists and is writable") from e
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def count(self) -> int:
+        """Number of stored lessons."""
+        with self._guard("count"):
+            return self._collection.count()
+
+    def _fetch(self, where: dict[str, Any] | None = None,
+               ids: list[str] | None = None) -> list[tuple[int, Lesson]]:
+        with self._guard("read"):
+            got = self._collection.get(ids=ids, where=where, include=["metadatas"])
+        rows = [(int(m["seq"]), Lesson.model_validate_json(str(m["lesson"])))
+                for m in got["metadatas"] or []]
+        rows.sort(key=lambda r: (r[0], r[1].id))
+        return rows
+
+    def get(self, lesson_id: str) -> Lesson | None:
+        """The lesson with this id, or None."""
+        rows = self._fetch(ids=[lesson_id])
+        return rows[0][1] if rows else None
+
+    def list(self, *, gpu: str | None = None, model: str | None = None,
+             quantization: str | None = None, engine: str | None = None,
+             engine_version: str | None = None, outcome: str | None = None,
+             failure_class: str | None = None, source: str | None = None,
+             run_id: str | None = None, limit: int | None = None,
+             offset: int = 0) -> list[Lesson]:
+        """Lessons in insertion order, filtered.
+
+        Args:
+            gpu: scope filter (GPU catalog key); a lesson matches if its scope names this value
+                or leaves the field open. The same holds for the next four.
+            model: scope filter, model catalog key.
+            quantization: scope filter, checkpoint key (``ServingConfig.weights``).
+            engine: scope filter, e.g. ``"sglang"``.
+            engine_version: scope filter, e.g. ``"0.5.23"``.
+            outcome: exact-match filter, e.g. ``"oom"``.
+            failure_class: exact-match filter, e.g. ``"OOM_WEIGHTS"``.
+            source: exact-match filter: trial, estimate, research or user.
+            run_id: exact-match filter: the run that first found the lesson.
+            limit: at most this many lessons (None = all).
+            offset: skip this many matching lessons first (for paging).
+
+        Returns:
+            The matching lessons, oldest first (ties by id).
+        """
+        where = _and(_clauses(gpu=gpu, model=model, quantization=quantization, engine=engine,
+                              engine_version=engine_version, outcome=outcome,
+                              failure_class=failure_class, source=source, run_id=run_id))
+        lessons = [lesson for _, lesson in self._fetch(where=where)]
+        end = None if limit is None else offset + max(limit, 0)
+        return lessons[max(offset, 0):end]
+
+    def query(self, text: str, k: int = 5, **filters: str | None) -> list[tuple[Lesson, float]]:
+        """Semantic search.
+
+        Args:
+            text: what to look for, in words.
+            k: at most this many results.
+            **filters: the filters of :meth:`list` (gpu, model, quantization, engine,
+                engine_version, outcome, failure_class, source, run_id).
+
+        Returns:
+            ``(lesson, score)`` pairs, best first; score is the cosine similarity clipped to
+            0..1 (1 = same direction).
+
+        Raises:
+            ValueError: for an unknown filter name or k < 1.
+        """
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        where = _and(_clauses(**filters))
+        total = self.count()
+        if total == 0:
+            return []
+        with self._guard("query"):
+            got = self._collection.query(query_texts=[text], n_results=min(k, total),
+                                         where=where, include=["metadatas", "distances"])
+        metas = (got["metadatas"] or [[]])[0]
+        dists = (got["distances"] or [[]])[0]
+        out = [(Lesson.model_validate_json(str(m["lesson"])),
+                round(min(1.0, max(0.0, 1.0 - float(d))), 4)) for m, d in zip(metas, dists,
+                                                                               strict=True)]
+        out.sort(key=lambda pair: -pair[1])  # stable: chroma's order among equal scores
+        return out
+
+    def forbidding(self, config: ServingConfig) -> list[Lesson]:
+        """Every lesson that forbids ``config`` (failure outcome, scope and condition match).
+
+        Candidates are narrowed by scope metadata in the store; the condition is checked with
+        ``Lesson.forbids``. Oldest first.
+        """
+        where = _and([{"forbidding": True}, *_clauses(
+            gpu=config.gpu, model=config.model, quantization=config.weights,
+            engine=config.engine, engine_version=config.engine_version)])
+        return [lesson for _, lesson in self._fetch(where=where) if lesson.forbids(config)]
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def add(self, lesson: Lesson) -> Lesson:
+        """Store a lesson; a lesson with the same id is merged instead of duplicated.
+
+        Args:
+            lesson: the lesson; its id is computed with ``with_id()`` when empty.
+
+        Returns:
+            The lesson as stored (merged with the earlier one when the id existed: newer wording,
+            first run_id/trial_id kept, distinct evidence appended).
+        """
+        if not lesson.id:
+            lesson = lesson.with_id()
+        rows = self._fetch(ids=[lesson.id])
+        if rows:
+            seq, old = rows[0]
+            lesson = _merge(old, lesson)
+        else:
+            seq = self.count()
+        with self._guard("write"):
+            self._collection.upsert(ids=[lesson.id], documents=[lesson.document()],
+                                    metadatas=[_flat_metadata(lesson, seq)])
+        return lesson
+
+    def add_many(self, lessons: Iterable[Lesson]) -> list[Lesson]:
+        """:meth:`add` each lesson in turn; returns the stored lessons."""
+        return [self.add(lesson) for lesson in lessons]
+
+    # -- export ------------------------------------------------------------------------------
+
+    def export_markdown(self, lessons: Iterable[Lesson] | None = None) -> str:
+        """A SKILL.md-style Markdown document, one section per lesson (all lessons by default)."""
+        return lessons_markdown(self.list() if lessons is None else lessons)
+
+
+def _fence(text: str) -> str:
+    ticks = 3
+    while "`" * ticks in text:
+        ticks += 1
+    return f"{'`' * ticks}text\n{text.rstrip()}\n{'`' * ticks}"
+
+
+def lessons_markdown(lessons: Iterable[Lesson]) -> str:
+    """Render lessons as Markdown: one ``##`` section per lesson.
+
+    Each section gives the id, scope, condition, outcome, root cause, fix, provenance and the
+    evidence in a fenced block.
+    """
+    parts = ["# Lessons learned", ""]
+    for lesson in lessons:
+        s = lesson.scope
+        scope = ", ".join([f"GPU {s.gpu or 'any'}", f"model {s.model or 'any'}",
+                           f"weights {s.quantization or 'any'}",
+                           f"engine {s.engine or 'any'} {s.engine_version or '(any version)'}"])
+        outcome = lesson.outcome + (f" ({lesson.failure_class})" if lesson.failure_class else "")
+        origin = lesson.source + "".join(f", {k} {v}" for k, v in
+                                         (("run", lesson.run_id), ("trial", lesson.trial_id)) if v)
+        parts += [
+            f"## {lesson.title}",
+            "",
+            f"- **Id:** `{lesson.id or '(unsaved)'}`",
+            f"- **Scope:** {scope}",
+            f"- **When:** `{lesson.condition_text()}`",
+            f"- **Outcome:** {outcome}",
+            f"- **Root cause:** {lesson.root_cause}",
+            f"- **Fix:** {lesson.fix}",
+            f"- **Source:** {origin}",
+            "",
+            "Evidence:",
+            "",
+            _fence(lesson.evidence),
+            "",
+        ]
+    if len(parts) == 2:
+        parts += ["(no lessons)", ""]
+    return "\n".join(parts)

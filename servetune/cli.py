@@ -1,0 +1,236 @@
+"""The ``servetune`` command line (Typer): run a study, query lessons, serve MCP over stdio.
+
+Bad input (a missing or malformed study or trace, an unknown knob, an impossible value, a run id
+reused for another study) prints one line and exits with code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from domain.errors import ServetuneError
+from domain.ledger import Ledger
+from servetune.settings import DEFAULT_STUDY, Settings
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Tune how LLMs are served: agents search SGLang configs on a twin or "
+                       "a cluster.")
+lessons_app = typer.Typer(no_args_is_help=True, help="Query the lesson memory.")
+mcp_app = typer.Typer(no_args_is_help=True, help="Serve an MCP server over stdio.")
+app.add_typer(lessons_app, name="lessons")
+app.add_typer(mcp_app, name="mcp")
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _new_run_id() -> str:
+    return f"{datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
+def _open_store(settings: Settings, lessons_dir: Path | None) -> Any:
+    from memory.store import LessonStore
+
+    return LessonStore(lessons_dir or settings.lessons_dir, settings.embedding)
+
+
+@app.command()
+def run(
+    study_file: Annotated[Path | None, typer.Argument(
+        help="study YAML (default: the shipped studies/default.yaml)")] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="reuse to resume a run")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="folder holding runs/<run-id>/")]
+    = None,
+    lessons_dir: Annotated[Path | None, typer.Option(
+        "--lessons-dir", help="lesson store (default $SERVETUNE_LESSONS_DIR or "
+                              "./.servetune/lessons)")] = None,
+) -> None:
+    """Run (or resume) a study and write runs/<run-id>/ with report.md, plots and the ledger."""
+    t0 = time.time()
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # MCP servers log INFO
+    settings = Settings()
+    path = study_file or DEFAULT_STUDY
+    try:
+        from servetune.study_file import check_replay, load_study, resolve_trace
+
+        study = load_study(path)
+        trace_path = resolve_trace(study, path)
+        window = check_replay(study, trace_path)
+    except ServetuneError as e:
+        _fail(str(e))
+    if run_id is not None and not run_id.replace("-", "").replace("_", "").isalnum():
+        _fail(f"--run-id {run_id!r}: use letters, digits, '-' and '_' only")
+    rid = run_id or _new_run_id()
+    run_dir = (out or settings.runs_dir) / rid
+    digest = study.digest()
+    ledger_path = run_dir / "ledger.sqlite"
+    if ledger_path.exists():
+        led = Ledger(ledger_path)
+        old = led.get_meta("study_digest")
+        led.close()
+        if old is not None and old != digest:
+            _fail(f"run id {rid} belongs to another study ({old} != {digest}); choose a new "
+                  "--run-id or rerun the original study")
+    led = Ledger(ledger_path)
+    led.set_meta("study_digest", digest)
+    led.set_meta("study_path", str(path))
+    led.close()
+    if run_id is None:
+        console.print(f"run id: [bold]{rid}[/]")
+    try:
+        store = _open_store(settings, lessons_dir)
+    except ServetuneError as e:
+        _fail(str(e))
+    study_run = study.model_copy(update={"replay": study.replay.model_copy(
+        update={"trace": str(trace_path)})})
+    console.print(f"study [bold]{study.name}[/]: {study.model} on {study.gpu_count}x{study.gpu}, "
+                  f"SGLang {study.engine_version}; replay {trace_path.name} "
+                  f"[{study.replay.start_s:g}, {study.replay.start_s + study.replay.duration_s:g})"
+                  f" s at {study.replay.time_scale:g}x = {len(window)} requests")
+    from graph.run import run_study
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                  TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                  console=console, transient=False) as bar:
+        task = bar.add_task("preparing", total=study.budget.max_trials)
+
+        def progress(ev: dict[str, Any]) -> None:
+            if "pruned" in ev:
+                bar.console.print(f"  pruned {ev['pruned']}: {ev['reason'][:110]}",
+                                  highlight=False)
+                return
+            phase, n, total = ev.get("phase"), ev.get("trial"), ev.get("total")
+            bar.update(task, description=f"{phase}: trial {n}/{total} [{ev.get('config')}]",
+                       completed=(n or 1) - 1, total=total)
+
+        try:
+            outcome = asyncio.run(run_study(study_run, rid, run_dir, store, [trace_path.parent],
+                                            progress))
+        except ServetuneError as e:
+            _fail(str(e), code=1)
+        finally:
+            store.close()
+        bar.update(task, description="done", completed=bar.tasks[0].total)
+    _finish(study, rid, run_dir, outcome.stop_reason, trace_path, len(window), t0, settings,
+            lessons_dir)
+
+
+def _finish(study: Any, rid: str, run_dir: Path, stop_reason: str, trace_path: Path,
+            n_requests: int, t0: float, settings: Settings, lessons_dir: Path | None) -> None:
+    from servetune.report import render_report, summary_rows
+
+    led = Ledger(run_dir / "ledger.sqlite")
+    trials = led.trials()
+    led.close()
+    ids = list(dict.fromkeys(i for t in trials for i in t.lesson_ids))
+    store = _open_store(settings, lessons_dir)
+    try:
+        lessons = [lesson for i in ids if (lesson := store.get(i)) is not None]
+    finally:
+        store.close()
+    report = render_report(run_dir, study, trials, lessons, run_id=rid,
+                           stop_reason=stop_reason or "finished", elapsed_s=time.time() - t0,
+                           replay_requests=n_requests, trace_file=trace_path.name)
+    table = Table(title=f"{study.name} — {rid}")
+    for col in ("seq", "status", "changed", "tok/s/GPU", "reason"):
+        table.add_column(col, overflow="fold")
+    for row in summary_rows(trials):
+        obj = row.get("objective")
+        table.add_row(str(row["seq"]), row["status"], row["changed"] or "baseline",
+                      f"{obj:,.0f}" if obj is not None else "", str(row["reason"])[:90])
+    console.print(table)
+    winner = next((t for t in trials if t.status == "winner"), None)
+    if winner is not None:
+        console.print(f"winner: {winner.config.replicas} x [bold]{winner.config.launch_command()}"
+                      "[/]", highlight=False, soft_wrap=True)
+    else:
+        console.print(f"no finalist met the SLO (TTFT p99 <= {study.slo.ttft_p99_ms:,.0f} ms)")
+    console.print(f"report: {report}")
+    console.print(f"elapsed: {time.time() - t0:.1f} s")
+
+
+@lessons_app.command("query")
+def lessons_query(
+    text: Annotated[str, typer.Argument(help="what you want to know, in words")],
+    k: Annotated[int, typer.Option("-k", min=1, max=50, help="how many lessons")] = 5,
+    gpu: Annotated[str | None, typer.Option(help="only lessons that apply to this GPU")] = None,
+    lessons_dir: Annotated[Path | None, typer.Option("--lessons-dir")] = None,
+) -> None:
+    """Lessons most similar to TEXT, best first."""
+    settings = Settings()
+    try:
+        store = _open_store(settings, lessons_dir)
+        hits = store.query(text, k=k, **({"gpu": gpu} if gpu else {}))
+        store.close()
+    except ServetuneError as e:
+        _fail(str(e))
+    if not hits:
+        console.print("no lessons yet (run a study first)")
+        return
+    for lesson, score in hits:
+        console.print(f"[bold]{lesson.id}[/] ({score:.2f}) {lesson.title}", highlight=False)
+        console.print(f"  when: {lesson.condition_text()}  outcome: {lesson.outcome}"
+                      f" ({lesson.failure_class})\n  fix: {lesson.fix}", highlight=False)
+
+
+@lessons_app.command("list")
+def lessons_list(
+    gpu: Annotated[str | None, typer.Option(help="only lessons that apply to this GPU")] = None,
+    lessons_dir: Annotated[Path | None, typer.Option("--lessons-dir")] = None,
+) -> None:
+    """Every lesson in the store, oldest first."""
+    settings = Settings()
+    try:
+        store = _open_store(settings, lessons_dir)
+        items = store.list(**({"gpu": gpu} if gpu else {}))
+        store.close()
+    except ServetuneError as e:
+        _fail(str(e))
+    table = Table(title=f"{len(items)} lessons")
+    for col in ("id", "outcome", "title", "when"):
+        table.add_column(col, overflow="fold")
+    for lesson in items:
+        table.add_row(lesson.id, lesson.outcome, lesson.title, lesson.condition_text())
+    console.print(table)
+
+
+@mcp_app.command("lessons")
+def mcp_lessons(lessons_dir: Annotated[Path | None, typer.Option("--lessons-dir")] = None,
+                ) -> None:
+    """The lessons server over stdio (for Claude Code)."""
+    from mcp_servers.lessons.server import main
+
+    main(str(lessons_dir or Settings().lessons_dir))
+
+
+@mcp_app.command("cluster")
+def mcp_cluster(namespace: Annotated[str, typer.Option()] = "servetune") -> None:
+    """The cluster server (twin backend) over stdio (for Claude Code)."""
+    from mcp_servers.cluster.server import main
+
+    main(namespace)
+
+
+def main() -> None:  # pragma: no cover - console entry for `python -m servetune.cli`
+    """Entry point."""
+    sys.exit(app())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,491 @@
+"""The end-of-run report: ``report.md`` plus PNG plots, written into a run's folder.
+
+Everything shown comes from the ledger's trials, the study and the lessons handed in; nothing is
+measured here. Units: throughput in output tokens per second (per GPU, or per user = 1 / TPOT),
+latencies in milliseconds, durations in seconds. Files are written atomically (temp file in the
+same folder, then ``os.replace``) so a reader never sees half a report.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from domain.lesson import Lesson
+from domain.metrics import MetricsSummary, pareto_front
+from domain.study import Study
+from domain.trial import Trial
+
+SEARCH_PNG = "search.png"
+FRONTIER_PNG = "frontier.png"
+REPLAY_PNG = "replay_ttft.png"
+EVIDENCE_LINES = 12
+REASON_CHARS = 240
+STATUS_STYLE: dict[str, tuple[str, str]] = {  # status -> (marker, colour)
+    "baseline": ("s", "tab:blue"),
+    "keep": ("o", "tab:green"),
+    "discard": ("o", "tab:gray"),
+    "crash": ("x", "tab:red"),
+}
+
+
+# ---------------------------------------------------------------- formatting helpers
+def _num(v: float | None, digits: int = 1) -> str:
+    """``v`` with thousands separators, '' for None, 'n/a' for NaN."""
+    if v is None:
+        return ""
+    if isinstance(v, float) and math.isnan(v):
+        return "n/a"
+    return f"{v:,.{digits}f}"
+
+
+def _cell(text: object) -> str:
+    """One Markdown table cell: a single line with ``|`` escaped."""
+    s = " ".join(str(text).split())
+    if len(s) > REASON_CHARS:
+        s = s[: REASON_CHARS - 1] + "…"
+    return s.replace("|", "\\|")
+
+
+def _table(header: list[str], rows: Iterable[list[object]]) -> list[str]:
+    """Markdown table lines."""
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return out
+
+
+def _changed(t: Trial) -> str:
+    return t.changed or "baseline"
+
+
+def _fence(text: str, lang: str = "") -> list[str]:
+    """``text`` in a code fence longer than any backtick run inside it."""
+    longest, run = 0, 0
+    for ch in text:
+        run = run + 1 if ch == "`" else 0
+        longest = max(longest, run)
+    fence = "`" * max(3, longest + 1)
+    return [fence + lang, text, fence]
+
+
+def _concurrency(t: Trial) -> int | None:
+    """Concurrency of a frontier trial, from its key ``frontier:<config_id>:<c>``."""
+    tail = t.key.rsplit(":", 1)[-1]
+    if tail.isdigit():
+        return int(tail)
+    words = t.reason.split()
+    return int(words[-1]) if words and words[-1].isdigit() else None
+
+
+# ---------------------------------------------------------------- atomic writes
+def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """Call ``write(tmp)`` on a temp file next to ``path``, then rename it onto ``path``."""
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _save(fig: Figure, path: Path) -> None:
+    """Save ``fig`` as PNG at ``path`` atomically and release it."""
+    try:
+        fig.tight_layout()
+        _write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    finally:
+        fig.clear()
+
+
+def _new_figure(width_in: float, height_in: float) -> Figure:
+    """A Figure bound to the Agg canvas (no pyplot, no global figure registry)."""
+    fig = Figure(figsize=(width_in, height_in))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+# ---------------------------------------------------------------- plots
+def plot_search(trials: list[Trial], path: Path) -> bool:
+    """Objective (output tok/s/GPU) per launched search trial and the running best.
+
+    Crashes are drawn at 0 tok/s/GPU with an ``x``. Returns False (no file) when no search
+    trial was launched.
+    """
+    launched = [t for t in trials if t.phase == "search" and t.launched]
+    if not launched:
+        return False
+    fig = _new_figure(max(6.0, 0.55 * len(launched) + 2.0), 4.5)
+    ax = fig.add_subplot()
+    xs = list(range(len(launched)))
+    for status, (marker, colour) in STATUS_STYLE.items():
+        pts = [(x, t.objective or 0.0) for x, t in zip(xs, launched, strict=True)
+               if t.status == status]
+        if pts:
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker, color=colour,
+                       s=60 if status == "crash" else 45, label=status, zorder=3)
+    best, running = [], math.nan
+    for t in launched:
+        if t.status in ("baseline", "keep") and t.objective is not None:
+            running = t.objective if math.isnan(running) else max(running, t.objective)
+        best.append(running)
+    ax.step(xs, best, where="post", color="tab:green", alpha=0.6, label="running best")
+    ax.set_xticks(xs, [f"#{t.seq} {_changed(t)}" for t in launched], rotation=45, ha="right",
+                  fontsize=8)
+    ax.set_ylabel("output tok/s/GPU (saturation)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Search: objective per launched trial")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+    return True
+
+
+def frontier_points(trials: list[Trial]) -> list[tuple[Trial, int | None]]:
+    """Frontier-phase trials with a saturation summary, grouped by config, by concurrency.
+
+    Returns:
+        ``(trial, concurrency)`` pairs; configs in first-seen order.
+    """
+    groups: dict[str, list[Trial]] = {}
+    for t in trials:
+        if t.phase == "frontier" and t.saturation is not None:
+            groups.setdefault(t.config.config_id(), []).append(t)
+    out: list[tuple[Trial, int | None]] = []
+    for group in groups.values():
+        pairs = [(t, _concurrency(t)) for t in group]
+        pairs.sort(key=lambda p: (p[1] is None, p[1] or 0, p[0].seq))
+        out += pairs
+    return out
+
+
+def _xy(s: MetricsSummary) -> tuple[float, float]:
+    return s.tok_s_per_user, s.output_tok_s_per_gpu
+
+
+def plot_frontier(points: list[tuple[Trial, int | None]], path: Path) -> bool:
+    """tok/s/user vs output tok/s/GPU per finalist and concurrency, with the Pareto front.
+
+    Returns False (no file) when there are no frontier points.
+    """
+    if not points:
+        return False
+    fig = _new_figure(7.5, 5.0)
+    ax = fig.add_subplot()
+    groups: dict[str, list[tuple[Trial, int | None]]] = {}
+    for t, c in points:
+        groups.setdefault(t.config.config_id(), []).append((t, c))
+    for group in groups.values():
+        first = group[0][0]
+        xy = [_xy(t.saturation) for t, _ in group if t.saturation is not None]
+        label = f"{_changed(first)} (from #{first.parent_seq})" if first.parent_seq \
+            else _changed(first)
+        ax.plot([p[0] for p in xy], [p[1] for p in xy], marker="o", label=label)
+        for (x, y), (_, c) in zip(xy, group, strict=True):
+            if c is not None:
+                ax.annotate(f"c={c}", (x, y), textcoords="offset points", xytext=(4, 4),
+                            fontsize=7)
+    all_xy = [_xy(t.saturation) for t, _ in points if t.saturation is not None]
+    front = [all_xy[i] for i in pareto_front(all_xy)]
+    ax.plot([p[0] for p in front], [p[1] for p in front], color="black", linestyle="--",
+            linewidth=2, marker="D", markerfacecolor="none", markersize=10, alpha=0.7,
+            label="Pareto front")
+    ax.set_xlabel("tok/s/user (1 / TPOT)")
+    ax.set_ylabel("output tok/s/GPU")
+    ax.set_title("Throughput vs per-user speed (concurrency sweep)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+    return True
+
+
+def plot_replay_ttft(validated: list[Trial], slo_ms: float, path: Path) -> bool:
+    """Bars of replay TTFT p50 and p99 (ms) per finalist, with the SLO as a line.
+
+    Returns False (no file) when no finalist has a replay summary.
+    """
+    rows = [t for t in validated if t.replay is not None]
+    if not rows:
+        return False
+    fig = _new_figure(max(6.0, 1.2 * len(rows) + 2.0), 4.5)
+    ax = fig.add_subplot()
+    xs = list(range(len(rows)))
+    p50 = [_finite(t.replay.ttft_ms.p50) for t in rows if t.replay is not None]
+    p99 = [_finite(t.replay.ttft_ms.p99) for t in rows if t.replay is not None]
+    w = 0.38
+    ax.bar([x - w / 2 for x in xs], p50, w, label="TTFT p50", color="tab:blue")
+    ax.bar([x + w / 2 for x in xs], p99, w, label="TTFT p99", color="tab:orange")
+    ax.axhline(slo_ms, color="tab:red", linestyle="--", label=f"SLO p99 {slo_ms:,.0f} ms")
+    positive = [v for v in p50 + p99 + [slo_ms] if v > 0]
+    if positive and max(positive) / min(positive) > 100:
+        ax.set_yscale("log")
+    ax.set_xticks(xs, [f"#{t.seq} {_changed(t)}\n{t.status}" for t in rows], fontsize=8)
+    ax.set_ylabel("TTFT on the replay (ms)")
+    ax.set_title("Finalists on the real trace")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+    return True
+
+
+def _finite(v: float) -> float:
+    return 0.0 if math.isnan(v) else v
+
+
+# ---------------------------------------------------------------- public helpers
+def summary_rows(trials: list[Trial]) -> list[dict[str, Any]]:
+    """Plain rows for the CLI's final table, in the order given.
+
+    Returns:
+        One dict per trial: ``seq``, ``status``, ``changed`` ('baseline' when empty),
+        ``objective`` (output tok/s/GPU or None) and ``reason`` (one line).
+    """
+    return [{"seq": t.seq, "status": t.status, "changed": _changed(t),
+             "objective": t.objective, "reason": " ".join(t.reason.split())} for t in trials]
+
+
+def _best_finalist(validated: list[Trial]) -> Trial | None:
+    """The replayed finalist with the best objective (same order as the winner pick)."""
+    rows = [t for t in validated if t.replay is not None]
+    rows.sort(key=lambda t: (-(t.objective or 0.0), len(t.config.set_fields()), t.seq))
+    return rows[0] if rows else None
+
+
+# ---------------------------------------------------------------- report sections
+def _summary(study: Study, trials: list[Trial], run_id: str, stop_reason: str,
+             elapsed_s: float) -> list[str]:
+    search = [t for t in trials if t.phase == "search"]
+    launched = sum(t.launched for t in search)
+    pruned = sum(t.status == "pruned" for t in search)
+    crashed = sum(t.status == "crash" for t in search)
+    replayed = sum(t.phase == "validate" for t in trials)
+    sweep = sum(t.phase == "frontier" for t in trials)
+    return [
+        f"# {study.name}: run `{run_id}`", "",
+        f"Model `{study.model}` on {study.gpu_count} x {study.gpu} with {study.engine} "
+        f"{study.engine_version}. Stopped because: {stop_reason or 'not given'}. "
+        f"Elapsed: {elapsed_s:,.1f} s. Search trials: {launched} launched, {pruned} pruned "
+        f"before launch, {crashed} crashed; {replayed} finalists replayed on the trace; "
+        f"{sweep} frontier points measured.", "",
+    ]
+
+
+def _workloads(study: Study, replay_requests: int, trace_file: str) -> list[str]:
+    s, r = study.saturation, study.replay
+    return [
+        "## Workloads", "",
+        f"- **Saturation** (search objective): ISL {s.isl:,} tokens, OSL {s.osl:,} tokens, "
+        f"concurrency {s.concurrency:,}, duration {s.duration_s:,.1f} s.",
+        f"- **Replay** (SLO check): trace `{trace_file}`, window start {r.start_s:,.1f} s, "
+        f"length {r.duration_s:,.1f} s, {replay_requests:,} requests, time scale "
+        f"{r.time_scale:g}x (arrivals {r.time_scale:g} times as fast as recorded).", "",
+    ]
+
+
+def _numbers(t: Trial, slo_ms: float) -> list[str]:
+    out = [f"- replicas: {t.config.replicas} (tp_size {t.config.tp_size} each, "
+           f"{t.config.gpus} GPUs)"]
+    if t.saturation is not None:
+        out.append(f"- Saturation: {_num(t.saturation.output_tok_s_per_gpu)} output tok/s/GPU, "
+                   f"{_num(t.saturation.tok_s_per_user)} tok/s/user")
+    if t.replay is not None:
+        p99 = t.replay.ttft_ms.p99
+        verdict = "meets" if p99 <= slo_ms else "misses"
+        out.append(f"- Replay: TTFT p50 {_num(t.replay.ttft_ms.p50)} ms, p99 {_num(p99)} ms "
+                   f"({verdict} the SLO of p99 <= {slo_ms:,.0f} ms); "
+                   f"{t.replay.completed}/{t.replay.requests} requests completed")
+    return out
+
+
+def _result(study: Study, trials: list[Trial]) -> list[str]:
+    slo = study.slo.ttft_p99_ms
+    validated = [t for t in trials if t.phase == "validate"]
+    winner = next((t for t in validated if t.status == "winner"), None)
+    out = ["## Result", ""]
+    if winner is not None:
+        flags = winner.config.set_fields()
+        out += [f"Winner: trial #{winner.seq} ({_changed(winner)}), "
+                f"{len(flags)} non-default flag(s). Launch command for ONE replica:", ""]
+        out += _fence(winner.config.launch_command(), "bash")
+        out += ["", *_numbers(winner, slo), ""]
+        return out
+    out += [f"No finalist met the SLO (TTFT p99 <= {slo:,.0f} ms on the replay).", ""]
+    best = _best_finalist(validated)
+    if best is None:
+        out += ["No finalist was replayed on the trace.", ""]
+        return out
+    out += [f"Best finalist by output tok/s/GPU: trial #{best.seq} ({_changed(best)}), "
+            f"status {best.status}. Its launch command for ONE replica:", ""]
+    out += _fence(best.config.launch_command(), "bash")
+    out += ["", *_numbers(best, slo), ""]
+    return out
+
+
+def _trials_table(trials: list[Trial]) -> list[str]:
+    search = [t for t in trials if t.phase == "search"]
+    rows = [[t.seq, t.status, _changed(t), _num(t.objective),
+             _num(t.saturation.ttft_ms.p99) if t.saturation else "", t.reason] for t in search]
+    return ["## Trials", "", *_table(
+        ["seq", "status", "changed", "tok/s/GPU", "TTFT p99 (ms)", "reason"], rows), ""]
+
+
+def _finalists_table(trials: list[Trial], has_plot: bool) -> list[str]:
+    validated = [t for t in trials if t.phase == "validate"]
+    out = ["## Finalists on the real trace", ""]
+    if not validated:
+        return out + ["No finalist was replayed.", ""]
+    if has_plot:
+        out += [f"![Replay TTFT per finalist]({REPLAY_PNG})", ""]
+    rows = []
+    for t in validated:
+        r = t.replay
+        rows.append([t.seq, _changed(t),
+                     _num(t.saturation.output_tok_s_per_gpu) if t.saturation else "",
+                     _num(r.ttft_ms.p50) if r else "", _num(r.ttft_ms.p99) if r else "",
+                     _num(r.itl_ms.p99) if r else "", f"{r.completed}/{r.requests}" if r else "",
+                     t.status])
+    out += _table(["seq", "changed", "tok/s/GPU (saturation)", "replay TTFT p50 (ms)",
+                   "replay TTFT p99 (ms)", "ITL p99 (ms)", "completed/requests", "status"], rows)
+    return out + [""]
+
+
+def _frontier_section(points: list[tuple[Trial, int | None]], has_plot: bool) -> list[str]:
+    out = ["## Frontier", ""]
+    if not points:
+        return out + ["No frontier sweep was measured in this run, so there is no plot.", ""]
+    if has_plot:
+        out += [f"![tok/s/GPU vs tok/s/user]({FRONTIER_PNG})", ""]
+    xy = [_xy(t.saturation) for t, _ in points if t.saturation is not None]
+    front = set(pareto_front(xy))
+    rows = []
+    for i, (t, c) in enumerate(points):
+        s = t.saturation
+        if s is None:
+            continue
+        rows.append([f"#{t.parent_seq} {_changed(t)}" if t.parent_seq else _changed(t),
+                     "" if c is None else c, _num(s.tok_s_per_user), _num(s.output_tok_s_per_gpu),
+                     _num(s.ttft_ms.p99), "yes" if i in front else ""])
+    out += _table(["config", "concurrency", "tok/s/user", "output tok/s/GPU", "TTFT p99 (ms)",
+                   "on Pareto front"], rows)
+    return out + [""]
+
+
+def _predicted_section(trials: list[Trial]) -> list[str]:
+    rows_t = [t for t in trials if t.phase == "search" and t.launched and t.predicted]
+    out = ["## Predicted vs measured", ""]
+    if not rows_t:
+        return out + ["No launched trial carried a pre-launch estimate.", ""]
+    keys: list[str] = []
+    for t in rows_t:
+        keys += [k for k in t.predicted if k not in keys]
+    rows = []
+    for t in rows_t:
+        s = t.saturation
+        pred = [_pred(t.predicted.get(k)) for k in keys]
+        rows.append([t.seq, _changed(t), *pred,
+                     _num(s.output_tok_s) if s else t.status,
+                     _num(s.output_tok_s_per_gpu) if s else "",
+                     _num(s.tok_s_per_user) if s else ""])
+    out += ["Estimates made before launch (per replica) next to the measured saturation decode "
+            "throughput.", ""]
+    out += _table(["seq", "changed", *[f"predicted {k}" for k in keys],
+                   "measured output tok/s", "measured tok/s/GPU", "measured tok/s/user"], rows)
+    return out + [""]
+
+
+def _pred(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        return f"{v:,.2f}"
+    return str(v)
+
+
+def _lessons_section(lessons: list[Lesson]) -> list[str]:
+    out = ["## Lessons used or written in this run", ""]
+    if not lessons:
+        return out + ["None.", ""]
+    for les in lessons:
+        lines = les.evidence.splitlines()
+        evidence = "\n".join(lines[:EVIDENCE_LINES])
+        if len(lines) > EVIDENCE_LINES:
+            evidence += f"\n... ({len(lines) - EVIDENCE_LINES} more lines)"
+        fc = f" ({les.failure_class})" if les.failure_class else ""
+        out += [f"### {les.id or '(no id)'}: {les.title}", "",
+                f"- Outcome: {les.outcome}{fc}",
+                f"- Condition: `{les.condition_text()}`",
+                f"- Fix: {les.fix}", "", "Evidence:", "", *_fence(evidence), ""]
+    return out
+
+
+# ---------------------------------------------------------------- entry point
+def render_report(run_dir: Path, study: Study, trials: list[Trial], lessons: list[Lesson], *,
+                  run_id: str, stop_reason: str, elapsed_s: float, replay_requests: int,
+                  trace_file: str) -> Path:
+    """Write ``run_dir/report.md`` and its plots (search, frontier, replay TTFT PNGs).
+
+    The plots are ``search.png``, ``frontier.png`` and ``replay_ttft.png``. A plot with no data
+    is not written (a stale one from an earlier render is removed) and the report says so.
+
+    Args:
+        run_dir: the run's folder (created if missing).
+        study: the study that ran.
+        trials: the run's ledger rows, any phase, any order.
+        lessons: lessons used (pruning) or written (failures) in this run.
+        run_id: the run's id.
+        stop_reason: why the search stopped.
+        elapsed_s: wall time of the run, s.
+        replay_requests: requests in the replayed trace window.
+        trace_file: the replayed trace's file name.
+
+    Returns:
+        The path of ``report.md``.
+    """
+    if "matplotlib.pyplot" not in sys.modules:  # switching under pyplot would close its figures
+        matplotlib.use("Agg")
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    trials = sorted(trials, key=lambda t: t.seq)
+    validated = [t for t in trials if t.phase == "validate"]
+    points = frontier_points(trials)
+
+    plots = {
+        SEARCH_PNG: plot_search(trials, run_dir / SEARCH_PNG),
+        FRONTIER_PNG: plot_frontier(points, run_dir / FRONTIER_PNG),
+        REPLAY_PNG: plot_replay_ttft(validated, study.slo.ttft_p99_ms, run_dir / REPLAY_PNG),
+    }
+    for name, written in plots.items():
+        if not written:
+            (run_dir / name).unlink(missing_ok=True)
+
+    lines = _summary(study, trials, run_id, stop_reason, elapsed_s)
+    lines += _workloads(study, replay_requests, trace_file)
+    lines += _result(study, trials)
+    lines += _trials_table(trials)
+    if plots[SEARCH_PNG]:
+        lines += [f"![Objective per search trial]({SEARCH_PNG})", ""]
+    else:
+        lines += ["No search trial was launched, so there is no search plot.", ""]
+    lines += _finalists_table(trials, plots[REPLAY_PNG])
+    lines += _frontier_section(points, plots[FRONTIER_PNG])
+    lines += _predicted_section(trials)
+    lines += _lessons_section(lessons)
+
+    path = run_dir / "report.md"
+    text = "\n".join(lines).rstrip("\n") + "\n"
+    _write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    return path

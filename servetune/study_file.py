@@ -1,0 +1,61 @@
+"""Loading a study YAML file and checking its trace before anything runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from domain.errors import ConfigInvalid, TraceInvalid
+from domain.study import Study, parse_study
+from domain.workload import Trace, load_trace
+from servetune.settings import REPO_ROOT
+
+
+def load_study(path: Path) -> Study:
+    """Parse and validate the study at ``path``.
+
+    Raises:
+        ConfigInvalid: missing file, YAML syntax error, or an invalid study (the message names
+            the field).
+    """
+    if not path.is_file():
+        raise ConfigInvalid([f"{path}: study file not found"])
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigInvalid([f"{path}: not valid YAML ({first})"]) from e
+    try:
+        return parse_study(data)
+    except ConfigInvalid as e:
+        raise ConfigInvalid([f"{path}: {v}" for v in e.violations]) from e
+
+
+def resolve_trace(study: Study, study_path: Path) -> Path:
+    """The replay trace as an absolute path: relative to the study file, else to the repo.
+
+    Raises:
+        TraceInvalid: if the file exists in neither place.
+    """
+    p = Path(study.replay.trace)
+    candidates = [p] if p.is_absolute() else [study_path.parent / p, REPO_ROOT / p]
+    for c in candidates:
+        if c.is_file():
+            return c.resolve()
+    raise TraceInvalid(study.replay.trace, "trace file not found (looked next to the study "
+                       "file and in the repository)")
+
+
+def check_replay(study: Study, trace_path: Path) -> Trace:
+    """Load the trace and cut the study's window, so a bad trace fails before the run.
+
+    Raises:
+        TraceInvalid: malformed trace, or a window holding no request.
+    """
+    trace = load_trace(trace_path, study.replay.format)
+    try:
+        win = trace.window(study.replay.start_s, study.replay.duration_s)
+    except ConfigInvalid as e:
+        raise TraceInvalid(str(trace_path), f"replay window: {e}") from e
+    return win.scaled(study.replay.time_scale)
