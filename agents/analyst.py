@@ -1,4 +1,6 @@
-"""Benchmark analyst agent -- job: run the benchmarks of a Ready candidate through the bench
+"""Benchmark analyst agent.
+
+Job: run the benchmarks of a Ready candidate through the bench
 server, judge it against the incumbent (keep / discard / crash, with evidence), and turn every
 failure into a lesson whose condition covers the whole family of configs it dooms.
 

@@ -1,4 +1,6 @@
-"""Deployer agent -- job: launch one candidate through the cluster server, wait until it is Ready
+"""Deployer agent.
+
+Job: launch one candidate through the cluster server, wait until it is Ready
 or Failed, classify a failure from the engine's own log, and always tear it down afterwards.
 
 Prompt (for the Claude brain of a later issue): ``agents/prompts/deployer.md``. Output: a

@@ -1,4 +1,6 @@
-"""Planner agent -- job: propose the next candidate, one knob changed from the current best,
+"""Planner agent.
+
+Job: propose the next candidate, one knob changed from the current best,
 after pruning what lessons forbid and what the memory-fit estimate clearly rules out (each such
 estimate becomes a lesson whose evidence is the arithmetic).
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from domain.errors import ConfigInvalid, UnknownFlag
+from domain.errors import UnknownFlag
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 SUPPORTED_VERSIONS = ("0.5.23",)
@@ -97,7 +97,7 @@ class ServingConfig(BaseModel):
             version: SGLang release; defaults to ``engine_version``.
 
         Returns:
-            e.g. ``['sglang', 'serve', '--model-path', 'zai-org/GLM-5-FP8', '--tp-size', '8', ...]``.
+            e.g. ``['sglang', 'serve', '--model-path', 'zai-org/GLM-5-FP8', '--tp-size', '8']``.
 
         Raises:
             UnknownFlag: if a flag or choice is not in that version's inventory (argparse would

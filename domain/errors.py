@@ -54,7 +54,8 @@ class DoesNotFit(ServetuneError):
         arithmetic: The computation, spelled out, for lessons and reports.
     """
 
-    def __init__(self, phase: str, required_gb: float, available_gb: float, arithmetic: str) -> None:
+    def __init__(self, phase: str, required_gb: float, available_gb: float,
+                 arithmetic: str) -> None:
         self.phase, self.required_gb, self.available_gb = phase, required_gb, available_gb
         self.arithmetic = arithmetic
         super().__init__(

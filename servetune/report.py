@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-import tempfile
+import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -88,10 +88,12 @@ def _concurrency(t: Trial) -> int | None:
 
 # ---------------------------------------------------------------- atomic writes
 def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    """Call ``write(tmp)`` on a temp file next to ``path``, then rename it onto ``path``."""
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(tmp_name)
+    """Call ``write(tmp)`` on a temp file next to ``path``, then rename it onto ``path``.
+
+    The temp name is unique per process and call; the file is created by ``write`` itself, so
+    it gets the usual umask permissions (``mkstemp`` would leave it owner-only).
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         write(tmp)
         os.replace(tmp, path)
@@ -425,10 +427,10 @@ def _lessons_section(lessons: list[Lesson]) -> list[str]:
         if len(lines) > EVIDENCE_LINES:
             evidence += f"\n... ({len(lines) - EVIDENCE_LINES} more lines)"
         fc = f" ({les.failure_class})" if les.failure_class else ""
-        out += [f"### {les.id or '(no id)'}: {les.title}", "",
+        out += [f"### {les.id or '(no id)'}: {' '.join(les.title.split())}", "",
                 f"- Outcome: {les.outcome}{fc}",
                 f"- Condition: `{les.condition_text()}`",
-                f"- Fix: {les.fix}", "", "Evidence:", "", *_fence(evidence), ""]
+                f"- Fix: {' '.join(les.fix.split())}", "", "Evidence:", "", *_fence(evidence), ""]
     return out
 
 

@@ -33,8 +33,10 @@ class Startup(BaseModel):
 
 
 def _backend_refusal(config: ServingConfig, sm_major: int, attention: str) -> str | None:
-    """The engine's message if ``attention_backend`` cannot run here (attention_hook.py,
-    layers/attention/*), else None."""
+    """The engine's message if the attention backend cannot run here, else None.
+
+    Sources: ``arg_groups/attention_hook.py`` and ``layers/attention/*`` of SGLang 0.5.23.
+    """
     b = config.attention_backend
     if b is None:
         return None
@@ -100,9 +102,10 @@ def start(config: ServingConfig) -> Startup:
                 "4. disable CUDA graph by --disable-cuda-graph. (Not recommended. Huge perf loss)"]
         return Startup(ready=False, phase="cuda_graph", exit_code=1, log=log)
     load_s = rep.weight_bytes_per_gpu / 2.5e9
+    left = gpu.hbm_bytes - CONTEXT_OVERHEAD_BYTES - rep.weight_bytes_per_gpu
     log.append(f"Load weight end. elapsed={load_s:.2f} s, type={model.name}, "
-               f"avail mem={(gpu.hbm_bytes - CONTEXT_OVERHEAD_BYTES - rep.weight_bytes_per_gpu) / 2**30:.2f}"
-               f" GB, mem usage={rep.weight_bytes_per_gpu / 2**30:.2f} GB.")
+               f"avail mem={left / 2**30:.2f} GB, mem usage={rep.weight_bytes_per_gpu / 2**30:.2f}"
+               " GB.")
     if refusal:  # attention backends are built with the model runner, after weights load
         log += ["Traceback (most recent call last):",
                 '  File "sglang/srt/model_executor/model_runner.py", line 1890, in '

@@ -33,6 +33,8 @@ def logs(backend: ClusterBackend, name: str, tail: int | None = None, start: int
     """Lines of ``name``'s log: the last ``tail`` lines, or a page from ``start``.
 
     Args:
+        backend: the cluster backend.
+        name: deployment name.
         tail: if given, only the last ``tail`` lines are considered.
         start: index of the first line of the page (within the considered lines).
         max_lines: page size, at most 500.
