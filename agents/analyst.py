@@ -4,7 +4,7 @@ Job: run the benchmarks of a Ready candidate through the bench
 server, judge it against the incumbent (keep / discard / crash, with evidence), and turn every
 failure into a lesson whose condition covers the whole family of configs it dooms.
 
-Prompt (for the Claude brain of a later issue): ``agents/prompts/analyst.md``. Outputs:
+The Claude brain (its prompt in ``agents/prompts/``) comes with the Claude-agents issue. Outputs:
 :class:`Verdict` and :class:`~domain.lesson.Lesson`.
 """
 

@@ -3,7 +3,7 @@
 Job: launch one candidate through the cluster server, wait until it is Ready
 or Failed, classify a failure from the engine's own log, and always tear it down afterwards.
 
-Prompt (for the Claude brain of a later issue): ``agents/prompts/deployer.md``. Output: a
+The Claude brain (its prompt in ``agents/prompts/``) comes with the Claude-agents issue. Output: a
 :class:`DeployOutcome`. The deterministic brain below needs no API key.
 """
 

@@ -4,7 +4,7 @@ Job: propose the next candidate, one knob changed from the current best,
 after pruning what lessons forbid and what the memory-fit estimate clearly rules out (each such
 estimate becomes a lesson whose evidence is the arithmetic).
 
-Prompt (for the Claude brain of a later issue): ``agents/prompts/planner.md``. Output:
+The Claude brain (its prompt in ``agents/prompts/``) comes with the Claude-agents issue. Output:
 :class:`PlanStep` carrying ``TrialPlan | NoViableConfig`` plus the candidates pruned on the way.
 """
 

@@ -61,7 +61,7 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
             resumed = bool(snap.values)
             ctx = StudyContext(run_id=run_id, study=study, ledger=ledger, cluster=c_cluster,
                                bench=c_bench, lessons=c_lessons, backend_kind=backend.kind,
-                               progress=progress)
+                               progress=progress, events_path=run_dir / "events.jsonl")
             if resumed and not snap.next:
                 final = snap.values  # finished before: nothing to do
             else:

@@ -8,8 +8,12 @@ never in state and never as a tool argument a model fills.
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypedDict
 
 from mcp import Client
@@ -48,6 +52,17 @@ class StudyContext:
     lessons: Client
     backend_kind: str = "twin"
     progress: Progress | None = None
+    events_path: Path | None = None
+
+    def event(self, kind: str, **data: Any) -> None:
+        """Append one audit event (e.g. every deploy) to ``events.jsonl``, flushed at once."""
+        if self.events_path is None:
+            return
+        line = json.dumps({"t": time.time(), "kind": kind, **data}, sort_keys=True)
+        with self.events_path.open("a", encoding="utf-8") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
 
     def report(self, **event: Any) -> None:
         """Send a progress event (phase, trial n/N, current config) to the CLI, if any."""

@@ -55,6 +55,7 @@ async def _launch_and_measure(ctx: StudyContext, key: str, phase: str, config: S
     deployer, analyst = Deployer(ctx.cluster), Analyst(ctx.bench, ctx.study)
     name = _deployment_name(config)
     labels = {"servetune/run-id": ctx.run_id, "servetune/trial": key.replace(":", "-")[:63]}
+    ctx.event("deploy", key=key, name=name)
     out = await deployer.launch(name, config, labels)
     base: dict[str, Any] = dict(run_id=ctx.run_id, seq=0, key=key, phase=phase, config=config,
                                 changed=changed, parent_seq=parent, predicted=predicted,
@@ -125,9 +126,18 @@ async def search(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
 
 
 def _finalists(ledger: Ledger, k: int) -> list[int]:
+    """The best ``k`` layouts, one finalist per layout.
+
+    A layout is (tp_size, weights, kv_cache_dtype, attention_backend); its best trial stands for
+    it, so finalists differ in how the model is laid out, not only in memory or admission knobs.
+    """
     ok = [t for t in ledger.trials("search") if t.status in SUCCESS and t.objective is not None]
     ok.sort(key=lambda t: (-(t.objective or 0.0), len(t.config.set_fields()), t.seq))
-    return [t.seq for t in ok[:k]]
+    chosen: dict[tuple, int] = {}
+    for t in ok:
+        c = t.config
+        chosen.setdefault((c.tp_size, c.weights, c.kv_cache_dtype, c.attention_backend), t.seq)
+    return list(chosen.values())[:k]
 
 
 def _by_seq(ledger: Ledger, seq: int) -> Trial:
@@ -150,6 +160,7 @@ async def validate(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
         t0 = time.time()
         deployer, analyst = Deployer(ctx.cluster), Analyst(ctx.bench, ctx.study)
         name = _deployment_name(src.config)
+        ctx.event("deploy", key=key, name=name)
         out = await deployer.launch(name, src.config, {"servetune/run-id": ctx.run_id})
         try:
             rep = await analyst.replay(name) if out.ready else None
@@ -201,6 +212,7 @@ async def frontier(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
     if todo:
         deployer, analyst = Deployer(ctx.cluster), Analyst(ctx.bench, ctx.study)
         name = _deployment_name(src.config)
+        ctx.event("deploy", key=f"frontier:{src.config.config_id()}", name=name)
         out = await deployer.launch(name, src.config, {"servetune/run-id": ctx.run_id})
         try:
             for c in todo if out.ready else []:

@@ -148,13 +148,17 @@ def _finish(study: Any, rid: str, run_dir: Path, stop_reason: str, trace_path: P
                            stop_reason=stop_reason or "finished", elapsed_s=time.time() - t0,
                            replay_requests=n_requests, trace_file=trace_path.name)
     table = Table(title=f"{study.name} — {rid}")
-    for col in ("seq", "status", "changed", "tok/s/GPU", "reason"):
-        table.add_column(col, overflow="fold")
-    for row in summary_rows(trials):
+    for col in ("#", "status", "changed", "tok/s/GPU", "reason"):
+        table.add_column(col, overflow="ellipsis", no_wrap=col != "reason")
+    shown = [t for t in trials if t.phase != "frontier"]
+    for row in summary_rows(shown):
         obj = row.get("objective")
         table.add_row(str(row["seq"]), row["status"], row["changed"] or "baseline",
-                      f"{obj:,.0f}" if obj is not None else "", str(row["reason"])[:90])
+                      f"{obj:,.0f}" if obj is not None else "", str(row["reason"])[:70])
     console.print(table)
+    sweep = len(trials) - len(shown)
+    if sweep:
+        console.print(f"frontier: {sweep} sweep points (see the report)")
     winner = next((t for t in trials if t.status == "winner"), None)
     if winner is not None:
         console.print(f"winner: {winner.config.replicas} x [bold]{winner.config.launch_command()}"

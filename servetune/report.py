@@ -79,9 +79,9 @@ def _fence(text: str, lang: str = "") -> list[str]:
 
 def _concurrency(t: Trial) -> int | None:
     """Concurrency of a frontier trial, from its key ``frontier:<config_id>:<c>``."""
-    tail = t.key.rsplit(":", 1)[-1]
-    if tail.isdigit():
-        return int(tail)
+    parts = t.key.split(":")
+    if len(parts) == 3 and parts[2].isdigit():
+        return int(parts[2])
     words = t.reason.split()
     return int(words[-1]) if words and words[-1].isdigit() else None
 

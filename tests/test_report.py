@@ -42,7 +42,7 @@ MFS = cfg(mem_fraction_static=0.95)
 CUDA = cfg(cuda_graph_max_bs_decode=512)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def study() -> Study:
     return parse_study({
         "name": "glm5-b200", "model": "glm-5", "gpu": "B200", "gpu_count": 8,
@@ -124,6 +124,14 @@ def render(tmp_path: Path, study: Study, trials: list[Trial],
     return path.read_text()
 
 
+@pytest.fixture(scope="module")
+def full(tmp_path_factory: pytest.TempPathFactory, study: Study) -> tuple[Path, str]:
+    """One complete run rendered once (winner, frontier, lesson) for the read-only tests."""
+    run_dir = tmp_path_factory.mktemp("full")
+    trials = search_trials() + validate_trials(winner=True) + frontier_trials()
+    return run_dir, render(run_dir, study, trials, [lesson()])
+
+
 def section(text: str, title: str) -> str:
     start = text.index(f"## {title}\n")
     end = text.find("\n## ", start + 1)
@@ -135,9 +143,8 @@ def table_rows(block: str) -> list[str]:
     return rows[1:]  # drop the header
 
 
-def test_full_report_names_winner_with_its_launch_command(tmp_path: Path, study: Study) -> None:
-    trials = search_trials() + validate_trials(winner=True) + frontier_trials()
-    text = render(tmp_path, study, trials, [lesson()])
+def test_full_report_names_winner_with_its_launch_command(full: tuple[Path, str]) -> None:
+    text = full[1]
     assert text.startswith(f"# glm5-b200: run `{RUN_ID}`")
     assert "8 x B200 with sglang 0.5.23" in text
     assert "Elapsed: 1,234.5 s" in text
@@ -153,10 +160,8 @@ def test_full_report_names_winner_with_its_launch_command(tmp_path: Path, study:
     assert "No finalist met the SLO" not in text
 
 
-def test_workloads_show_request_count_time_scale_and_window(tmp_path: Path,
-                                                            study: Study) -> None:
-    text = render(tmp_path, study, search_trials() + validate_trials(winner=True))
-    wl = section(text, "Workloads")
+def test_workloads_show_request_count_time_scale_and_window(full: tuple[Path, str]) -> None:
+    wl = section(full[1], "Workloads")
     assert "ISL 2,048 tokens, OSL 512 tokens, concurrency 64, duration 120.0 s" in wl
     assert "`mooncake_fast25_conversation_trace.jsonl`" in wl
     assert "window start 30.0 s, length 300.0 s, 1,234 requests, time scale 2.5x" in wl
@@ -171,23 +176,21 @@ def test_no_winner_says_so_and_shows_best_finalist(tmp_path: Path, study: Study)
     assert "p99 4,321.0 ms (misses the SLO" in result
 
 
-def test_pngs_are_written_and_valid(tmp_path: Path, study: Study) -> None:
-    render(tmp_path, study, search_trials() + validate_trials(winner=True) + frontier_trials())
+def test_pngs_are_written_and_valid(full: tuple[Path, str]) -> None:
+    tmp_path, text = full
     for name in ("search.png", "frontier.png", "replay_ttft.png"):
         data = (tmp_path / name).read_bytes()
         assert data[:8] == PNG_MAGIC, name
         assert len(data) > 5_000, name
-    text = (tmp_path / "report.md").read_text()
     for link in ("(search.png)", "(frontier.png)", "(replay_ttft.png)"):
         assert f"]{link}" in text
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
     assert leftovers == []
 
 
-def test_trials_table_has_one_row_per_search_trial_and_escapes_pipes(tmp_path: Path,
-                                                                    study: Study) -> None:
-    text = render(tmp_path, study, search_trials() + validate_trials(winner=True))
-    rows = table_rows(section(text, "Trials"))
+def test_trials_table_has_one_row_per_search_trial_and_escapes_pipes(
+        full: tuple[Path, str]) -> None:
+    rows = table_rows(section(full[1], "Trials"))
     assert len(rows) == 5
     assert [r.split(" | ")[0] for r in rows] == ["| 1", "| 2", "| 3", "| 4", "| 5"]
     assert rows[0].startswith("| 1 | baseline | baseline | 1,000.0 | 400.0 |")
@@ -196,9 +199,8 @@ def test_trials_table_has_one_row_per_search_trial_and_escapes_pipes(tmp_path: P
     assert rows[3].startswith("| 4 | crash | mem_fraction_static=0.95 |  |  | OOM_KV")
 
 
-def test_finalists_table(tmp_path: Path, study: Study) -> None:
-    text = render(tmp_path, study, search_trials() + validate_trials(winner=True))
-    rows = table_rows(section(text, "Finalists on the real trace"))
+def test_finalists_table(full: tuple[Path, str]) -> None:
+    rows = table_rows(section(full[1], "Finalists on the real trace"))
     assert rows == [
         "| 6 | max_running_requests=256 | 1,200.0 | 210.0 | 1,850.0 | 45.5 | 1230/1234 | winner |",
         "| 7 | baseline | 1,000.0 | 950.0 | 5,000.0 | 30.0 | 1234/1234 | slo-miss |",
@@ -213,18 +215,16 @@ def test_no_frontier_skips_plot_with_a_sentence(tmp_path: Path, study: Study) ->
     assert "frontier.png" not in text
 
 
-def test_frontier_table_marks_pareto_points(tmp_path: Path, study: Study) -> None:
-    text = render(tmp_path, study, frontier_trials())
-    rows = table_rows(section(text, "Frontier"))
+def test_frontier_table_marks_pareto_points(full: tuple[Path, str]) -> None:
+    rows = table_rows(section(full[1], "Frontier"))
     assert len(rows) == 6
     assert rows[0] == "| #2 max_running_requests=256 | 8 | 90.0 | 300.0 | 400.0 | yes |"
     # the baseline's sweep is dominated everywhere (0.8x on both axes)
     assert all(not r.endswith("| yes |") for r in rows[3:])
 
 
-def test_predicted_vs_measured(tmp_path: Path, study: Study) -> None:
-    text = render(tmp_path, study, search_trials())
-    rows = table_rows(section(text, "Predicted vs measured"))
+def test_predicted_vs_measured(full: tuple[Path, str]) -> None:
+    rows = table_rows(section(full[1], "Predicted vs measured"))
     assert rows == [
         "| 2 | max_running_requests=256 | 812,345 | 256 | 0.88 | 61.50 | 9,600.0 | 1,200.0 "
         "| 35.0 |",
@@ -232,10 +232,9 @@ def test_predicted_vs_measured(tmp_path: Path, study: Study) -> None:
     ]
 
 
-def test_lessons_section_truncates_evidence(tmp_path: Path, study: Study) -> None:
+def test_lessons_section_truncates_evidence(full: tuple[Path, str]) -> None:
     les = lesson()
-    text = render(tmp_path, study, search_trials(), [les])
-    block = section(text, "Lessons used or written in this run")
+    block = section(full[1], "Lessons used or written in this run")
     assert f"### {les.id}: mem_fraction_static 0.95 OOMs on B200" in block
     assert "- Outcome: oom (OOM_KV)" in block
     assert "- Condition: `mem_fraction_static >= 0.95`" in block

@@ -1,0 +1,207 @@
+"""End to end through the CLI, as a user runs it: a tiny study, lessons queries in new processes,
+resume after SIGKILL, run-id reuse, and one-line errors with exit code 2 for bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT = REPO / "studies" / "default.yaml"
+TRACE = REPO / "data" / "traces" / "mooncake_fast25_conversation_trace.jsonl"
+
+
+def tiny_study(**over) -> dict:
+    s = yaml.safe_load(DEFAULT.read_text())
+    s.update(name="tiny", knobs={"attention_backend": ["unset", "fa3"], "tp_size": [4, 8],
+                                 "weights": ["fp8", "nvfp4"],
+                                 "kv_cache_dtype": ["bf16", "fp8_e4m3"]},
+             saturation={"isl": 1024, "osl": 128, "concurrency": 256, "duration_s": 10},
+             replay={"trace": str(TRACE), "format": "mooncake", "start_s": 600,
+                     "duration_s": 120, "time_scale": 1.0},
+             finalists=2, sweep_concurrency=[8, 64], budget={"max_trials": 8, "patience": 4})
+    s.update(over)
+    return s
+
+
+def write(tmp: Path, name: str, data) -> Path:
+    p = tmp / name
+    p.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return p
+
+
+def servetune(*args, tmp: Path, env=None, check=False) -> subprocess.CompletedProcess:
+    e = dict(os.environ, SERVETUNE_LESSONS_DIR=str(tmp / "lessons"), COLUMNS="200")
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "servetune.cli", *args], cwd=tmp, env=e,
+                          capture_output=True, text=True, timeout=300, check=check)
+
+
+def ledger_rows(path: Path) -> list[tuple]:
+    db = sqlite3.connect(path)
+    try:
+        return db.execute("SELECT seq, key, status, changed, body FROM trials ORDER BY seq"
+                          ).fetchall()
+    finally:
+        db.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cli")
+    study = write(tmp, "tiny.yaml", tiny_study())
+    r = servetune("run", str(study), "--run-id", "t1", tmp=tmp)
+    return tmp, study, r
+
+
+@pytest.mark.slow
+def test_tiny_study_end_to_end(tiny_run):
+    tmp, _, r = tiny_run
+    assert r.returncode == 0, r.stderr
+    run = tmp / "runs" / "t1"
+    report = (run / "report.md").read_text()
+    assert "sglang serve --model-path" in report
+    assert "mooncake_fast25_conversation_trace.jsonl" in report
+    for png in ("search.png", "frontier.png", "replay_ttft.png"):
+        assert (run / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = ledger_rows(run / "ledger.sqlite")
+    by_change = {}
+    for _, _key, status, changed, body in rows:
+        by_change.setdefault(changed, []).append((status, json.loads(body)))
+    # fa3 launched once, crashed with the engine's message, and became a lesson ...
+    fa3 = by_change["attention_backend=fa3"]
+    assert fa3[0][0] == "crash" and fa3[0][1]["failure_class"] == "UNSUPPORTED_BACKEND"
+    fa3_lesson = fa3[0][1]["lesson_ids"][0]
+    # ... and every later fa3 candidate was pruned by that lesson, never launched.
+    assert len(fa3) >= 2 and all(s == "pruned" for s, _ in fa3[1:])
+    assert all(b["lesson_ids"] == [fa3_lesson] for _, b in fa3[1:])
+    # FP8 on TP4 is pruned before launch by the memory-fit estimate, arithmetic in the reason.
+    fp8_tp4 = [b for s, b in by_change["tp_size=4"]
+               if b["config"]["weights"] == "fp8"]
+    assert fp8_tp4 and fp8_tp4[0]["status"] == "pruned"
+    assert "186.5 GB per GPU" in fp8_tp4[0]["reason"]
+    assert "report: runs/t1/report.md" in r.stdout and "elapsed:" in r.stdout
+    # the lessons the run used or wrote are exported into its report
+    assert fa3_lesson in report
+
+
+@pytest.mark.slow
+def test_lessons_query_in_new_process(tiny_run):
+    tmp, _, r = tiny_run
+    assert r.returncode == 0
+    q = servetune("lessons", "query", "fa3 on B200", "-k", "1", tmp=tmp, check=True)
+    assert "--attention-backend fa3 refused on B200" in q.stdout
+    q = servetune("lessons", "query", "fp8 out of memory", "-k", "1", tmp=tmp, check=True)
+    assert "fp8 weights of glm-5 do not fit" in q.stdout
+    listed = servetune("lessons", "list", tmp=tmp, check=True)
+    assert "lessons" in listed.stdout and "UNSUPPORTED" not in listed.stderr
+
+
+@pytest.mark.slow
+def test_same_run_id_is_a_no_op_and_other_study_is_refused(tiny_run):
+    tmp, study, r = tiny_run
+    before = ledger_rows(tmp / "runs" / "t1" / "ledger.sqlite")
+    again = servetune("run", str(study), "--run-id", "t1", tmp=tmp)
+    assert again.returncode == 0, again.stderr
+    assert ledger_rows(tmp / "runs" / "t1" / "ledger.sqlite") == before
+    other = write(tmp, "other.yaml", tiny_study(min_improvement=0.05))
+    refused = servetune("run", str(other), "--run-id", "t1", tmp=tmp)
+    assert refused.returncode == 2
+    assert "belongs to another study" in refused.stderr and "Traceback" not in refused.stderr
+
+
+BAD_STUDIES = {
+    "unknown-knob": tiny_study(knobs={"turbo_mode": [True]}),
+    "impossible-value": tiny_study(knobs={"mem_fraction_static": [1.5]}),
+    "tp-not-dividing": tiny_study(knobs={"tp_size": [3]}),
+    "unknown-top-key": {**tiny_study(), "colour": "blue"},
+    "missing-trace": tiny_study(replay={"trace": "no/such/trace.jsonl", "duration_s": 10}),
+    "wrong-type": tiny_study(saturation={"isl": "long", "osl": 1, "concurrency": 1,
+                                         "duration_s": 1}),
+    "unknown-checkpoint": tiny_study(knobs={"weights": ["int2"]}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_STUDIES))
+def test_bad_study_one_line_exit_2(tmp_path, name):
+    p = write(tmp_path, f"{name}.yaml", BAD_STUDIES[name])
+    r = servetune("run", str(p), tmp=tmp_path)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and r.stderr.strip().startswith("error:")
+    assert len(r.stderr.strip().splitlines()) <= 3  # one line, soft-wrapped at most
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("content", [
+    '{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [0]}\n{"timest',
+    "", "\xff\xfe garbage"], ids=["truncated", "empty", "not-utf8"])
+def test_malformed_trace_one_line_exit_2(tmp_path, content):
+    trace = tmp_path / "bad.jsonl"
+    trace.write_bytes(content.encode("latin-1"))
+    p = write(tmp_path, "s.yaml", tiny_study(replay={"trace": str(trace), "format": "mooncake",
+                                                     "duration_s": 10}))
+    r = servetune("run", str(p), tmp=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "bad.jsonl" in r.stderr
+
+
+def test_missing_study_and_bad_yaml(tmp_path):
+    r = servetune("run", str(tmp_path / "nope.yaml"), tmp=tmp_path)
+    assert r.returncode == 2 and "study file not found" in r.stderr
+    p = write(tmp_path, "broken.yaml", "name: [unclosed\n")
+    r = servetune("run", str(p), tmp=tmp_path)
+    assert r.returncode == 2 and "not valid YAML" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_sigkill_mid_study_then_resume(tmp_path):
+    slow = yaml.safe_load(DEFAULT.read_text())
+    slow["saturation"]["duration_s"] = 240  # about 4x the work per trial: time to kill it
+    study = write(tmp_path, "study.yaml", slow)
+    env = dict(os.environ, SERVETUNE_LESSONS_DIR=str(tmp_path / "lessons"),
+               SERVETUNE_EMBEDDING="hashing")
+    cmd = [sys.executable, "-m", "servetune.cli", "run", str(study), "--run-id", "k1"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    ledger = tmp_path / "runs" / "k1" / "ledger.sqlite"
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if ledger.exists():
+                try:
+                    if len(ledger_rows(ledger)) >= 6:
+                        break
+                except sqlite3.OperationalError:
+                    pass
+            assert proc.poll() is None, "the study finished before it could be killed"
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    before = ledger_rows(ledger)
+    finished_keys = {k for _, k, status, _, _ in before if status != "pruned"}
+    events = tmp_path / "runs" / "k1" / "events.jsonl"
+    n_events = len(events.read_text().splitlines())
+    resumed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    after = ledger_rows(ledger)
+    assert after[:len(before)] == before  # nothing finished was changed or lost
+    redeployed = [json.loads(x)["key"] for x in events.read_text().splitlines()[n_events:]]
+    assert not set(redeployed) & finished_keys  # no finished trial deployed twice
+    # the resumed run reaches the same decisions as an uninterrupted one (own fresh store)
+    ref_env = dict(env, SERVETUNE_LESSONS_DIR=str(tmp_path / "lessons-ref"))
+    ref = subprocess.run([*cmd[:-1], "ref"], cwd=tmp_path, env=ref_env, capture_output=True,
+                         text=True, timeout=300)
+    assert ref.returncode == 0, ref.stderr
+    ref_rows = ledger_rows(tmp_path / "runs" / "ref" / "ledger.sqlite")
+    assert [(k, s) for _, k, s, _, _ in after] == [(k, s) for _, k, s, _, _ in ref_rows]
