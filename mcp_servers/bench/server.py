@@ -6,13 +6,12 @@ import logging
 from typing import Annotated, Literal
 
 from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
-from domain.errors import ServetuneError
 from mcp_servers.bench.ops import BenchResult, BenchService, SweepPoint
 from mcp_servers.cluster.backend import BackendError
+from mcp_servers.tool_errors import as_tool_errors
 
 log = logging.getLogger("servetune.mcp.bench")
 
@@ -29,10 +28,8 @@ def build_server(service: BenchService) -> MCPServer:
         "metric summaries; per-request records are stored at records_path."))
 
     def _guard(fn, *args, **kwargs):  # noqa: ANN001, ANN202
-        try:
+        with as_tool_errors(BackendError):
             return fn(*args, **kwargs)
-        except (BackendError, ServetuneError) as e:
-            raise ToolError(str(e)) from e
 
     @server.tool(annotations=ToolAnnotations(readOnlyHint=True, idempotentHint=True))
     def run_saturation(

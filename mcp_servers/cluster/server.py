@@ -11,14 +11,13 @@ import sys
 from typing import Annotated
 
 from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from domain.config import ServingConfig
-from domain.errors import ServetuneError
 from mcp_servers.cluster import ops
 from mcp_servers.cluster.backend import BackendError, ClusterBackend, DeploymentStatus
+from mcp_servers.tool_errors import as_tool_errors
 
 log = logging.getLogger("servetune.mcp.cluster")
 
@@ -34,10 +33,8 @@ def build_server(backend: ClusterBackend) -> MCPServer:
         "Failed, read get_logs on failure, and always tear_down when done."))
 
     def _guard(fn, *args, **kwargs):  # noqa: ANN001, ANN202
-        try:
+        with as_tool_errors(BackendError):
             return fn(*args, **kwargs)
-        except (BackendError, ServetuneError) as e:
-            raise ToolError(str(e)) from e
 
     @server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False,
                                              idempotentHint=False))

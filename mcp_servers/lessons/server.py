@@ -8,20 +8,18 @@ the protocol channel on stdio.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
-from collections.abc import Iterator
 from typing import Annotated
 
 from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from domain.config import ServingConfig
 from domain.lesson import Lesson, Outcome
 from mcp_servers.lessons import ops
+from mcp_servers.tool_errors import as_tool_errors
 from memory.embeddings import EmbeddingKind
 from memory.store import LessonStore, StoreUnavailable
 
@@ -50,15 +48,6 @@ ModelArg = Annotated[str | None, Field(
     pattern=KEY_PATTERN)]
 
 
-@contextlib.contextmanager
-def _as_tool_errors() -> Iterator[None]:
-    """Re-raise expected failures as ToolError so their message reaches the model."""
-    try:
-        yield
-    except (ValueError, StoreUnavailable) as e:
-        raise ToolError(str(e)) from e
-
-
 def build_server(store: LessonStore, run_id: str | None = None) -> MCPServer:
     """An MCP server over ``store`` (held by the server; never a tool argument).
 
@@ -84,7 +73,7 @@ def build_server(store: LessonStore, run_id: str | None = None) -> MCPServer:
                         "these weights or any weights", pattern=KEY_PATTERN)] = None,
     ) -> ops.QueryResult:
         """Search lessons by meaning; best match first, each with a 0..1 similarity score."""
-        with _as_tool_errors():
+        with as_tool_errors(ValueError, StoreUnavailable):
             return ops.query_lessons(store, text, k=k, gpu=gpu, model=model,
                                      quantization=quantization)
 
@@ -99,7 +88,7 @@ def build_server(store: LessonStore, run_id: str | None = None) -> MCPServer:
         max_items: Annotated[int, Field(ge=1, le=200, description="page size")] = 50,
     ) -> ops.LessonPage:
         """List stored lessons, oldest first, one page at a time (next_start is null at the end)."""
-        with _as_tool_errors():
+        with as_tool_errors(ValueError, StoreUnavailable):
             return ops.list_lessons(store, gpu=gpu, model=model, outcome=outcome, start=start,
                                     max_items=max_items)
 
@@ -110,7 +99,7 @@ def build_server(store: LessonStore, run_id: str | None = None) -> MCPServer:
             "cause, fix and evidence; id is computed, any given id is ignored"))],
     ) -> ops.AddResult:
         """Record a lesson. Adding the same finding again merges into the stored lesson."""
-        with _as_tool_errors():
+        with as_tool_errors(ValueError, StoreUnavailable):
             return ops.add_lesson(store, lesson, run_id=run_id)
 
     @server.tool(annotations=READ_ONLY)
@@ -122,7 +111,7 @@ def build_server(store: LessonStore, run_id: str | None = None) -> MCPServer:
         Returns allowed=false and the forbidding lessons (with their fixes) when a known failure
         covers this config.
         """
-        with _as_tool_errors():
+        with as_tool_errors(ValueError, StoreUnavailable):
             return ops.check_config(store, config)
 
     return server
