@@ -110,9 +110,17 @@ class Study(BaseModel):
         Raises:
             ConfigInvalid: a baseline value outside its knob's domain.
         """
-        cfg = ServingConfig(model=self.model, gpu=self.gpu, weights=str(
-            self.baseline.get("weights", "")) or "missing", engine_version=self.engine_version,
-            tp_size=1, replicas=self.gpu_count)
+        if "weights" not in self.baseline:
+            raise ConfigInvalid(["baseline.weights: required (a checkpoint key of the model, "
+                                 "e.g. fp8 or nvfp4)"])
+        try:
+            cfg = ServingConfig(model=self.model, gpu=self.gpu,
+                                weights=str(self.baseline["weights"]),
+                                engine_version=self.engine_version, tp_size=1,
+                                replicas=self.gpu_count)
+        except ValidationError as e:
+            raise ConfigInvalid([f"{'.'.join(map(str, err['loc'])) or 'study'}: {err['msg']}"
+                                 for err in e.errors()]) from e
         for name, value in self.baseline.items():
             cfg = apply_knob(cfg, name.replace("baseline.", ""), value, self.gpu_count)
         return cfg
@@ -123,14 +131,18 @@ class Study(BaseModel):
         Raises:
             ConfigInvalid: listing every bad value with the knob it belongs to.
         """
+        from domain.hardware import get_gpu
         from domain.models import get_model
 
         problems: list[str] = []
+        get_gpu(self.gpu)
+        get_model(self.model)
         try:
             base = self.base_config()
             get_model(self.model).checkpoint(base.weights)
         except ConfigInvalid as e:
-            raise ConfigInvalid([f"baseline: {v}" for v in e.violations]) from e
+            raise ConfigInvalid([v if v.startswith("baseline") else f"baseline: {v}"
+                                 for v in e.violations]) from e
         for name, values in self.knobs.items():
             for v in values:
                 try:
