@@ -50,6 +50,7 @@ class BenchOutcome(BaseModel):
     records_path: str
     workload: dict[str, Any]
     replicas: list[dict[str, Any]]
+    first_error: str | None = None
 
 
 def failure_condition(config: ServingConfig, failure_class: str,
@@ -135,9 +136,12 @@ class Analyst:
         if summary.completed == 0:
             return Verdict(status="crash", objective=None,
                            reason=f"no request completed ({summary.errors} errors)")
-        if is_baseline or best is None:
+        if is_baseline:
             return Verdict(status="baseline", objective=obj,
                            reason=f"baseline: {obj:,.0f} output tok/s/GPU")
+        if best is None:
+            return Verdict(status="keep", objective=obj,
+                           reason=f"first config that runs: {obj:,.0f} output tok/s/GPU")
         gain = obj / best - 1
         if gain > self.study.min_improvement:
             return Verdict(status="keep", objective=obj,

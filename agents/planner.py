@@ -86,7 +86,8 @@ def estimate_lesson(config: ServingConfig, err: DoesNotFit, study: Study) -> Les
         cond = [Clause(field="weights", op="eq", value=config.weights),
                 Clause(field="tp_size", op="le", value=t_max)]
         title = (f"{config.weights} weights of {config.model} do not fit TP<={t_max} "
-                 f"{config.gpu}: CUDA out of memory at weight load")
+                 f"{config.gpu}: the weight shard exceeds GPU memory (out of memory at weight "
+                 "load, by the memory-fit estimate)")
     else:
         cond = [Clause(field="weights", op="eq", value=config.weights),
                 Clause(field="tp_size", op="eq", value=config.tp_size),
@@ -95,7 +96,8 @@ def estimate_lesson(config: ServingConfig, err: DoesNotFit, study: Study) -> Les
     return Lesson(title=title, scope=scope, condition=cond, outcome="does-not-fit",
                   failure_class="OOM_WEIGHTS" if err.phase == "weights_load" else err.phase,
                   root_cause=f"memory-fit estimate: {err.arithmetic}",
-                  fix="raise --tp-size or use a smaller checkpoint (e.g. NVFP4)",
+                  fix=f"use more than {config.tp_size} GPUs per replica (--tp-size) or a "
+                      "checkpoint with fewer bytes per parameter",
                   evidence=err.arithmetic, source="estimate").with_id()
 
 
@@ -121,6 +123,36 @@ class Planner:
         r = await call(self.lessons, "check_config", {"config": config.model_dump(mode="json")})
         return list(r.get("forbidding", []))
 
+    async def screen(self, cand: ServingConfig, changed: str,
+                     run_id: str) -> Pruned | TrialPlan:
+        """Prune ``cand`` if a lesson forbids it or the memory-fit estimate rules it out.
+
+        Returns:
+            Pruned (its new estimate lesson already stored through the lessons server), or a
+            TrialPlan carrying the estimate's predictions.
+        """
+        forb = await self.forbidding(cand)
+        if forb:
+            ids = [f["id"] for f in forb]
+            return Pruned(config=cand, changed=changed, lesson_ids=ids,
+                          reason=f"forbidden by lesson {ids[0]}: {forb[0]['title']}")
+        try:
+            rep = fit(cand)
+        except DoesNotFit as e:
+            lesson = estimate_lesson(cand, e, self.study).model_copy(update={"run_id": run_id})
+            stored = await call(self.lessons, "add_lesson",
+                                {"lesson": lesson.model_dump(mode="json")})
+            return Pruned(config=cand, changed=changed, lesson_ids=[stored["lesson"]["id"]],
+                          new_lesson=lesson,
+                          reason=f"pruned by memory-fit estimate: {e.arithmetic}")
+        predicted = {"kv_tokens_per_replica": rep.kv_tokens,
+                     "max_running_requests": rep.max_running_requests,
+                     "mem_fraction_static": rep.mem_fraction_static,
+                     "kv_pool_gb_per_gpu": round(rep.kv_pool_gb, 2)}
+        return TrialPlan(config=cand, changed=changed, predicted=predicted,
+                         rationale=f"{changed or 'baseline'}: the estimate fits with "
+                                   f"{rep.kv_tokens:,} KV tokens per replica")
+
     async def step(self, best: ServingConfig, seen: set[str], run_id: str) -> PlanStep:
         """Next candidate from ``best``, skipping config ids in ``seen``.
 
@@ -133,31 +165,10 @@ class Planner:
             if cid in seen:
                 continue
             seen.add(cid)
-            forb = await self.forbidding(cand)
-            if forb:
-                ids = [f["id"] for f in forb]
-                pruned.append(Pruned(config=cand, changed=changed, lesson_ids=ids,
-                                     reason=f"forbidden by lesson {ids[0]}: {forb[0]['title']}"))
+            verdict = await self.screen(cand, changed, run_id)
+            if isinstance(verdict, Pruned):
+                pruned.append(verdict)
                 continue
-            try:
-                rep = fit(cand)
-            except DoesNotFit as e:
-                lesson = estimate_lesson(cand, e, self.study).model_copy(
-                    update={"run_id": run_id})
-                stored = await call(self.lessons, "add_lesson",
-                                    {"lesson": lesson.model_dump(mode="json")})
-                lid = stored["lesson"]["id"]
-                pruned.append(Pruned(config=cand, changed=changed, lesson_ids=[lid],
-                                     new_lesson=lesson,
-                                     reason=f"pruned by memory-fit estimate: {e.arithmetic}"))
-                continue
-            predicted = {"kv_tokens": rep.kv_tokens,
-                         "max_running_requests": rep.max_running_requests,
-                         "mem_fraction_static": rep.mem_fraction_static,
-                         "kv_pool_gb": round(rep.kv_pool_gb, 2)}
-            return PlanStep(pruned=pruned, decision=TrialPlan(
-                config=cand, changed=changed, predicted=predicted,
-                rationale=f"one knob from the best: {changed}; estimate fits with "
-                          f"{rep.kv_tokens:,} KV tokens per replica"))
+            return PlanStep(pruned=pruned, decision=verdict)
         return PlanStep(pruned=pruned, decision=NoViableConfig(
             reason="every one-knob change of the best config was tried or pruned"))

@@ -79,5 +79,6 @@ def apply_knob(config: ServingConfig, name: str, value: Any, gpu_count: int) -> 
     try:
         return ServingConfig.model_validate(data)
     except ValidationError as e:
-        msgs = [f"knobs.{name}: {value!r} is invalid: {err['msg']}" for err in e.errors()]
+        msgs = [f"knobs.{name}: {value!r} is invalid: {err['msg'].removeprefix('Value error, ')}"
+                for err in e.errors()]
         raise ConfigInvalid(msgs) from e

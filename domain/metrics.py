@@ -48,19 +48,19 @@ class RequestRecord:
 
 
 class Percentiles(BaseModel):
-    """p50/p90/p99 and mean of one latency, in ms (NaN when there are no samples)."""
+    """p50/p90/p99 and mean of one latency, in ms (None when there are no samples)."""
 
-    p50: float
-    p90: float
-    p99: float
-    mean: float
+    p50: float | None
+    p90: float | None
+    p99: float | None
+    mean: float | None
 
     @classmethod
     def of(cls, seconds: Sequence[float] | np.ndarray) -> Percentiles:
         """Percentiles of ``seconds`` reported in milliseconds."""
         a = np.asarray(seconds, dtype=float) * 1e3
         if a.size == 0:
-            return cls(p50=math.nan, p90=math.nan, p99=math.nan, mean=math.nan)
+            return cls(p50=None, p90=None, p99=None, mean=None)
         p50, p90, p99 = np.percentile(a, [50, 90, 99])
         return cls(p50=float(p50), p90=float(p90), p99=float(p99), mean=float(a.mean()))
 

@@ -252,15 +252,11 @@ MODELS = {"glm-5": glm5}
 
 
 def get_model(name: str) -> ModelArch:
-    """Return the catalog model ``name``, or load a local HF ``config.json`` if ``name`` is a path.
+    """Return the catalog model ``name``.
 
     Raises:
-        ConfigInvalid: unknown name and no such file.
+        ConfigInvalid: unknown name.
     """
     if name in MODELS:
         return MODELS[name]()
-    p = Path(name)
-    if p.is_file():
-        return arch_from_hf_config(p.stem, json.loads(p.read_text()), source=str(p))
-    raise ConfigInvalid([f"model: unknown model {name!r}; known: {', '.join(MODELS)} "
-                         f"or a path to a Hugging Face config.json"])
+    raise ConfigInvalid([f"model: unknown model {name!r}; known: {', '.join(MODELS)}"])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -80,8 +80,9 @@ class Study(BaseModel):
                                    description="relative gain a change must bring to be kept")
     slo: SLO
     finalists: int = Field(3, ge=1, le=50, description="best configs replayed on the trace")
-    sweep_concurrency: list[int] = Field(default_factory=lambda: [8, 32, 128, 512],
-                                         description="concurrencies of the frontier sweep")
+    sweep_concurrency: list[Annotated[int, Field(ge=1, le=100_000)]] = Field(
+        default_factory=lambda: [8, 32, 128, 512], min_length=1, max_length=32,
+        description="concurrencies of the frontier sweep")
     budget: Budget
 
     @model_validator(mode="after")
@@ -119,8 +120,9 @@ class Study(BaseModel):
                                 engine_version=self.engine_version, tp_size=1,
                                 replicas=self.gpu_count)
         except ValidationError as e:
-            raise ConfigInvalid([f"{'.'.join(map(str, err['loc'])) or 'study'}: {err['msg']}"
-                                 for err in e.errors()]) from e
+            raise ConfigInvalid([
+                f"{'.'.join(map(str, err['loc'])) or 'study'}: "
+                f"{err['msg'].removeprefix('Value error, ')}" for err in e.errors()]) from e
         for name, value in self.baseline.items():
             cfg = apply_knob(cfg, name.replace("baseline.", ""), value, self.gpu_count)
         return cfg
@@ -136,7 +138,11 @@ class Study(BaseModel):
 
         problems: list[str] = []
         get_gpu(self.gpu)
-        get_model(self.model)
+        model = get_model(self.model)
+        s = self.saturation
+        if s.isl + s.osl > model.context_len:
+            raise ConfigInvalid([f"saturation: isl {s.isl} + osl {s.osl} exceeds the context "
+                                 f"length of {self.model} ({model.context_len:,} tokens)"])
         try:
             base = self.base_config()
             get_model(self.model).checkpoint(base.weights)
@@ -168,7 +174,7 @@ def parse_study(data: Any) -> Study:
         msgs = []
         for err in e.errors():
             loc = ".".join(str(x) for x in err["loc"]) or "study"
-            msgs.append(f"{loc}: {err['msg']}")
+            msgs.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
         raise ConfigInvalid(msgs) from e
     study.validate_space()
     return study

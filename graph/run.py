@@ -30,6 +30,7 @@ class StudyOutcome:
 
     run_id: str
     resumed: bool
+    already_done: bool
     stop_reason: str
     winner_seq: int | None
 
@@ -62,12 +63,13 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
             ctx = StudyContext(run_id=run_id, study=study, ledger=ledger, cluster=c_cluster,
                                bench=c_bench, lessons=c_lessons, backend_kind=backend.kind,
                                progress=progress, events_path=run_dir / "events.jsonl")
-            if resumed and not snap.next:
+            already_done = resumed and not snap.next
+            if already_done:
                 final = snap.values  # finished before: nothing to do
             else:
                 inp = None if resumed else {"run_id": run_id, "phase": "search"}
                 final = await graph.ainvoke(inp, cfg, context=ctx)
-        return StudyOutcome(run_id=run_id, resumed=resumed,
+        return StudyOutcome(run_id=run_id, resumed=resumed, already_done=already_done,
                             stop_reason=final.get("stop_reason", ""),
                             winner_seq=final.get("winner_seq"))
     finally:

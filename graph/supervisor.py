@@ -18,7 +18,7 @@ from langgraph.runtime import Runtime
 from agents.analyst import Analyst, failure_lesson
 from agents.deployer import Deployer
 from agents.mcp_tools import call
-from agents.planner import NoViableConfig, Planner
+from agents.planner import NoViableConfig, Planner, Pruned
 from domain.config import ServingConfig
 from domain.ledger import Ledger
 from domain.study import Study
@@ -88,15 +88,20 @@ async def search(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
     study, ledger = ctx.study, ctx.ledger
     pos = search_position(ledger, study)
     budget = study.budget
-    if pos["best_seq"] is None:
-        trials = ledger.trials("search")
-        if trials:  # the baseline crashed: nothing to search from
-            return {**pos, "phase": "validate", "stop_reason": "baseline failed to start: "
-                    + trials[0].reason}
+    planner = Planner(study, ctx.lessons)
+    trials = ledger.trials("search")
+    if not trials:  # the baseline: screened like any candidate, then launched
         base = study.base_config()
         ctx.report(phase="search", trial=1, total=budget.max_trials, config="baseline")
-        await _launch_and_measure(ctx, f"search:{base.config_id()}", "search", base, "", None,
-                                  {}, is_baseline=True)
+        verdict = await planner.screen(base, "", ctx.run_id)
+        if isinstance(verdict, Pruned):
+            ledger.append(Trial(run_id=ctx.run_id, seq=0, key=f"search:{base.config_id()}",
+                                phase="search", status="pruned", config=base, changed="",
+                                reason=verdict.reason, lesson_ids=verdict.lesson_ids))
+            ctx.report(phase="search", pruned="baseline", reason=verdict.reason)
+        else:
+            await _launch_and_measure(ctx, f"search:{base.config_id()}", "search", base, "",
+                                      None, verdict.predicted, is_baseline=True)
         return {**search_position(ledger, study), "phase": "search"}
     if pos["launched"] >= budget.max_trials:
         return {**pos, "phase": "validate",
@@ -104,10 +109,11 @@ async def search(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
     if pos["since_improvement"] >= budget.patience:
         return {**pos, "phase": "validate",
                 "stop_reason": f"no improvement for {budget.patience} trials"}
-    best = ledger.trials("search")
-    best_trial = next(t for t in best if t.seq == pos["best_seq"])
-    seen = {t.config.config_id() for t in best}
-    step = await Planner(study, ctx.lessons).step(best_trial.config, seen, ctx.run_id)
+    # From the incumbent; while nothing has run yet (baseline pruned or crashed), from the
+    # baseline config, so a baseline that cannot run does not end the study.
+    best_trial = next((t for t in trials if t.seq == pos["best_seq"]), trials[0])
+    seen = {t.config.config_id() for t in trials}
+    step = await planner.step(best_trial.config, seen, ctx.run_id)
     for p in step.pruned:
         ledger.append(Trial(run_id=ctx.run_id, seq=0, key=f"search:{p.config.config_id()}",
                             phase="search", status="pruned", config=p.config, changed=p.changed,
@@ -126,10 +132,11 @@ async def search(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
 
 
 def _finalists(ledger: Ledger, k: int) -> list[int]:
-    """The best ``k`` layouts, one finalist per layout.
+    """The best ``k`` layouts, one finalist per layout, topped up with the next best.
 
     A layout is (tp_size, weights, kv_cache_dtype, attention_backend); its best trial stands for
     it, so finalists differ in how the model is laid out, not only in memory or admission knobs.
+    With fewer layouts than ``k``, the remaining slots go to the next best trials.
     """
     ok = [t for t in ledger.trials("search") if t.status in SUCCESS and t.objective is not None]
     ok.sort(key=lambda t: (-(t.objective or 0.0), len(t.config.set_fields()), t.seq))
@@ -137,7 +144,9 @@ def _finalists(ledger: Ledger, k: int) -> list[int]:
     for t in ok:
         c = t.config
         chosen.setdefault((c.tp_size, c.weights, c.kv_cache_dtype, c.attention_backend), t.seq)
-    return list(chosen.values())[:k]
+    picked = list(chosen.values())[:k]
+    picked += [t.seq for t in ok if t.seq not in picked][:k - len(picked)]  # fewer layouts
+    return sorted(picked, key=lambda s: [t.seq for t in ok].index(s))
 
 
 def _by_seq(ledger: Ledger, seq: int) -> Trial:
@@ -172,10 +181,14 @@ async def validate(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
         else:
             summary = rep.summary
             p99 = summary.ttft_ms.p99
-            ok = p99 <= slo and summary.errors == 0
+            p99_ok = p99 is not None and p99 <= slo
+            ok = p99_ok and summary.errors == 0
             status = "finalist" if ok else "slo-miss"
-            reason = (f"replay TTFT p99 {p99:,.0f} ms {'<=' if ok else '>'} SLO {slo:,.0f} ms; "
+            p99_txt = f"{p99:,.0f} ms" if p99 is not None else "n/a"
+            reason = (f"replay TTFT p99 {p99_txt} {'<=' if p99_ok else '>'} SLO {slo:,.0f} ms; "
                       f"{summary.completed}/{summary.requests} completed")
+            if summary.errors:
+                reason += f"; {summary.errors} requests failed ({rep.first_error})"
         ctx.ledger.append(Trial(
             run_id=ctx.run_id, seq=0, key=key, phase="validate", status=status,
             config=src.config, changed=src.changed, parent_seq=src.seq, reason=reason,

@@ -7,15 +7,20 @@ reused for another study) prints one line and exits with code 2, never a traceba
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import logging
+import re
 import secrets
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -32,6 +37,7 @@ mcp_app = typer.Typer(no_args_is_help=True, help="Serve an MCP server over stdio
 app.add_typer(lessons_app, name="lessons")
 app.add_typer(mcp_app, name="mcp")
 console = Console()
+RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 err_console = Console(stderr=True)
 
 
@@ -50,13 +56,35 @@ def _open_store(settings: Settings, lessons_dir: Path | None) -> Any:
     return LessonStore(lessons_dir or settings.lessons_dir, settings.embedding)
 
 
+def _settings() -> Settings:
+    try:
+        return Settings()
+    except ValidationError as e:
+        err = e.errors()[0]
+        _fail(f"SERVETUNE_{str(err['loc'][0]).upper()}: {err['msg']}")
+        raise  # unreachable: _fail exits
+
+
+@contextlib.contextmanager
+def _run_lock(run_dir: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``run_dir`` so two processes never run one id at once."""
+    with (run_dir / ".lock").open("w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _fail(f"run {run_dir.name} is in use by another servetune process; wait for it "
+                  "or choose another --run-id")
+        yield
+
+
 @app.command()
 def run(
     study_file: Annotated[Path | None, typer.Argument(
         help="study YAML (default: the shipped studies/default.yaml)")] = None,
     run_id: Annotated[str | None, typer.Option("--run-id", help="reuse to resume a run")] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="folder holding runs/<run-id>/")]
-    = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="folder of run folders: outputs go to OUT/<run-id>/ (default ./runs, "
+                      "or $SERVETUNE_RUNS_DIR)")] = None,
     lessons_dir: Annotated[Path | None, typer.Option(
         "--lessons-dir", help="lesson store (default $SERVETUNE_LESSONS_DIR or "
                               "./.servetune/lessons)")] = None,
@@ -64,7 +92,7 @@ def run(
     """Run (or resume) a study and write runs/<run-id>/ with report.md, plots and the ledger."""
     t0 = time.time()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # MCP servers log INFO
-    settings = Settings()
+    settings = _settings()
     path = study_file or DEFAULT_STUDY
     try:
         from servetune.study_file import check_replay, load_study, resolve_trace
@@ -74,24 +102,35 @@ def run(
         window = check_replay(study, trace_path)
     except ServetuneError as e:
         _fail(str(e))
-    if run_id is not None and not run_id.replace("-", "").replace("_", "").isalnum():
-        _fail(f"--run-id {run_id!r}: use letters, digits, '-' and '_' only")
+    if run_id is not None and not RUN_ID_RE.fullmatch(run_id):
+        _fail(f"--run-id {run_id!r}: start with a letter or digit, then use ASCII letters, "
+              "digits, '-' and '_' (at most 64 characters)")
     rid = run_id or _new_run_id()
     run_dir = (out or settings.runs_dir) / rid
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with _run_lock(run_dir):
+            _run_locked(study, path, trace_path, window, rid, run_dir, settings, lessons_dir,
+                        t0, announce=run_id is None)
+    except OSError as e:
+        _fail(f"cannot write the run folder {run_dir}: {e.strerror or e}")
+
+
+def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str, run_dir: Path,
+                settings: Settings, lessons_dir: Path | None, t0: float, announce: bool) -> None:
     digest = study.digest()
-    ledger_path = run_dir / "ledger.sqlite"
-    if ledger_path.exists():
-        led = Ledger(ledger_path)
+    led = Ledger(run_dir / "ledger.sqlite")
+    try:
         old = led.get_meta("study_digest")
-        led.close()
         if old is not None and old != digest:
             _fail(f"run id {rid} belongs to another study ({old} != {digest}); choose a new "
                   "--run-id or rerun the original study")
-    led = Ledger(ledger_path)
-    led.set_meta("study_digest", digest)
-    led.set_meta("study_path", str(path))
-    led.close()
-    if run_id is None:
+        led.set_meta("study_digest", digest)
+        led.set_meta("study_path", str(path))
+        prior_s = float(led.get_meta("elapsed_s") or 0.0)
+    finally:
+        led.close()
+    if announce:
         console.print(f"run id: [bold]{rid}[/]")
     try:
         store = _open_store(settings, lessons_dir)
@@ -99,10 +138,15 @@ def run(
         _fail(str(e))
     study_run = study.model_copy(update={"replay": study.replay.model_copy(
         update={"trace": str(trace_path)})})
+    r = study.replay
     console.print(f"study [bold]{study.name}[/]: {study.model} on {study.gpu_count}x{study.gpu}, "
                   f"SGLang {study.engine_version}; replay {trace_path.name} "
-                  f"[{study.replay.start_s:g}, {study.replay.start_s + study.replay.duration_s:g})"
-                  f" s at {study.replay.time_scale:g}x = {len(window)} requests")
+                  f"[{r.start_s:g}, {r.start_s + r.duration_s:g}) s at {r.time_scale:g}x = "
+                  f"{len(window)} requests", highlight=False)
+    span = window.requests[-1].arrival_s * r.time_scale
+    if span < 0.9 * r.duration_s:
+        console.print(f"[yellow]warning:[/] the trace holds only {span:,.0f} s of arrivals in "
+                      f"the {r.duration_s:,.0f} s window (it ends early)", highlight=False)
     from graph.run import run_study
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
@@ -112,8 +156,8 @@ def run(
 
         def progress(ev: dict[str, Any]) -> None:
             if "pruned" in ev:
-                bar.console.print(f"  pruned {ev['pruned']}: {ev['reason'][:110]}",
-                                  highlight=False)
+                why = ev["reason"].split(":")[0]
+                bar.console.print(f"  pruned {ev['pruned']} ({why})", highlight=False)
                 return
             phase, n, total = ev.get("phase"), ev.get("trial"), ev.get("total")
             bar.update(task, description=f"{phase}: trial {n}/{total} [{ev.get('config')}]",
@@ -122,17 +166,29 @@ def run(
         try:
             outcome = asyncio.run(run_study(study_run, rid, run_dir, store, [trace_path.parent],
                                             progress))
+        except KeyboardInterrupt:
+            bar.stop()
+            err_console.print(f"interrupted; every finished trial is saved. Resume with: "
+                              f"servetune run {path} --run-id {rid}", highlight=False)
+            raise typer.Exit(130) from None
         except ServetuneError as e:
             _fail(str(e), code=1)
         finally:
             store.close()
-        bar.update(task, description="done", completed=bar.tasks[0].total)
-    _finish(study, rid, run_dir, outcome.stop_reason, trace_path, len(window), t0, settings,
-            lessons_dir)
+        bar.update(task, description="finished", completed=bar.tasks[0].total)
+    if outcome.resumed and outcome.already_done:
+        console.print(f"run {rid} was already complete; the report is rendered again")
+    elapsed = prior_s + (0.0 if outcome.already_done else time.time() - t0)
+    led = Ledger(run_dir / "ledger.sqlite")
+    led.set_meta("elapsed_s", f"{elapsed:.3f}")
+    led.close()
+    _finish(study, rid, run_dir, outcome.stop_reason, trace_path, len(window), elapsed,
+            settings, lessons_dir)
 
 
 def _finish(study: Any, rid: str, run_dir: Path, stop_reason: str, trace_path: Path,
-            n_requests: int, t0: float, settings: Settings, lessons_dir: Path | None) -> None:
+            n_requests: int, elapsed: float, settings: Settings,
+            lessons_dir: Path | None) -> None:
     from servetune.report import render_report, summary_rows
 
     led = Ledger(run_dir / "ledger.sqlite")
@@ -145,7 +201,7 @@ def _finish(study: Any, rid: str, run_dir: Path, stop_reason: str, trace_path: P
     finally:
         store.close()
     report = render_report(run_dir, study, trials, lessons, run_id=rid,
-                           stop_reason=stop_reason or "finished", elapsed_s=time.time() - t0,
+                           stop_reason=stop_reason or "finished", elapsed_s=elapsed,
                            replay_requests=n_requests, trace_file=trace_path.name)
     table = Table(title=f"{study.name} — {rid}")
     for col in ("#", "status", "changed", "tok/s/GPU", "reason"):
@@ -165,8 +221,9 @@ def _finish(study: Any, rid: str, run_dir: Path, stop_reason: str, trace_path: P
                       "[/]", highlight=False, soft_wrap=True)
     else:
         console.print(f"no finalist met the SLO (TTFT p99 <= {study.slo.ttft_p99_ms:,.0f} ms)")
+    console.print(f"stopped: {stop_reason or 'finished'}", highlight=False)
     console.print(f"report: {report}")
-    console.print(f"elapsed: {time.time() - t0:.1f} s")
+    console.print(f"elapsed: {elapsed:.1f} s")
 
 
 @lessons_app.command("query")
@@ -177,15 +234,19 @@ def lessons_query(
     lessons_dir: Annotated[Path | None, typer.Option("--lessons-dir")] = None,
 ) -> None:
     """Lessons most similar to TEXT, best first."""
-    settings = Settings()
+    if not text.strip():
+        _fail("lessons query: give some words to search for, e.g. \"fp8 out of memory\"")
+    settings = _settings()
     try:
         store = _open_store(settings, lessons_dir)
+        total = store.count()
         hits = store.query(text, k=k, **({"gpu": gpu} if gpu else {}))
         store.close()
     except ServetuneError as e:
         _fail(str(e))
     if not hits:
-        console.print("no lessons yet (run a study first)")
+        console.print("no lessons yet (run a study first)" if total == 0 else
+                      f"no lesson applies to GPU {gpu!r} ({total} lessons in the store)")
         return
     for lesson, score in hits:
         console.print(f"[bold]{lesson.id}[/] ({score:.2f}) {lesson.title}", highlight=False)
@@ -199,7 +260,7 @@ def lessons_list(
     lessons_dir: Annotated[Path | None, typer.Option("--lessons-dir")] = None,
 ) -> None:
     """Every lesson in the store, oldest first."""
-    settings = Settings()
+    settings = _settings()
     try:
         store = _open_store(settings, lessons_dir)
         items = store.list(**({"gpu": gpu} if gpu else {}))
@@ -220,7 +281,7 @@ def mcp_lessons(lessons_dir: Annotated[Path | None, typer.Option("--lessons-dir"
     """The lessons server over stdio (for Claude Code)."""
     from mcp_servers.lessons.server import main
 
-    main(str(lessons_dir or Settings().lessons_dir))
+    main(str(lessons_dir or _settings().lessons_dir))
 
 
 @mcp_app.command("cluster")

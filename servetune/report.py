@@ -302,10 +302,30 @@ def _numbers(t: Trial, slo_ms: float) -> list[str]:
                    f"{_num(t.saturation.tok_s_per_user)} tok/s/user")
     if t.replay is not None:
         p99 = t.replay.ttft_ms.p99
-        verdict = "meets" if p99 <= slo_ms else "misses"
-        out.append(f"- Replay: TTFT p50 {_num(t.replay.ttft_ms.p50)} ms, p99 {_num(p99)} ms "
-                   f"({verdict} the SLO of p99 <= {slo_ms:,.0f} ms); "
-                   f"{t.replay.completed}/{t.replay.requests} requests completed")
+        ok = p99 is not None and p99 <= slo_ms and t.replay.errors == 0
+        verdict = "meets" if ok else "misses"
+        line = (f"- Replay: TTFT p50 {_num(t.replay.ttft_ms.p50)} ms, p99 {_num(p99)} ms "
+                f"({verdict} the SLO of p99 <= {slo_ms:,.0f} ms with every request served); "
+                f"{t.replay.completed}/{t.replay.requests} requests completed")
+        if t.replay.errors:
+            line += f", {t.replay.errors} failed"
+        out.append(line)
+    return out
+
+
+def _vs_baseline(t: Trial, trials: list[Trial]) -> list[str]:
+    """What the winner changed relative to the baseline, and the gain in tok/s/GPU."""
+    base = next((b for b in trials if b.phase == "search" and b.status == "baseline"), None)
+    if base is None:
+        return []
+    a, b = base.config.model_dump(), t.config.model_dump()
+    diffs = [f"{k} {a[k] if a[k] is not None else 'unset'} -> "
+             f"{b[k] if b[k] is not None else 'unset'}" for k in a if a[k] != b[k]]
+    out = [f"- Changes from the baseline (trial #{base.seq}): "
+           f"{', '.join(diffs) if diffs else 'none'}"]
+    if base.objective and t.objective:
+        out.append(f"- Output tok/s/GPU: {_num(base.objective)} -> {_num(t.objective)} "
+                   f"({t.objective / base.objective - 1:+.0%})")
     return out
 
 
@@ -316,10 +336,14 @@ def _result(study: Study, trials: list[Trial]) -> list[str]:
     out = ["## Result", ""]
     if winner is not None:
         flags = winner.config.set_fields()
-        out += [f"Winner: trial #{winner.seq} ({_changed(winner)}), "
+        src = f" (search trial #{winner.parent_seq})" if winner.parent_seq else ""
+        out += [f"Winner: trial #{winner.seq}{src}, reached by {_changed(winner)}; "
                 f"{len(flags)} non-default flag(s). Launch command for ONE replica:", ""]
         out += _fence(winner.config.launch_command(), "bash")
-        out += ["", *_numbers(winner, slo), ""]
+        out += ["", *_numbers(winner, slo), *_vs_baseline(winner, trials),
+                f"- Serve the {winner.config.replicas} replicas behind a router (e.g. "
+                "sglang-router with --policy round_robin), each on its own "
+                f"{winner.config.tp_size} GPUs.", ""]
         return out
     out += [f"No finalist met the SLO (TTFT p99 <= {slo:,.0f} ms on the replay).", ""]
     best = _best_finalist(validated)
@@ -338,12 +362,16 @@ def _trials_table(trials: list[Trial]) -> list[str]:
     rows = [[t.seq, t.status, _changed(t), _num(t.objective),
              _num(t.saturation.ttft_ms.p99) if t.saturation else "", t.reason] for t in search]
     return ["## Trials", "", *_table(
-        ["seq", "status", "changed", "tok/s/GPU", "TTFT p99 (ms)", "reason"], rows), ""]
+        ["seq", "status", "changed", "tok/s/GPU", "saturation TTFT p99 (ms)", "reason"], rows),
+        ""]
 
 
 def _finalists_table(trials: list[Trial], has_plot: bool) -> list[str]:
     validated = [t for t in trials if t.phase == "validate"]
-    out = ["## Finalists on the real trace", ""]
+    out = ["## Finalists on the real trace", "",
+           "Finalists: the best search trial of each layout (tp_size, weights, kv_cache_dtype, "
+           "attention_backend), topped up with the next best when there are fewer layouts; the "
+           "winner is the best of them by saturation tok/s/GPU whose replay meets the SLO.", ""]
     if not validated:
         return out + ["No finalist was replayed.", ""]
     if has_plot:

@@ -86,7 +86,7 @@ def validate_trials(winner: bool) -> list[Trial]:
         trial(6, "validate", "winner" if winner else "slo-miss", MRR, "max_running_requests=256",
               "replay", parent_seq=2, objective=1200.0, saturation=summary(1200.0, 35.0),
               replay=summary(300.0, 30.0, ttft=(210.0, 1850.0) if winner else (900.0, 4321.0),
-                             itl_p99=45.5, requests=1234, completed=1230)),
+                             itl_p99=45.5, requests=1234, completed=1234)),
         trial(7, "validate", "slo-miss", BASE, "", "replay", parent_seq=1, objective=1000.0,
               saturation=summary(1000.0, 40.0),
               replay=summary(250.0, 31.0, ttft=(950.0, 5000.0), requests=1234, completed=1234)),
@@ -156,7 +156,9 @@ def test_full_report_names_winner_with_its_launch_command(full: tuple[Path, str]
     assert f"```bash\n{cmd}\n```" in result
     assert "replicas: 1 (tp_size 8 each, 8 GPUs)" in result
     assert "1,200.0 output tok/s/GPU, 35.0 tok/s/user" in result
-    assert "TTFT p50 210.0 ms, p99 1,850.0 ms (meets the SLO of p99 <= 2,000 ms)" in result
+    assert ("TTFT p50 210.0 ms, p99 1,850.0 ms (meets the SLO of p99 <= 2,000 ms with every "
+            "request served)") in result
+    assert "Changes from the baseline" in result and "max_running_requests unset -> 256" in result
     assert "No finalist met the SLO" not in text
 
 
@@ -202,7 +204,7 @@ def test_trials_table_has_one_row_per_search_trial_and_escapes_pipes(
 def test_finalists_table(full: tuple[Path, str]) -> None:
     rows = table_rows(section(full[1], "Finalists on the real trace"))
     assert rows == [
-        "| 6 | max_running_requests=256 | 1,200.0 | 210.0 | 1,850.0 | 45.5 | 1230/1234 | winner |",
+        "| 6 | max_running_requests=256 | 1,200.0 | 210.0 | 1,850.0 | 45.5 | 1234/1234 | winner |",
         "| 7 | baseline | 1,000.0 | 950.0 | 5,000.0 | 30.0 | 1234/1234 | slo-miss |",
     ]
 

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from domain.errors import TraceInvalid
 from domain.metrics import MetricsSummary, RequestRecord, summarize
@@ -45,6 +45,7 @@ class BenchResult(BaseModel):
     summary: MetricsSummary
     replicas: list[ReplicaStats]
     records_path: str
+    first_error: str | None = Field(None, description="message of the first failed request")
 
 
 class SweepPoint(BaseModel):
@@ -53,9 +54,13 @@ class SweepPoint(BaseModel):
     concurrency: int
     output_tok_s_per_gpu: float
     tok_s_per_user: float
-    ttft_p99_ms: float
-    itl_p99_ms: float
+    ttft_p99_ms: float | None
+    itl_p99_ms: float | None
     bench_id: str
+
+
+def _first_error(records: list[RequestRecord]) -> str | None:
+    return next((r.error for r in records if r.error is not None), None)
 
 
 class BenchService:
@@ -118,7 +123,8 @@ class BenchService:
                                         f"{concurrency} for {duration_s:g} s")
         return BenchResult(bench_id=bid, deployment=deployment, config_id=config.config_id(),
                            workload=info, summary=summarize(recs, config.gpus),
-                           replicas=stats, records_path=self._store(bid, recs))
+                           replicas=stats, records_path=self._store(bid, recs),
+                           first_error=_first_error(recs))
 
     def load_window(self, trace: str, fmt: str, start_s: float, duration_s: float,
                     time_scale: float) -> tuple[Path, Trace]:
@@ -158,7 +164,8 @@ class BenchService:
         return BenchResult(bench_id=bid, deployment=deployment, config_id=config.config_id(),
                            workload=info,
                            summary=summarize(recs, config.gpus, slo_ttft_ms=slo_ttft_ms),
-                           replicas=stats, records_path=self._store(bid, recs))
+                           replicas=stats, records_path=self._store(bid, recs),
+                           first_error=_first_error(recs))
 
     def sweep(self, deployment: str, isl: int, osl: int, concurrencies: list[int],
               duration_s: float) -> list[SweepPoint]:
