@@ -10,7 +10,14 @@ import hashlib
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from domain.config import ServingConfig
 from domain.errors import ConfigInvalid
@@ -84,6 +91,16 @@ class Study(BaseModel):
         default_factory=lambda: [8, 32, 128, 512], min_length=1, max_length=32,
         description="concurrencies of the frontier sweep")
     budget: Budget
+
+    @field_validator("engine_version")
+    @classmethod
+    def _known_version(cls, v: str) -> str:
+        from domain.config import SUPPORTED_VERSIONS
+
+        if v not in SUPPORTED_VERSIONS:
+            raise ValueError(f"SGLang {v} has no flag inventory here; supported: "
+                             f"{', '.join(SUPPORTED_VERSIONS)}")
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> Study:

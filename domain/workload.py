@@ -1,7 +1,7 @@
 """Workloads: the requests a serving deployment is asked to answer, loaded from public traces.
 
 Formats, units and the exact contents of the shipped traces are documented in
-``/work/shared/traces/README.md`` (the "traces README"); the shipped copies live in
+``data/traces/SOURCES.md`` (the "traces README"); the shipped copies live in
 ``data/traces/``.
 Units here: arrival times in seconds from the start of the workload, lengths in tokens.
 

@@ -23,7 +23,7 @@ from domain.workload import (
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE_CONV = ROOT / "data/traces/mooncake_fast25_conversation_trace.jsonl"
 AZURE_CONV = ROOT / "data/traces/AzureLLMInferenceTrace_conv.csv"
-MOONCAKE_SYNTH = Path("/work/shared/traces/mooncake_fast25_synthetic_trace.jsonl")
+MOONCAKE_SYNTH = ROOT.parent / "shared" / "traces" / "mooncake_fast25_synthetic_trace.jsonl"
 BAILIAN_TINY = ROOT / "tests/fixtures/qwen_bailian_tiny.jsonl"
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
 
