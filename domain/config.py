@@ -160,4 +160,4 @@ def flag_for(dest: str, version: str, value: Any = None) -> str:
     if choices and value is not None and str(value) not in [str(c) for c in choices]:
         raise UnknownFlag([f"{entry['flags'][0]}: invalid choice {value!r} for SGLang {version} "
                            f"(choose from {', '.join(map(str, choices))})"])
-    return entry["flags"][0]
+    return str(entry["flags"][0])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from functools import cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -170,7 +170,7 @@ class ModelArch(BaseModel):
         return latent
 
 
-def arch_from_hf_config(name: str, cfg: dict, source: str) -> ModelArch:
+def arch_from_hf_config(name: str, cfg: dict[str, Any], source: str) -> ModelArch:
     """Build a ModelArch from a Hugging Face ``config.json`` dict.
 
     Raises:

@@ -205,3 +205,48 @@ def test_sigkill_mid_study_then_resume(tmp_path):
     assert ref.returncode == 0, ref.stderr
     ref_rows = ledger_rows(tmp_path / "runs" / "ref" / "ledger.sqlite")
     assert [(k, s) for _, k, s, _, _ in after] == [(k, s) for _, k, s, _, _ in ref_rows]
+
+
+@pytest.mark.slow
+def test_baseline_that_does_not_fit_is_pruned_and_search_goes_on(tmp_path):
+    study = write(tmp_path, "h100.yaml", tiny_study(gpu="H100", finalists=1,
+                                                    sweep_concurrency=[8]))
+    r = servetune("run", str(study), "--run-id", "h1", tmp=tmp_path,
+                  env={"SERVETUNE_EMBEDDING": "hashing"})
+    assert r.returncode == 0, r.stderr
+    rows = ledger_rows(tmp_path / "runs" / "h1" / "ledger.sqlite")
+    first = json.loads(rows[0][4])
+    assert (first["status"], first["changed"]) == ("pruned", "")
+    assert "93.2 GB per GPU" in first["reason"]  # 746 GB / TP8 on an 80 GB H100
+    keeps = [json.loads(b) for _, _, s, _, b in rows if s == "keep"]
+    assert keeps and keeps[0]["reason"].startswith("first config that runs")
+    assert keeps[0]["config"]["weights"] == "nvfp4"
+
+
+def test_run_id_in_use_is_refused(tmp_path):
+    import fcntl
+
+    study = write(tmp_path, "tiny.yaml", tiny_study())
+    run_dir = tmp_path / "runs" / "busy"
+    run_dir.mkdir(parents=True)
+    with (run_dir / ".lock").open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        r = servetune("run", str(study), "--run-id", "busy", tmp=tmp_path)
+    assert r.returncode == 2 and "in use by another servetune process" in r.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["lessons", "query", "  "], "give some words"),
+    (["run", "--run-id", "-rf"], "--run-id"),
+    (["run", "--out", "afile"], "cannot write the run folder"),
+], ids=["empty-query", "dash-run-id", "out-is-a-file"])
+def test_cli_argument_errors(tmp_path, args, needle):
+    (tmp_path / "afile").write_text("x")
+    r = servetune(*args, tmp=tmp_path, env={"SERVETUNE_EMBEDDING": "hashing"})
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert needle in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bad_setting_is_one_line(tmp_path):
+    r = servetune("lessons", "list", tmp=tmp_path, env={"SERVETUNE_EMBEDDING": "bogus"})
+    assert r.returncode == 2 and r.stderr.startswith("error: SERVETUNE_EMBEDDING")

@@ -253,13 +253,13 @@ class TwinEngine:
                 k = len(T) - 1
                 while heap and heap[0][0] <= k:
                     _, ep, idx = heapq.heappop(heap)
-                    r = running.get(idx)
-                    if r is None or r.epoch != ep:
+                    done = running.get(idx)
+                    if done is None or done.epoch != ep:
                         continue
                     del running[idx]
-                    r.generated = r.output
-                    r.segments.append((r.seg_start, k + 1))
-                    finish(r, now)
+                    done.generated = done.output
+                    done.segments.append((done.seg_start, k + 1))
+                    finish(done, now)
                 continue
             # ---- idle: jump to the next arrival ----
             if pending:
