@@ -72,8 +72,9 @@ def estimate_lesson(config: ServingConfig, err: DoesNotFit, study: Study) -> Les
     """
     scope = Scope(gpu=config.gpu, model=config.model, quantization=config.weights,
                   engine=config.engine, engine_version=config.engine_version)
+    evidence = [err.arithmetic]
+    t_max = config.tp_size
     if err.phase == "weights_load":
-        t_max = config.tp_size
         for t in sorted(int(v) for v in study.knobs.get("tp_size", [])):
             if t > t_max:
                 try:
@@ -81,6 +82,7 @@ def estimate_lesson(config: ServingConfig, err: DoesNotFit, study: Study) -> Les
                 except DoesNotFit as e2:
                     if e2.phase == "weights_load":
                         t_max = t
+                        evidence.append(e2.arithmetic)
                         continue
                 break
         cond = [Clause(field="weights", op="eq", value=config.weights),
@@ -96,9 +98,9 @@ def estimate_lesson(config: ServingConfig, err: DoesNotFit, study: Study) -> Les
     return Lesson(title=title, scope=scope, condition=cond, outcome="does-not-fit",
                   failure_class="OOM_WEIGHTS" if err.phase == "weights_load" else err.phase,
                   root_cause=f"memory-fit estimate: {err.arithmetic}",
-                  fix=f"use more than {config.tp_size} GPUs per replica (--tp-size) or a "
-                      "checkpoint with fewer bytes per parameter",
-                  evidence=err.arithmetic, source="estimate").with_id()
+                  fix=f"use more than {t_max} GPUs per replica (--tp-size) or a checkpoint "
+                      "with fewer bytes per parameter",
+                  evidence="\n".join(evidence), source="estimate").with_id()
 
 
 class Planner:
