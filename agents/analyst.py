@@ -29,9 +29,13 @@ FIXES = {
     "KV_NO_ROOM": "raise --mem-fraction-static, raise --tp-size or use a smaller checkpoint",
     "GRAPH_CAPTURE_OOM": "lower --mem-fraction-static or --cuda-graph-max-bs-decode",
     "BAD_FLAG": "use only flags and values of the pinned SGLang version's inventory",
+    "TP_DIVISIBILITY": "choose a tp_size that divides the attention heads (e.g. 2, 4, 8)",
+    "MULTI_NODE_REQUIRED": "keep tp_size within one node's GPUs or serve across nodes with "
+                           "--nnodes",
 }
 OUTCOME = {"UNSUPPORTED_BACKEND": "unsupported", "OOM_WEIGHTS": "oom", "KV_NO_ROOM": "oom",
-           "GRAPH_CAPTURE_OOM": "oom", "BAD_FLAG": "invalid-flag"}
+           "GRAPH_CAPTURE_OOM": "oom", "BAD_FLAG": "invalid-flag",
+           "TP_DIVISIBILITY": "crash", "MULTI_NODE_REQUIRED": "crash"}
 
 
 class Verdict(BaseModel):
@@ -59,7 +63,8 @@ def failure_condition(config: ServingConfig, failure_class: str,
 
     - UNSUPPORTED_BACKEND: that backend on this GPU, any model or checkpoint.
     - OOM_WEIGHTS: these weights at this or any smaller TP (weights per GPU only grow).
-    - KV_NO_ROOM / GRAPH_CAPTURE_OOM: these weights, this TP and this memory fraction.
+    - KV_NO_ROOM / GRAPH_CAPTURE_OOM: exactly this memory layout (weights, TP, memory
+      fraction, admission cap, chunk size, decode graph size).
     - anything else: exactly this config's explicitly set knobs.
     """
     scope = Scope(gpu=config.gpu, engine=config.engine, engine_version=config.engine_version)
@@ -70,11 +75,14 @@ def failure_condition(config: ServingConfig, failure_class: str,
     if failure_class == "OOM_WEIGHTS":
         return mscope, [Clause(field="weights", op="eq", value=config.weights),
                         Clause(field="tp_size", op="le", value=config.tp_size)]
+    if failure_class in ("TP_DIVISIBILITY", "MULTI_NODE_REQUIRED"):
+        return scope.model_copy(update={"model": config.model}), [
+            Clause(field="tp_size", op="eq", value=config.tp_size)]
     if failure_class in ("KV_NO_ROOM", "GRAPH_CAPTURE_OOM"):
-        return mscope, [Clause(field="weights", op="eq", value=config.weights),
-                        Clause(field="tp_size", op="eq", value=config.tp_size),
-                        Clause(field="mem_fraction_static", op="eq",
-                               value=config.mem_fraction_static)]
+        return mscope, [Clause(field=f, op="eq", value=getattr(config, f))
+                        for f in ("weights", "tp_size", "mem_fraction_static",
+                                  "max_running_requests", "chunked_prefill_size",
+                                  "cuda_graph_max_bs_decode")]
     clauses = [Clause(field="weights", op="eq", value=config.weights),
                Clause(field="tp_size", op="eq", value=config.tp_size)]
     clauses += [Clause(field=k, op="eq", value=v) for k, v in sorted(config.set_fields().items())]

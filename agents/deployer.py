@@ -44,6 +44,10 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = tuple(FailurePattern(c, re.compil
      "weights leave no KV cache under mem_fraction_static"),
     ("GRAPH_CAPTURE_OOM", r"Capture cuda graph failed", False,
      "too little memory outside the static pool for CUDA-graph capture"),
+    ("TP_DIVISIBILITY", r"AssertionError: \d+ is not divisible by \d+", False,
+     "attention heads or MLP sizes do not split evenly over tp_size"),
+    ("MULTI_NODE_REQUIRED", r"invalid device ordinal", False,
+     "tp_size needs more GPUs than one node has"),
     ("INVALID_COMBINATION", r"(ValueError|AssertionError|NotImplementedError): ", False,
      "the engine's argument resolution rejected a flag combination"),
 ))

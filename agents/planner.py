@@ -59,6 +59,11 @@ class PlanStep(BaseModel):
     decision: TrialPlan | NoViableConfig
 
 
+# ServingConfig fields that size GPU memory (weights, KV pool, activations, CUDA graphs).
+MEMORY_FIELDS = ("weights", "tp_size", "mem_fraction_static", "max_running_requests",
+                 "chunked_prefill_size", "cuda_graph_max_bs_decode")
+
+
 def _fmt(v: Any) -> str:
     return "unset" if v is None else str(v)
 
@@ -90,16 +95,29 @@ def estimate_lesson(config: ServingConfig, err: DoesNotFit, study: Study) -> Les
         title = (f"{config.weights} weights of {config.model} do not fit TP<={t_max} "
                  f"{config.gpu}: the weight shard exceeds GPU memory (out of memory at weight "
                  "load, by the memory-fit estimate)")
+        fix = (f"use more than {t_max} GPUs per replica (--tp-size) or a checkpoint with fewer "
+               "bytes per parameter")
+        failure_class = "OOM_WEIGHTS"
     else:
-        cond = [Clause(field="weights", op="eq", value=config.weights),
-                Clause(field="tp_size", op="eq", value=config.tp_size),
-                Clause(field="mem_fraction_static", op="eq", value=config.mem_fraction_static)]
-        title = f"{config.weights} TP{config.tp_size} does not fit ({err.phase})"
+        # KV-pool and graph-capture shortfalls depend on every knob that sizes memory, so the
+        # family is exactly this memory layout (never a broader one that a later run would
+        # wrongly prune).
+        cond = [Clause(field=f, op="eq", value=getattr(config, f)) for f in MEMORY_FIELDS]
+        if err.phase == "kv_pool":
+            title = (f"{config.weights} TP{config.tp_size} leaves no KV cache at "
+                     f"mem_fraction_static {config.mem_fraction_static or 'default'} "
+                     "(memory-fit estimate)")
+            fix = "raise --mem-fraction-static, raise --tp-size or use a smaller checkpoint"
+            failure_class = "KV_NO_ROOM"
+        else:
+            title = (f"{config.weights} TP{config.tp_size}: too little memory outside the static "
+                     "pool for CUDA-graph capture and prefill activations (memory-fit estimate)")
+            fix = ("lower --mem-fraction-static, --cuda-graph-max-bs-decode or "
+                   "--chunked-prefill-size")
+            failure_class = "GRAPH_CAPTURE_OOM"
     return Lesson(title=title, scope=scope, condition=cond, outcome="does-not-fit",
-                  failure_class="OOM_WEIGHTS" if err.phase == "weights_load" else err.phase,
-                  root_cause=f"memory-fit estimate: {err.arithmetic}",
-                  fix=f"use more than {t_max} GPUs per replica (--tp-size) or a checkpoint "
-                      "with fewer bytes per parameter",
+                  failure_class=failure_class,
+                  root_cause=f"memory-fit estimate: {err.arithmetic}", fix=fix,
                   evidence="\n".join(evidence), source="estimate").with_id()
 
 

@@ -22,6 +22,7 @@ class GPU(BaseModel):
     hbm_bytes_per_s: float = Field(description="HBM bandwidth, bytes/s")
     flops: dict[str, float] = Field(description="dense peak FLOP/s by compute dtype (bf16/fp8/fp4)")
     link_bytes_per_s: float = Field(description="NVLink bandwidth per direction, bytes/s")
+    gpus_per_node: int = Field(8, description="GPUs in one NVLink node (HGX/DGX: 8)")
     source: str
 
     @property

@@ -74,6 +74,13 @@ def apply_knob(config: ServingConfig, name: str, value: Any, gpu_count: int) -> 
             raise ConfigInvalid([f"knobs.tp_size: {value!r} must be a positive integer that "
                                  f"divides the {gpu_count} GPUs of the pool"])
         update["replicas"] = gpu_count // v
+        from domain.hardware import get_gpu
+
+        per_node = get_gpu(config.gpu).gpus_per_node
+        if v > per_node:
+            raise ConfigInvalid([f"knobs.tp_size: {v} spans more than one {config.gpu} node "
+                                 f"({per_node} GPUs); multi-node replicas are not supported "
+                                 "yet"])
     data = config.model_dump()
     data.update(update)
     try:

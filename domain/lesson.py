@@ -10,7 +10,7 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from domain.config import ServingConfig
 
@@ -30,6 +30,19 @@ class Clause(BaseModel):
     field: str = Field(description="a ServingConfig field name")
     op: Op
     value: Any = None
+
+    @model_validator(mode="after")
+    def _valid(self) -> Clause:
+        if self.field not in ServingConfig.model_fields:
+            raise ValueError(f"clause field {self.field!r} is not a ServingConfig field; known: "
+                             f"{', '.join(ServingConfig.model_fields)}")
+        if self.op in ("lt", "le", "gt", "ge") and (
+                isinstance(self.value, bool) or not isinstance(self.value, int | float)):
+            raise ValueError(f"clause {self.field} {self.op}: value must be a number, "
+                             f"not {self.value!r}")
+        if self.op in ("in", "not_in") and not isinstance(self.value, list | tuple):
+            raise ValueError(f"clause {self.field} {self.op}: value must be a list")
+        return self
 
     def matches(self, config: ServingConfig) -> bool:
         """True if ``config`` satisfies this clause (False for unknown fields or type clashes)."""
@@ -91,17 +104,25 @@ class Lesson(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str = Field("", description="content hash; filled by with_id()")
-    title: str
+    title: str = Field(min_length=3, max_length=300)
     scope: Scope
     condition: list[Clause] = Field(description="all clauses must hold (conjunction)")
     outcome: Outcome
     failure_class: str | None = Field(None, description="e.g. OOM_WEIGHTS, INVALID_BACKEND")
     root_cause: str
     fix: str
-    evidence: str = Field(description="log lines, arithmetic, or metrics that prove it")
+    evidence: str = Field(max_length=20_000,
+                          description="log lines, arithmetic, or metrics that prove it")
     source: Literal["trial", "estimate", "research", "user"] = "trial"
     run_id: str | None = None
     trial_id: str | None = None
+
+    @model_validator(mode="after")
+    def _not_universal(self) -> Lesson:
+        if self.outcome in FORBIDDING and not self.condition:
+            raise ValueError("a lesson that forbids configs needs at least one condition clause; "
+                             "an empty condition would forbid every config in its scope")
+        return self
 
     def with_id(self) -> Lesson:
         """A copy whose id hashes scope + condition + outcome (same finding => same id)."""

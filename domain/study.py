@@ -32,7 +32,7 @@ class SaturationSpec(BaseModel):
     isl: int = Field(ge=1, le=1_000_000, description="input tokens per request")
     osl: int = Field(ge=1, le=100_000, description="output tokens per request")
     concurrency: int = Field(ge=1, le=100_000, description="clients in flight (whole pool)")
-    duration_s: float = Field(gt=0, le=86_400, description="virtual seconds new requests start")
+    duration_s: float = Field(gt=0, le=3600, description="virtual seconds new requests start")
 
 
 class ReplaySpec(BaseModel):
@@ -40,10 +40,11 @@ class ReplaySpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    trace: str = Field(description="trace file path, relative to the study file or the repo")
+    trace: str = Field(min_length=1, max_length=4096,
+                       description="trace file path, relative to the study file or the repo")
     format: Literal["auto", "mooncake", "azure", "bailian"] = "auto"
     start_s: float = Field(0.0, ge=0, description="window start in trace time, s")
-    duration_s: float = Field(gt=0, description="window length in trace time, s")
+    duration_s: float = Field(gt=0, le=86_400, description="window length in trace time, s")
     time_scale: float = Field(1.0, gt=0, le=1000,
                               description="arrival speed-up: 2.0 replays twice as fast")
 

@@ -121,8 +121,10 @@ async def search(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
                             lesson_ids=p.lesson_ids))
         ctx.report(phase="search", pruned=p.changed, reason=p.reason)
     if isinstance(step.decision, NoViableConfig):
-        return {**search_position(ledger, study), "phase": "validate",
-                "stop_reason": step.decision.reason}
+        pos = search_position(ledger, study)
+        reason = step.decision.reason if pos["launched"] else (
+            "nothing could be launched: the baseline and every one-knob change were pruned")
+        return {**pos, "phase": "validate", "stop_reason": reason}
     plan = step.decision
     ctx.report(phase="search", trial=pos["launched"] + 1, total=budget.max_trials,
                config=plan.changed)
@@ -230,8 +232,7 @@ async def frontier(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
         try:
             for c in todo if out.ready else []:
                 t0 = time.time()
-                b = await analyst.saturation(name, concurrency=c,
-                                             duration_s=ctx.study.saturation.duration_s / 2)
+                b = await analyst.saturation(name, concurrency=c)
                 ctx.ledger.append(Trial(
                     run_id=ctx.run_id, seq=0, key=f"frontier:{src.config.config_id()}:{c}",
                     phase="frontier", status="sweep", config=src.config, changed=src.changed,

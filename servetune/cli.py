@@ -12,6 +12,7 @@ import fcntl
 import logging
 import re
 import secrets
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -143,6 +144,14 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
                   f"SGLang {study.engine_version}; replay {trace_path.name} "
                   f"[{r.start_s:g}, {r.start_s + r.duration_s:g}) s at {r.time_scale:g}x = "
                   f"{len(window)} requests", highlight=False)
+    from domain.models import get_model
+
+    ctx_len = get_model(study.model).context_len
+    too_long = sum(q.input_tokens + q.output_tokens > ctx_len for q in window.requests)
+    if too_long:
+        console.print(f"[yellow]warning:[/] {too_long} of {len(window)} replay requests exceed "
+                      f"the {ctx_len:,}-token context of {study.model}; the engine refuses "
+                      "them, so no config can serve every request", highlight=False)
     span = window.requests[-1].arrival_s * r.time_scale
     if span < 0.9 * r.duration_s:
         console.print(f"[yellow]warning:[/] the trace holds only {span:,.0f} s of arrivals in "
@@ -163,13 +172,19 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
             bar.update(task, description=f"{phase}: trial {n}/{total} [{ev.get('config')}]",
                        completed=(n or 1) - 1, total=total)
 
+        def on_sigterm(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, on_sigterm)
         try:
             outcome = asyncio.run(run_study(study_run, rid, run_dir, store, [trace_path.parent],
                                             progress))
         except KeyboardInterrupt:
             bar.stop()
+            extra = f" --out {run_dir.parent}" if run_dir.parent != Path("runs") else ""
+            extra += f" --lessons-dir {lessons_dir}" if lessons_dir else ""
             err_console.print(f"interrupted; every finished trial is saved. Resume with: "
-                              f"servetune run {path} --run-id {rid}", highlight=False)
+                              f"servetune run {path} --run-id {rid}{extra}", highlight=False)
             raise typer.Exit(130) from None
         except ServetuneError as e:
             _fail(str(e), code=1)
@@ -281,7 +296,10 @@ def mcp_lessons(lessons_dir: Annotated[Path | None, typer.Option("--lessons-dir"
     """The lessons server over stdio (for Claude Code)."""
     from mcp_servers.lessons.server import main
 
-    main(str(lessons_dir or _settings().lessons_dir))
+    try:
+        main(str(lessons_dir or _settings().lessons_dir))
+    except ServetuneError as e:
+        _fail(str(e))
 
 
 @mcp_app.command("cluster")

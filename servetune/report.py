@@ -338,12 +338,15 @@ def _result(study: Study, trials: list[Trial]) -> list[str]:
         flags = winner.config.set_fields()
         src = f" (search trial #{winner.parent_seq})" if winner.parent_seq else ""
         out += [f"Winner: trial #{winner.seq}{src}, reached by {_changed(winner)}; "
-                f"{len(flags)} non-default flag(s). Launch command for ONE replica:", ""]
+                f"{len(flags)} tuned flag(s) beyond model, TP and quantization. "
+                "Launch command for ONE replica:", ""]
         out += _fence(winner.config.launch_command(), "bash")
         out += ["", *_numbers(winner, slo), *_vs_baseline(winner, trials),
-                f"- Serve the {winner.config.replicas} replicas behind a router (e.g. "
-                "sglang-router with --policy round_robin), each on its own "
-                f"{winner.config.tp_size} GPUs.", ""]
+                f"- Serve the {winner.config.replicas} replica(s), each on its own "
+                f"{winner.config.tp_size} GPUs (add `--base-gpu-id {winner.config.tp_size}` and "
+                "`--port 30001` for the second one on the node, and so on), behind a "
+                "round-robin router: `python -m sglang_router.launch_router --worker-urls "
+                "http://HOST:30000 http://HOST:30001 ... --policy round_robin`.", ""]
         return out
     out += [f"No finalist met the SLO (TTFT p99 <= {slo:,.0f} ms on the replay).", ""]
     best = _best_finalist(validated)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -220,3 +222,69 @@ def test_lesson_family_matching():
     assert not lesson.forbids(cfg())  # TP8
     assert not lesson.forbids(cfg(gpu="H200", tp_size=4, replicas=2))
     assert lesson.id == lesson.with_id().id and lesson.id.startswith("L-")
+
+
+@pytest.mark.parametrize("clause, needle", [
+    (dict(field="bogus", op="eq", value=1), "not a ServingConfig field"),
+    (dict(field="tp_size", op="le", value="two"), "must be a number"),
+    (dict(field="tp_size", op="in", value=4), "must be a list"),
+], ids=["unknown-field", "non-numeric-bound", "in-needs-list"])
+def test_clause_validation(clause, needle):
+    with pytest.raises(ValueError, match=needle):
+        Clause(**clause)
+
+
+def test_forbidding_lesson_needs_a_condition():
+    with pytest.raises(ValueError, match="at least one condition"):
+        Lesson(title="everything crashes", scope=Scope(), condition=[], outcome="crash",
+               root_cause="x", fix="y", evidence="z")
+    # an informative lesson may be unconditional
+    Lesson(title="fp8 KV helps", scope=Scope(), condition=[], outcome="improvement",
+           root_cause="x", fix="y", evidence="z")
+
+
+def test_tp_divisibility_and_single_node_refused_like_the_engine():
+    from agents.deployer import classify
+
+    s = start(cfg(weights="nvfp4", tp_size=3, replicas=2))
+    assert (s.phase, classify(s.log)[0]) == ("model_init", "TP_DIVISIBILITY")
+    assert s.reason == "AssertionError: 64 is not divisible by 3"
+    s = start(cfg(weights="nvfp4", tp_size=16, replicas=1))
+    assert classify(s.log)[0] == "MULTI_NODE_REQUIRED"
+    with pytest.raises(ConfigInvalid, match="spans more than one B200 node"):
+        apply_knob(cfg(), "tp_size", 16, 16)
+
+
+def test_estimate_lesson_for_kv_pool_covers_exactly_the_memory_layout():
+    import yaml
+
+    from agents.planner import MEMORY_FIELDS, estimate_lesson
+    from domain.study import parse_study
+
+    study = parse_study(yaml.safe_load((Path(__file__).resolve().parent.parent / "studies" / "default.yaml").read_text()))
+    bad = cfg(mem_fraction_static=0.5)  # 0.5 x 180 GB = 90 GB < 93.2 GB of weights per GPU
+    with pytest.raises(DoesNotFit) as e:
+        fit(bad)
+    assert e.value.phase == "kv_pool"
+    lesson = estimate_lesson(bad, e.value, study)
+    assert [c.field for c in lesson.condition] == list(MEMORY_FIELDS)
+    assert lesson.failure_class == "KV_NO_ROOM" and "mem-fraction-static" in lesson.fix
+    assert lesson.forbids(bad)
+    assert not lesson.forbids(cfg(mem_fraction_static=0.9))
+    assert not lesson.forbids(cfg(mem_fraction_static=0.5, chunked_prefill_size=8192))
+
+
+def test_weights_estimate_lesson_names_the_largest_failing_tp():
+    import yaml
+
+    from agents.planner import estimate_lesson
+    from domain.study import parse_study
+
+    study = parse_study(yaml.safe_load((Path(__file__).resolve().parent.parent / "studies" / "default.yaml").read_text()))
+    tp2 = cfg(tp_size=2, replicas=4)
+    with pytest.raises(DoesNotFit) as e:
+        fit(tp2)
+    lesson = estimate_lesson(tp2, e.value, study)
+    assert lesson.condition_text() == "weights == 'fp8' AND tp_size <= 4"
+    assert "more than 4 GPUs" in lesson.fix
+    assert "TP2 = 373.0 GB" in lesson.evidence and "TP4 = 186.5 GB" in lesson.evidence

@@ -70,6 +70,18 @@ def start(config: ServingConfig) -> Startup:
                             f"sglang serve: error: argument {msg}"])
     model, gpu = get_model(config.model), get_gpu(config.gpu)
     log = [f"server_args={' '.join(argv[2:])}"]
+    if config.tp_size > gpu.gpus_per_node:  # one node, no --nnodes: rank 8+ has no device
+        log += ["Init torch distributed begin.",
+                f"RuntimeError: CUDA error: invalid device ordinal (tp_size {config.tp_size} "
+                f"needs more than the {gpu.gpus_per_node} GPUs of one node; multi-node "
+                "serving needs --nnodes and --dist-init-addr)"]
+        return Startup(ready=False, phase="init_distributed", exit_code=1, log=log)
+    for dim in (model.heads, model.kv_heads if model.attention == "gqa" else model.heads):
+        if dim % config.tp_size:  # sglang/srt/distributed/utils.py: ensure_divisibility
+            log += ["Traceback (most recent call last):",
+                    '  File "sglang/srt/distributed/utils.py", line 37, in ensure_divisibility',
+                    f"AssertionError: {dim} is not divisible by {config.tp_size}"]
+            return Startup(ready=False, phase="model_init", exit_code=1, log=log)
     refusal = _backend_refusal(config, gpu.sm_major, model.attention)
     avail = (gpu.hbm_bytes - CONTEXT_OVERHEAD_BYTES) / 2**30
     log.append(f"Load weight begin. avail mem={avail:.2f} GB")

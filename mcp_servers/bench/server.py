@@ -44,7 +44,7 @@ def build_server(service: BenchService) -> MCPServer:
     def run_replay(
         deployment: Deployment,
         trace: Annotated[str, Field(description="trace file relative to an allowed folder",
-                                    min_length=1, max_length=400)],
+                                    min_length=1, max_length=4096)],
         start_s: Annotated[float, Field(ge=0, description="window start in trace time, s")],
         duration_s: Annotated[float, Field(gt=0, le=86_400, description="window length, s")],
         time_scale: Annotated[float, Field(gt=0, le=1000, description="2.0 = twice as fast")]
