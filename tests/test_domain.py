@@ -18,6 +18,9 @@ from domain.twin.engine import EngineLimits, TwinEngine
 from domain.twin.startup import start
 
 
+DEFAULT_STUDY = Path(__file__).resolve().parent.parent / "studies" / "default.yaml"
+
+
 def cfg(**kw) -> ServingConfig:
     base = dict(model="glm-5", gpu="B200", tp_size=8, replicas=1, weights="fp8")
     base.update(kw)
@@ -261,7 +264,7 @@ def test_estimate_lesson_for_kv_pool_covers_exactly_the_memory_layout():
     from agents.planner import MEMORY_FIELDS, estimate_lesson
     from domain.study import parse_study
 
-    study = parse_study(yaml.safe_load((Path(__file__).resolve().parent.parent / "studies" / "default.yaml").read_text()))
+    study = parse_study(yaml.safe_load(DEFAULT_STUDY.read_text()))
     bad = cfg(mem_fraction_static=0.5)  # 0.5 x 180 GB = 90 GB < 93.2 GB of weights per GPU
     with pytest.raises(DoesNotFit) as e:
         fit(bad)
@@ -280,7 +283,7 @@ def test_weights_estimate_lesson_names_the_largest_failing_tp():
     from agents.planner import estimate_lesson
     from domain.study import parse_study
 
-    study = parse_study(yaml.safe_load((Path(__file__).resolve().parent.parent / "studies" / "default.yaml").read_text()))
+    study = parse_study(yaml.safe_load(DEFAULT_STUDY.read_text()))
     tp2 = cfg(tp_size=2, replicas=4)
     with pytest.raises(DoesNotFit) as e:
         fit(tp2)
