@@ -64,6 +64,22 @@ class ServingConfig(BaseModel):
         return v
 
     @model_validator(mode="after")
+    def _catalogs(self) -> ServingConfig:
+        from domain.hardware import GPUS
+        from domain.models import MODELS, get_model
+
+        if self.gpu not in GPUS:
+            raise ValueError(f"gpu {self.gpu!r} is not in the GPU catalog: {', '.join(GPUS)}")
+        if self.model not in MODELS:
+            raise ValueError(f"model {self.model!r} is not in the model catalog: "
+                             f"{', '.join(MODELS)}")
+        known = get_model(self.model).checkpoints
+        if self.weights not in known:
+            raise ValueError(f"weights {self.weights!r}: model {self.model} has the checkpoints "
+                             f"{', '.join(known)}")
+        return self
+
+    @model_validator(mode="after")
     def _choices(self) -> ServingConfig:
         if self.attention_backend is not None:
             inv = flag_inventory(self.engine_version)

@@ -129,9 +129,10 @@ class Study(BaseModel):
         Raises:
             ConfigInvalid: a baseline value outside its knob's domain.
         """
-        if "weights" not in self.baseline:
-            raise ConfigInvalid(["baseline.weights: required (a checkpoint key of the model, "
-                                 "e.g. fp8 or nvfp4)"])
+        for key, what in (("weights", "a checkpoint key of the model, e.g. fp8 or nvfp4"),
+                          ("tp_size", "GPUs per replica, e.g. 8")):
+            if key not in self.baseline:
+                raise ConfigInvalid([f"baseline.{key}: required ({what})"])
         try:
             cfg = ServingConfig(model=self.model, gpu=self.gpu,
                                 weights=str(self.baseline["weights"]),

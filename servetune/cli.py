@@ -181,6 +181,9 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
                                             progress))
         except KeyboardInterrupt:
             bar.stop()
+            led = Ledger(run_dir / "ledger.sqlite")
+            led.set_meta("elapsed_s", f"{prior_s + time.time() - t0:.3f}")
+            led.close()
             extra = f" --out {run_dir.parent}" if run_dir.parent != Path("runs") else ""
             extra += f" --lessons-dir {lessons_dir}" if lessons_dir else ""
             err_console.print(f"interrupted; every finished trial is saved. Resume with: "

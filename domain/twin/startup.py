@@ -28,7 +28,13 @@ class Startup(BaseModel):
 
     @property
     def reason(self) -> str:
-        """The last log line (the engine's error message on failure)."""
+        """The engine's error line on failure, else the last log line.
+
+        The error line is the last one that reports an error (``Error``, ``error:``, ``failed``).
+        """
+        for line in reversed(self.log):
+            if "Error" in line or "error:" in line or " failed" in line:
+                return line
         return self.log[-1] if self.log else ""
 
 
