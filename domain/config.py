@@ -12,14 +12,29 @@ import json
 import shlex
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from domain.errors import UnknownFlag
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 SUPPORTED_VERSIONS = ("0.5.23",)
+
+
+def check_engine_version(v: str) -> str:
+    """Accept only SGLang versions whose flag inventory ships here.
+
+    Raises:
+        ValueError: naming the supported versions.
+    """
+    if v not in SUPPORTED_VERSIONS:
+        raise ValueError(f"SGLang {v} has no flag inventory here; supported: "
+                         f"{', '.join(SUPPORTED_VERSIONS)}")
+    return v
+
+
+EngineVersion = Annotated[str, AfterValidator(check_engine_version)]
 
 
 class ServingConfig(BaseModel):
@@ -32,7 +47,8 @@ class ServingConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     engine: Literal["sglang"] = "sglang"
-    engine_version: str = Field("0.5.23", description="SGLang release whose flags are emitted")
+    engine_version: EngineVersion = Field("0.5.23",
+                                          description="SGLang release whose flags are emitted")
     model: str = Field(description="model catalog key, e.g. 'glm-5'")
     gpu: str = Field(description="GPU catalog key, e.g. 'B200'")
     tp_size: int = Field(1, ge=1, le=64, description="--tp-size: GPUs per replica")
@@ -54,14 +70,6 @@ class ServingConfig(BaseModel):
     schedule_policy: Literal["fcfs", "lpm"] = Field("fcfs", description="--schedule-policy")
     router_policy: Literal["round_robin"] = Field(
         "round_robin", description="how requests are spread over replicas")
-
-    @field_validator("engine_version")
-    @classmethod
-    def _known_version(cls, v: str) -> str:
-        if v not in SUPPORTED_VERSIONS:
-            raise ValueError(f"SGLang {v} has no flag inventory here; supported: "
-                             f"{', '.join(SUPPORTED_VERSIONS)}")
-        return v
 
     @model_validator(mode="after")
     def _catalogs(self) -> ServingConfig:

@@ -15,11 +15,10 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
-    field_validator,
     model_validator,
 )
 
-from domain.config import ServingConfig
+from domain.config import EngineVersion, ServingConfig
 from domain.errors import ConfigInvalid
 from domain.knobs import KNOBS, apply_knob
 
@@ -78,7 +77,7 @@ class Study(BaseModel):
     gpu: str
     gpu_count: int = Field(ge=1, le=4096)
     engine: Literal["sglang"] = "sglang"
-    engine_version: str = "0.5.23"
+    engine_version: EngineVersion = "0.5.23"
     baseline: dict[str, Any] = Field(description="knob -> value of the starting config")
     knobs: dict[str, list[Any]] = Field(description="knob -> values searched")
     saturation: SaturationSpec
@@ -92,16 +91,6 @@ class Study(BaseModel):
         default_factory=lambda: [8, 32, 128, 512], min_length=1, max_length=32,
         description="concurrencies of the frontier sweep")
     budget: Budget
-
-    @field_validator("engine_version")
-    @classmethod
-    def _known_version(cls, v: str) -> str:
-        from domain.config import SUPPORTED_VERSIONS
-
-        if v not in SUPPORTED_VERSIONS:
-            raise ValueError(f"SGLang {v} has no flag inventory here; supported: "
-                             f"{', '.join(SUPPORTED_VERSIONS)}")
-        return v
 
     @model_validator(mode="after")
     def _check(self) -> Study:
