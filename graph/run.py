@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from mcp import Client
@@ -63,12 +64,20 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
             ctx = StudyContext(run_id=run_id, study=study, ledger=ledger, cluster=c_cluster,
                                bench=c_bench, lessons=c_lessons, backend_kind=backend.kind,
                                progress=progress, events_path=run_dir / "events.jsonl")
-            already_done = resumed and not snap.next
+            already_done = resumed and snap.values.get("phase") == "done"
             if already_done:
                 final = snap.values  # finished before: nothing to do
             else:
-                inp = None if resumed else {"run_id": run_id, "phase": "search"}
-                final = await graph.ainvoke(inp, cfg, context=ctx)
+                if not resumed:
+                    inp: dict[str, Any] | None = {"run_id": run_id, "phase": "search"}
+                elif snap.next:
+                    inp = None  # continue the interrupted step
+                else:
+                    # Killed between a node's writes and its routing: enter again at the
+                    # phase the state names (nodes derive their position from the ledger).
+                    inp = {"run_id": run_id, "phase": snap.values.get("phase", "search")}
+                # durability="sync": each step's checkpoint is on disk before the next starts.
+                final = await graph.ainvoke(inp, cfg, context=ctx, durability="sync")
         return StudyOutcome(run_id=run_id, resumed=resumed, already_done=already_done,
                             stop_reason=final.get("stop_reason", ""),
                             winner_seq=final.get("winner_seq"))
