@@ -25,6 +25,22 @@ from mcp_servers.lessons.server import build_server as lessons_server
 from memory.store import LessonStore
 
 
+def resume_input(run_id: str, values: dict[str, Any],
+                 next_nodes: tuple[str, ...]) -> dict[str, Any] | None:
+    """What to invoke the graph with, given the checkpointed state of ``run_id``.
+
+    - no state yet: a fresh start in the search phase;
+    - a pending step (``next_nodes``): None, so LangGraph continues the interrupted step;
+    - state but no pending step (a kill landed between a node's writes and its routing):
+      enter again at the phase the state names; nodes derive their position from the ledger.
+    """
+    if not values:
+        return {"run_id": run_id, "phase": "search"}
+    if next_nodes:
+        return None
+    return {"run_id": run_id, "phase": values.get("phase", "search")}
+
+
 @dataclass
 class StudyOutcome:
     """How a run ended."""
@@ -68,14 +84,7 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
             if already_done:
                 final = snap.values  # finished before: nothing to do
             else:
-                if not resumed:
-                    inp: dict[str, Any] | None = {"run_id": run_id, "phase": "search"}
-                elif snap.next:
-                    inp = None  # continue the interrupted step
-                else:
-                    # Killed between a node's writes and its routing: enter again at the
-                    # phase the state names (nodes derive their position from the ledger).
-                    inp = {"run_id": run_id, "phase": snap.values.get("phase", "search")}
+                inp = resume_input(run_id, snap.values, tuple(snap.next))
                 # durability="sync": each step's checkpoint is on disk before the next starts.
                 final = await graph.ainvoke(inp, cfg, context=ctx, durability="sync")
         return StudyOutcome(run_id=run_id, resumed=resumed, already_done=already_done,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -10,6 +11,24 @@ from domain.errors import ConfigInvalid, TraceInvalid
 from domain.study import Study, parse_study
 from domain.workload import Trace, load_trace
 from servetune.settings import REPO_ROOT
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (YAML would keep the last)."""
+
+
+def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} is given twice", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
 
 
 def load_study(path: Path) -> Study:
@@ -22,10 +41,16 @@ def load_study(path: Path) -> Study:
     if not path.is_file():
         raise ConfigInvalid([f"{path}: study file not found"])
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ConfigInvalid([f"{path}: not valid YAML ({first})"]) from e
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)  # noqa: S506
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigInvalid([f"{path}: not valid YAML ({e.problem or e.context}{where})"]) from e
+    except UnicodeDecodeError as e:
+        raise ConfigInvalid([f"{path}: not UTF-8 text (byte {e.start}); save the study as "
+                             "UTF-8 YAML"]) from e
+    except yaml.YAMLError as e:
+        raise ConfigInvalid([f"{path}: not valid YAML ({type(e).__name__})"]) from e
     try:
         return parse_study(data)
     except ConfigInvalid as e:

@@ -160,6 +160,12 @@ def test_missing_study_and_bad_yaml(tmp_path):
     p = write(tmp_path, "broken.yaml", "name: [unclosed\n")
     r = servetune("run", str(p), tmp=tmp_path)
     assert r.returncode == 2 and "not valid YAML" in r.stderr and "Traceback" not in r.stderr
+    p = write(tmp_path, "dup.yaml", "name: a\nname: b\n")
+    r = servetune("run", str(p), tmp=tmp_path)
+    assert r.returncode == 2 and "key 'name' is given twice at line 2" in r.stderr
+    (tmp_path / "bin.yaml").write_bytes(b"\xff\xfe\x00")
+    r = servetune("run", str(tmp_path / "bin.yaml"), tmp=tmp_path)
+    assert r.returncode == 2 and "not UTF-8" in r.stderr
 
 
 @pytest.mark.slow
