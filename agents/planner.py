@@ -173,18 +173,32 @@ class Planner:
                          rationale=f"{changed or 'baseline'}: the estimate fits with "
                                    f"{rep.kv_tokens:,} KV tokens per replica")
 
-    async def step(self, best: ServingConfig, seen: set[str], run_id: str) -> PlanStep:
+    async def step(self, best: ServingConfig, seen: set[str], run_id: str,
+                   losers: dict[str, str] | None = None) -> PlanStep:
         """Next candidate from ``best``, skipping config ids in ``seen``.
+
+        Args:
+            best: the incumbent config.
+            seen: config ids already launched or pruned in this run (updated in place).
+            run_id: recorded on new lessons.
+            losers: ``knob=value`` changes that already cost more than the study's
+                ``drop_regressions`` share from an earlier incumbent, with the reason; they
+                are pruned instead of launched again.
 
         Pruned candidates are returned (and their new lessons stored through the lessons
         server) so the caller can ledger them before anything launches.
         """
         pruned: list[Pruned] = []
+        losers = losers or {}
         for cand, changed in self.neighbours(best):
             cid = cand.config_id()
             if cid in seen:
                 continue
             seen.add(cid)
+            if changed in losers:
+                pruned.append(Pruned(config=cand, changed=changed, lesson_ids=[],
+                                     reason=losers[changed]))
+                continue
             verdict = await self.screen(cand, changed, run_id)
             if isinstance(verdict, Pruned):
                 pruned.append(verdict)

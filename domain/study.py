@@ -85,6 +85,9 @@ class Study(BaseModel):
     objective: Literal["output_tok_s_per_gpu"] = "output_tok_s_per_gpu"
     min_improvement: float = Field(0.01, ge=0, le=1,
                                    description="relative gain a change must bring to be kept")
+    drop_regressions: float = Field(
+        0.5, gt=0, le=1, description="a knob value whose launch cost more than this share of "
+        "the incumbent's tok/s/GPU is not retried from later incumbents")
     slo: SLO
     finalists: int = Field(3, ge=1, le=50, description="best configs replayed on the trace")
     sweep_concurrency: list[Annotated[int, Field(ge=1, le=100_000)]] = Field(

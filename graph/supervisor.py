@@ -43,6 +43,20 @@ def search_position(ledger: Ledger, study: Study) -> dict[str, Any]:
             "since_improvement": since}
 
 
+def _losers(trials: list[Trial], share: float) -> dict[str, str]:
+    """``knob=value`` changes that cost more than ``share`` of their parent's tok/s/GPU."""
+    by_seq = {t.seq: t for t in trials}
+    out: dict[str, str] = {}
+    for t in trials:
+        parent = by_seq.get(t.parent_seq or -1)
+        if (t.status == "discard" and t.changed and parent is not None and parent.objective
+                and t.objective is not None and t.objective < (1 - share) * parent.objective):
+            loss = 1 - t.objective / parent.objective
+            out.setdefault(t.changed, f"{t.changed} cost {loss:.0%} of the tok/s/GPU of trial "
+                                      f"#{parent.seq} in trial #{t.seq}; not retried")
+    return out
+
+
 def _deployment_name(config: ServingConfig) -> str:
     return f"trial-{config.config_id()}"
 
@@ -113,7 +127,8 @@ async def search(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
     # baseline config, so a baseline that cannot run does not end the study.
     best_trial = next((t for t in trials if t.seq == pos["best_seq"]), trials[0])
     seen = {t.config.config_id() for t in trials}
-    step = await planner.step(best_trial.config, seen, ctx.run_id)
+    step = await planner.step(best_trial.config, seen, ctx.run_id,
+                              losers=_losers(trials, study.drop_regressions))
     for p in step.pruned:
         ledger.append(Trial(run_id=ctx.run_id, seq=0, key=f"search:{p.config.config_id()}",
                             phase="search", status="pruned", config=p.config, changed=p.changed,

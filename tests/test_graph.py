@@ -29,3 +29,21 @@ def test_ledger_append_is_idempotent_and_survives_reopen(tmp_path):
     assert [x.key for x in led.trials()] == ["search:x"]
     assert led._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     led.close()
+
+
+def test_big_regressions_are_not_retried_from_later_incumbents():
+    from graph.supervisor import _losers
+
+    cfg = ServingConfig(model="glm-5", gpu="B200", tp_size=8, weights="fp8")
+
+    def t(seq, status, changed, objective, parent=None):
+        return Trial(run_id="r", seq=seq, key=f"k{seq}", phase="search", status=status,
+                     config=cfg, changed=changed, parent_seq=parent, reason="",
+                     objective=objective)
+
+    trials = [t(1, "baseline", "", 1000.0), t(2, "discard", "chunked_prefill_size=1", 7.0, 1),
+              t(3, "discard", "max_running_requests=128", 700.0, 1),
+              t(4, "keep", "weights=nvfp4", 1500.0, 1)]
+    losers = _losers(trials, share=0.5)
+    assert set(losers) == {"chunked_prefill_size=1"}  # lost 99 %; the 30 % loss is retried
+    assert losers["chunked_prefill_size=1"].startswith("chunked_prefill_size=1 cost 99% ")
