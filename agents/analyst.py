@@ -29,13 +29,16 @@ FIXES = {
     "KV_NO_ROOM": "raise --mem-fraction-static, raise --tp-size or use a smaller checkpoint",
     "GRAPH_CAPTURE_OOM": "lower --mem-fraction-static or --cuda-graph-max-bs-decode",
     "BAD_FLAG": "use only flags and values of the pinned SGLang version's inventory",
+    "BACKEND_MODEL_MISMATCH": "choose an attention backend made for this model's attention "
+                              "type (MLA/DSA or MHA/GQA), or leave it unset",
     "TP_DIVISIBILITY": "choose a tp_size that divides the attention heads (e.g. 2, 4, 8)",
     "MULTI_NODE_REQUIRED": "keep tp_size within one node's GPUs or serve across nodes with "
                            "--nnodes",
 }
 OUTCOME = {"UNSUPPORTED_BACKEND": "unsupported", "OOM_WEIGHTS": "oom", "KV_NO_ROOM": "oom",
            "GRAPH_CAPTURE_OOM": "oom", "BAD_FLAG": "invalid-flag",
-           "TP_DIVISIBILITY": "crash", "MULTI_NODE_REQUIRED": "crash"}
+           "TP_DIVISIBILITY": "crash", "MULTI_NODE_REQUIRED": "crash",
+           "BACKEND_MODEL_MISMATCH": "unsupported"}
 
 
 class Verdict(BaseModel):
@@ -75,6 +78,10 @@ def failure_condition(config: ServingConfig, failure_class: str,
     if failure_class == "OOM_WEIGHTS":
         return mscope, [Clause(field="weights", op="eq", value=config.weights),
                         Clause(field="tp_size", op="le", value=config.tp_size)]
+    if failure_class == "BACKEND_MODEL_MISMATCH":  # a property of the model, not the GPU
+        return Scope(model=config.model, engine=config.engine,
+                     engine_version=config.engine_version), [
+            Clause(field="attention_backend", op="eq", value=config.attention_backend)]
     if failure_class in ("TP_DIVISIBILITY", "MULTI_NODE_REQUIRED"):
         return scope.model_copy(update={"model": config.model}), [
             Clause(field="tp_size", op="eq", value=config.tp_size)]

@@ -34,9 +34,10 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = tuple(FailurePattern(c, re.compil
     ("BAD_FLAG", r"error: (ambiguous option|unrecognized arguments|argument --[\w-]+)", False,
      "argparse refused a flag or value for this SGLang version"),
     ("UNSUPPORTED_BACKEND",
-     r"(FlashAttention v3 Backend requires SM>=80 and SM<=90|backend is only supported on|"
-     r"backend can only be used with)", False,
-     "the attention backend cannot run on this GPU architecture or model"),
+     r"(FlashAttention v3 Backend requires SM>=80 and SM<=90|backend is only supported on)",
+     False, "the attention backend cannot run on this GPU architecture"),
+    ("BACKEND_MODEL_MISMATCH", r"backend can only be used with (MLA|non-MLA) models", False,
+     "the attention backend does not support this model's attention type"),
     ("OOM_WEIGHTS", r"(torch\.)?OutOfMemoryError: CUDA out of memory|CUDA error: out of memory",
      False, "the weight shard does not fit in GPU memory"),
     ("KV_NO_ROOM", r"Loaded weights leave no GPU memory for the KV cache|Not enough memory\. "

@@ -72,6 +72,13 @@ class ServingConfig(BaseModel):
         "round_robin", description="how requests are spread over replicas")
 
     @model_validator(mode="after")
+    def _chunk(self) -> ServingConfig:
+        if self.chunked_prefill_size == 0:
+            raise ValueError("chunked_prefill_size 0 is not a size: give -1 (no chunking) or a "
+                             "positive token count")
+        return self
+
+    @model_validator(mode="after")
     def _catalogs(self) -> ServingConfig:
         from domain.hardware import GPUS
         from domain.models import MODELS, get_model

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+from functools import cache
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from domain.config import ServingConfig
 
@@ -20,6 +22,24 @@ Outcome = Literal["oom", "does-not-fit", "crash", "invalid-flag", "unsupported",
 FORBIDDING = frozenset({"oom", "does-not-fit", "crash", "invalid-flag", "unsupported"})
 
 Op = Literal["eq", "ne", "in", "not_in", "lt", "le", "gt", "ge", "is_null", "not_null"]
+
+
+# Fields a lesson's condition may test: the tunable knobs (scope covers the rest).
+KNOB_FIELDS = tuple(f for f in ServingConfig.model_fields
+                    if f not in ("engine", "engine_version", "model", "gpu", "router_policy"))
+
+
+@cache
+def _field_adapter(name: str) -> TypeAdapter[Any]:
+    return TypeAdapter(ServingConfig.model_fields[name].annotation or Any)
+
+
+def _allowed_none(name: str) -> tuple[None, ...]:
+    try:
+        _field_adapter(name).validate_python(None)
+    except ValidationError:
+        return ()
+    return (None,)
 
 
 class Clause(BaseModel):
@@ -33,16 +53,50 @@ class Clause(BaseModel):
 
     @model_validator(mode="after")
     def _valid(self) -> Clause:
-        if self.field not in ServingConfig.model_fields:
-            raise ValueError(f"clause field {self.field!r} is not a ServingConfig field; known: "
-                             f"{', '.join(ServingConfig.model_fields)}")
+        if self.field not in KNOB_FIELDS:
+            raise ValueError(f"clause field {self.field!r} is not a knob of ServingConfig; "
+                             f"known: {', '.join(KNOB_FIELDS)} (gpu, model, weights and engine "
+                             "version belong in the lesson's scope)")
         if self.op in ("lt", "le", "gt", "ge") and (
-                isinstance(self.value, bool) or not isinstance(self.value, int | float)):
-            raise ValueError(f"clause {self.field} {self.op}: value must be a number, "
+                isinstance(self.value, bool) or not isinstance(self.value, int | float)
+                or not math.isfinite(self.value)):
+            raise ValueError(f"clause {self.field} {self.op}: value must be a finite number, "
                              f"not {self.value!r}")
         if self.op in ("in", "not_in") and not isinstance(self.value, list | tuple):
             raise ValueError(f"clause {self.field} {self.op}: value must be a list")
+        if self.op in ("eq", "ne", "in", "not_in"):
+            values = self.value if self.op in ("in", "not_in") else [self.value]
+            adapter = _field_adapter(self.field)
+            for v in values:
+                try:
+                    adapter.validate_python(v, strict=True)
+                except ValidationError as e:
+                    raise ValueError(f"clause {self.field} {self.op}: {v!r} is not a valid "
+                                     f"{self.field} value") from e
+        if self._always_true():
+            raise ValueError(f"clause {self.text()} holds for every valid config; name a "
+                             "narrower condition")
         return self
+
+    def _always_true(self) -> bool:
+        info = ServingConfig.model_fields[self.field]
+        if self.op == "not_null":
+            return None not in _allowed_none(self.field)
+        if self.op in ("ge", "gt", "le", "lt"):
+            lo = next((m.ge for m in info.metadata if hasattr(m, "ge")), None)
+            lo = lo if lo is not None else next((m.gt for m in info.metadata
+                                                 if hasattr(m, "gt")), None)
+            hi = next((m.le for m in info.metadata if hasattr(m, "le")), None)
+            hi = hi if hi is not None else next((m.lt for m in info.metadata
+                                                 if hasattr(m, "lt")), None)
+            if None in _allowed_none(self.field):
+                return False  # an unset value never satisfies a bound
+            v = self.value
+            return bool((self.op == "ge" and lo is not None and v <= lo)
+                        or (self.op == "gt" and lo is not None and v < lo)
+                        or (self.op == "le" and hi is not None and v >= hi)
+                        or (self.op == "lt" and hi is not None and v > hi))
+        return False
 
     def matches(self, config: ServingConfig) -> bool:
         """True if ``config`` satisfies this clause (False for unknown fields or type clashes)."""
@@ -89,6 +143,30 @@ class Scope(BaseModel):
     quantization: str | None = Field(None, description="checkpoint key, e.g. 'fp8'")
     engine: str | None = "sglang"
     engine_version: str | None = None
+
+    @model_validator(mode="after")
+    def _known(self) -> Scope:
+        from domain.config import SUPPORTED_VERSIONS
+        from domain.hardware import GPUS
+        from domain.models import MODELS, get_model
+
+        if self.gpu is not None and self.gpu not in GPUS:
+            raise ValueError(f"scope.gpu {self.gpu!r} is not in the GPU catalog: "
+                             f"{', '.join(GPUS)}")
+        if self.model is not None and self.model not in MODELS:
+            raise ValueError(f"scope.model {self.model!r} is not in the model catalog: "
+                             f"{', '.join(MODELS)}")
+        if self.quantization is not None:
+            known = sorted({k for m in MODELS for k in get_model(m).checkpoints})
+            if self.quantization not in known:
+                raise ValueError(f"scope.quantization {self.quantization!r}: known "
+                                 f"checkpoints are {', '.join(known)}")
+        if self.engine not in (None, "sglang"):
+            raise ValueError("scope.engine must be 'sglang' or null")
+        if self.engine_version is not None and self.engine_version not in SUPPORTED_VERSIONS:
+            raise ValueError(f"scope.engine_version {self.engine_version!r}: supported "
+                             f"{', '.join(SUPPORTED_VERSIONS)}")
+        return self
 
     def matches(self, config: ServingConfig) -> bool:
         """True if ``config`` lies in this scope."""

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from domain.config import ServingConfig, flag_inventory
+from domain.lesson import Lesson
 from domain.metrics import MetricsSummary
 
 TrialStatus = Literal["baseline", "keep", "discard", "crash", "pruned", "finalist", "winner",
@@ -48,6 +49,8 @@ class Trial(BaseModel):
     reason: str = Field(description="one line: why kept, discarded, pruned or crashed")
     failure_class: str | None = None
     lesson_ids: list[str] = Field(default_factory=list)
+    lessons_written: list[Lesson] = Field(
+        default_factory=list, description="lessons this trial taught (stored again on resume)")
     saturation: MetricsSummary | None = None
     replay: MetricsSummary | None = None
     objective: float | None = Field(None, description="output tok/s/GPU on the saturation run")

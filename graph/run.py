@@ -13,6 +13,7 @@ from typing import Any
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from mcp import Client
 
+from agents.mcp_tools import call
 from domain.ledger import Ledger
 from domain.study import Study
 from graph.state import Progress, StudyContext
@@ -77,6 +78,11 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
             cfg = {"configurable": {"thread_id": run_id}, "recursion_limit": 100_000}
             snap = await graph.aget_state(cfg)
             resumed = bool(snap.values)
+            if resumed:  # lessons of committed trials, in case a kill came before storing them
+                for t in ledger.trials():
+                    for lesson in t.lessons_written:
+                        await call(c_lessons, "add_lesson",
+                                   {"lesson": lesson.model_dump(mode="json")})
             ctx = StudyContext(run_id=run_id, study=study, ledger=ledger, cluster=c_cluster,
                                bench=c_bench, lessons=c_lessons, backend_kind=backend.kind,
                                progress=progress, events_path=run_dir / "events.jsonl")

@@ -77,13 +77,17 @@ async def _launch_and_measure(ctx: StudyContext, key: str, phase: str, config: S
     if not out.ready:
         lesson = failure_lesson(config, out, ctx.run_id, key,
                                 [int(v) for v in ctx.study.knobs.get("tp_size", [])])
-        stored = await call(ctx.lessons, "add_lesson", {"lesson": lesson.model_dump(mode="json")})
         await deployer.teardown(name)
-        trial = Trial(**base, status="crash", failure_class=out.failure_class,
-                      reason=f"{out.failure_class} at {out.stage}: {out.evidence[:160]}",
-                      lesson_ids=[stored["lesson"]["id"]], log_tail=out.log_tail,
-                      wall_s=time.time() - t0)
-        return ctx.ledger.append(trial)
+        # The trial (carrying its lesson) is committed before the lesson is stored, so a kill
+        # in between cannot turn this crash into "pruned by its own lesson" on resume;
+        # run_study stores the lessons of committed trials again when it resumes.
+        trial = ctx.ledger.append(Trial(
+            **base, status="crash", failure_class=out.failure_class,
+            reason=f"{out.failure_class} at {out.stage}: {out.evidence[:160]}",
+            lesson_ids=[lesson.id], lessons_written=[lesson], log_tail=out.log_tail,
+            wall_s=time.time() - t0))
+        await call(ctx.lessons, "add_lesson", {"lesson": lesson.model_dump(mode="json")})
+        return trial
     try:
         bench = await analyst.saturation(name)
     finally:
@@ -111,7 +115,9 @@ async def search(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
         if isinstance(verdict, Pruned):
             ledger.append(Trial(run_id=ctx.run_id, seq=0, key=f"search:{base.config_id()}",
                                 phase="search", status="pruned", config=base, changed="",
-                                reason=verdict.reason, lesson_ids=verdict.lesson_ids))
+                                reason=verdict.reason, lesson_ids=verdict.lesson_ids,
+                                lessons_written=[verdict.new_lesson] if verdict.new_lesson
+                                else []))
             ctx.report(phase="search", pruned="baseline", reason=verdict.reason)
         else:
             await _launch_and_measure(ctx, f"search:{base.config_id()}", "search", base, "",
@@ -123,28 +129,42 @@ async def search(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
     if pos["since_improvement"] >= budget.patience:
         return {**pos, "phase": "validate",
                 "stop_reason": f"no improvement for {budget.patience} trials"}
-    # From the incumbent; while nothing has run yet (baseline pruned or crashed), from the
-    # baseline config, so a baseline that cannot run does not end the study.
-    best_trial = next((t for t in trials if t.seq == pos["best_seq"]), trials[0])
+    # From the incumbent. While nothing has run yet (the baseline was pruned or crashed), the
+    # search widens breadth-first: one knob from the baseline, then one knob from each config
+    # tried so far, so a baseline that cannot run does not end the study.
     seen = {t.config.config_id() for t in trials}
-    step = await planner.step(best_trial.config, seen, ctx.run_id,
-                              losers=_losers(trials, study.drop_regressions))
-    for p in step.pruned:
-        ledger.append(Trial(run_id=ctx.run_id, seq=0, key=f"search:{p.config.config_id()}",
-                            phase="search", status="pruned", config=p.config, changed=p.changed,
-                            parent_seq=best_trial.seq, reason=p.reason,
-                            lesson_ids=p.lesson_ids))
-        ctx.report(phase="search", pruned=p.changed, reason=p.reason)
-    if isinstance(step.decision, NoViableConfig):
+    losers = _losers(trials, study.drop_regressions)
+    i = 0
+    while True:
+        trials = ledger.trials("search")
+        bases = [t for t in trials if t.seq == pos["best_seq"]] or trials
+        if i >= len(bases):
+            step = None
+            break
+        base_trial = bases[i]
+        i += 1
+        step = await planner.step(base_trial.config, seen, ctx.run_id, losers=losers)
+        for p in step.pruned:
+            ledger.append(Trial(run_id=ctx.run_id, seq=0, key=f"search:{p.config.config_id()}",
+                                phase="search", status="pruned", config=p.config,
+                                changed=p.changed, parent_seq=base_trial.seq, reason=p.reason,
+                                lesson_ids=p.lesson_ids,
+                                lessons_written=[p.new_lesson] if p.new_lesson else []))
+            ctx.report(phase="search", pruned=p.changed, reason=p.reason)
+        if not isinstance(step.decision, NoViableConfig):
+            break
+    if step is None or isinstance(step.decision, NoViableConfig):
         pos = search_position(ledger, study)
-        reason = step.decision.reason if pos["launched"] else (
-            "nothing could be launched: the baseline and every one-knob change were pruned")
+        reason = ("every one-knob change of the best config was tried or pruned"
+                  if pos["best_seq"] is not None else
+                  "no config ran: every config reachable from the baseline was pruned or "
+                  "failed to start")
         return {**pos, "phase": "validate", "stop_reason": reason}
     plan = step.decision
     ctx.report(phase="search", trial=pos["launched"] + 1, total=budget.max_trials,
                config=plan.changed)
     await _launch_and_measure(ctx, f"search:{plan.config.config_id()}", "search", plan.config,
-                              plan.changed, best_trial.seq, plan.predicted)
+                              plan.changed, base_trial.seq, plan.predicted)
     return {**search_position(ledger, study), "phase": "search"}
 
 

@@ -22,6 +22,7 @@ import chromadb
 from chromadb.api.types import Documents, EmbeddingFunction
 from chromadb.config import Settings
 from chromadb.errors import ChromaError, NotFoundError
+from pydantic import ValidationError
 
 from domain.config import ServingConfig
 from domain.errors import ServetuneError
@@ -35,6 +36,20 @@ SCOPE_FIELDS = ("gpu", "model", "quantization", "engine", "engine_version")
 EXACT_FIELDS = ("outcome", "failure_class", "source", "run_id")
 MAX_EVIDENCE_CHARS = 4000
 
+
+
+def _decode(meta: Any) -> Lesson | None:
+    """The lesson stored in ``meta``, or None (logged) if it no longer validates.
+
+    A store written by an older servetune, or edited by hand, may hold a lesson that today's
+    schema refuses; skipping it keeps every other lesson readable.
+    """
+    try:
+        return Lesson.model_validate_json(str(meta["lesson"]))
+    except (ValidationError, KeyError) as e:
+        log.warning("skipping an unreadable lesson %s: %s", meta.get("id", "?"),
+                    str(e).splitlines()[0])
+        return None
 
 class StoreUnavailable(ServetuneError):
     """The lesson store cannot be opened or used.
@@ -206,8 +221,8 @@ class LessonStore:
                ids: list[str] | None = None) -> list[tuple[int, Lesson]]:
         with self._guard("read"):
             got = self._collection.get(ids=ids, where=where, include=["metadatas"])
-        rows = [(int(m["seq"]), Lesson.model_validate_json(str(m["lesson"])))
-                for m in got["metadatas"] or []]
+        rows = [(int(m["seq"]), lesson) for m in got["metadatas"] or []
+                if (lesson := _decode(m)) is not None]
         rows.sort(key=lambda r: (r[0], r[1].id))
         return rows
 
@@ -275,9 +290,8 @@ class LessonStore:
                                          where=where, include=["metadatas", "distances"])
         metas = (got["metadatas"] or [[]])[0]
         dists = (got["distances"] or [[]])[0]
-        out = [(Lesson.model_validate_json(str(m["lesson"])),
-                round(min(1.0, max(0.0, 1.0 - float(d))), 4)) for m, d in zip(metas, dists,
-                                                                               strict=True)]
+        out = [(lesson, round(min(1.0, max(0.0, 1.0 - float(d))), 4))
+               for m, d in zip(metas, dists, strict=True) if (lesson := _decode(m)) is not None]
         out.sort(key=lambda pair: -pair[1])  # stable: chroma's order among equal scores
         return out
 

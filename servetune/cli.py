@@ -299,8 +299,9 @@ def mcp_lessons(lessons_dir: Annotated[Path | None, typer.Option("--lessons-dir"
     """The lessons server over stdio (for Claude Code)."""
     from mcp_servers.lessons.server import main
 
+    settings = _settings()
     try:
-        main(str(lessons_dir or _settings().lessons_dir))
+        main(str(lessons_dir or settings.lessons_dir), settings.embedding)
     except ServetuneError as e:
         _fail(str(e))
 

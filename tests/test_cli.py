@@ -264,3 +264,23 @@ def test_cli_argument_errors(tmp_path, args, needle):
 def test_bad_setting_is_one_line(tmp_path):
     r = servetune("lessons", "list", tmp=tmp_path, env={"SERVETUNE_EMBEDDING": "bogus"})
     assert r.returncode == 2 and r.stderr.startswith("error: SERVETUNE_EMBEDDING")
+
+
+@pytest.mark.slow
+def test_unrunnable_neighbourhood_widens_until_something_runs(tmp_path):
+    study = write(tmp_path, "wide.yaml", tiny_study(
+        baseline={"tp_size": 4, "weights": "fp8", "kv_cache_dtype": "bf16",
+                  "mem_fraction_static": 0.95},
+        knobs={"weights": ["fp8", "nvfp4"], "tp_size": [4, 8],
+               "mem_fraction_static": ["unset", 0.75]},
+        finalists=1, sweep_concurrency=[8]))
+    r = servetune("run", str(study), "--run-id", "w1", tmp=tmp_path,
+                  env={"SERVETUNE_EMBEDDING": "hashing"})
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(b) for *_, b in ledger_rows(tmp_path / "runs" / "w1" / "ledger.sqlite")]
+    # every one-knob change of the baseline is pruned (fp8 at TP4 never fits) ...
+    assert all(t["status"] == "pruned" for t in rows[:5])
+    # ... so the search continues two knobs away and finds configs that run
+    ran = [t for t in rows if t["phase"] == "search" and t["status"] in ("keep", "discard")]
+    assert ran and ran[0]["reason"].startswith("first config that runs")
+    assert ran[0]["config"]["tp_size"] == 8

@@ -227,13 +227,28 @@ def test_lesson_family_matching():
 
 
 @pytest.mark.parametrize("clause, needle", [
-    (dict(field="bogus", op="eq", value=1), "not a ServingConfig field"),
-    (dict(field="tp_size", op="le", value="two"), "must be a number"),
+    (dict(field="bogus", op="eq", value=1), "not a knob of ServingConfig"),
+    (dict(field="gpu", op="eq", value="B200"), "belong in the lesson's scope"),
+    (dict(field="tp_size", op="le", value="two"), "must be a finite number"),
+    (dict(field="tp_size", op="lt", value=float("inf")), "must be a finite number"),
     (dict(field="tp_size", op="in", value=4), "must be a list"),
-], ids=["unknown-field", "non-numeric-bound", "in-needs-list"])
+    (dict(field="tp_size", op="eq", value="two"), "not a valid tp_size value"),
+    (dict(field="tp_size", op="ge", value=1), "holds for every valid config"),
+    (dict(field="tp_size", op="not_null"), "holds for every valid config"),
+], ids=["unknown-field", "scope-field", "non-numeric-bound", "infinite-bound", "in-needs-list",
+        "wrong-type", "always-true-bound", "always-set"])
 def test_clause_validation(clause, needle):
     with pytest.raises(ValueError, match=needle):
         Clause(**clause)
+
+
+@pytest.mark.parametrize("scope", [dict(gpu="-B200"), dict(gpu=""), dict(model="x"),
+                                   dict(quantization="int2"), dict(engine_version="9.9")],
+                         ids=["dash-gpu", "empty-gpu", "unknown-model", "unknown-ckpt",
+                              "unknown-version"])
+def test_scope_must_name_catalog_entries(scope):
+    with pytest.raises(ValueError, match="scope"):
+        Scope(**scope)
 
 
 def test_forbidding_lesson_needs_a_condition():
