@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from agents.deployer import DeployOutcome
 from agents.mcp_tools import call
 from domain.config import ServingConfig
+from domain.fit import MEMORY_FIELDS
 from domain.lesson import Clause, Lesson, Scope
 from domain.metrics import MetricsSummary
 from domain.study import Study
@@ -60,8 +61,8 @@ class BenchOutcome(BaseModel):
     first_error: str | None = None
 
 
-def failure_condition(config: ServingConfig, failure_class: str,
-                      tp_values: list[int]) -> tuple[Scope, list[Clause]]:
+def failure_condition(config: ServingConfig,
+                      failure_class: str) -> tuple[Scope, list[Clause]]:
     """Scope and condition of the family a failure of ``config`` dooms.
 
     - UNSUPPORTED_BACKEND: that backend on this GPU, any model or checkpoint.
@@ -87,9 +88,7 @@ def failure_condition(config: ServingConfig, failure_class: str,
             Clause(field="tp_size", op="eq", value=config.tp_size)]
     if failure_class in ("KV_NO_ROOM", "GRAPH_CAPTURE_OOM"):
         return mscope, [Clause(field=f, op="eq", value=getattr(config, f))
-                        for f in ("weights", "tp_size", "mem_fraction_static",
-                                  "max_running_requests", "chunked_prefill_size",
-                                  "cuda_graph_max_bs_decode")]
+                        for f in MEMORY_FIELDS]
     clauses = [Clause(field="weights", op="eq", value=config.weights),
                Clause(field="tp_size", op="eq", value=config.tp_size)]
     clauses += [Clause(field=k, op="eq", value=v) for k, v in sorted(config.set_fields().items())]
@@ -97,10 +96,10 @@ def failure_condition(config: ServingConfig, failure_class: str,
 
 
 def failure_lesson(config: ServingConfig, outcome: DeployOutcome, run_id: str,
-                   trial_key: str, tp_values: list[int]) -> Lesson:
+                   trial_key: str) -> Lesson:
     """The lesson of a failed launch, with the engine's log line as evidence."""
     cls = outcome.failure_class or "UNKNOWN"
-    scope, clauses = failure_condition(config, cls, tp_values)
+    scope, clauses = failure_condition(config, cls)
     title = {
         "UNSUPPORTED_BACKEND": f"--attention-backend {config.attention_backend} refused on "
                                f"{config.gpu} at startup",

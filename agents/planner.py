@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from agents.mcp_tools import call
 from domain.config import ServingConfig
 from domain.errors import ConfigInvalid, DoesNotFit
-from domain.fit import fit
+from domain.fit import MEMORY_FIELDS, fit
 from domain.knobs import apply_knob, normalize_value
 from domain.lesson import Clause, Lesson, Scope
 from domain.study import Study
@@ -57,11 +57,6 @@ class PlanStep(BaseModel):
 
     pruned: list[Pruned]
     decision: TrialPlan | NoViableConfig
-
-
-# ServingConfig fields that size GPU memory (weights, KV pool, activations, CUDA graphs).
-MEMORY_FIELDS = ("weights", "tp_size", "mem_fraction_static", "max_running_requests",
-                 "chunked_prefill_size", "cuda_graph_max_bs_decode")
 
 
 def _fmt(v: Any) -> str:

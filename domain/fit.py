@@ -36,6 +36,10 @@ CONTEXT_OVERHEAD_BYTES = 1.5e9
 # 6k-hidden MoE (assumption of the twin, refined in twin v1).
 ACTIVATION_BYTES_PER_TOKEN = 0.5 * MIB
 KV_BYTES = {"bf16": 2.0, "fp8_e4m3": 1.0}
+# ServingConfig fields that size GPU memory (weights, KV pool, activations, CUDA graphs): a
+# memory failure other than weights-too-large is a property of exactly these values.
+MEMORY_FIELDS = ("weights", "tp_size", "mem_fraction_static", "max_running_requests",
+                 "chunked_prefill_size", "cuda_graph_max_bs_decode")
 
 
 class FitReport(BaseModel):

@@ -62,6 +62,10 @@ class Trial(BaseModel):
     wall_s: float = 0.0
     created_at: str = ""
 
+    def rank_key(self) -> tuple[float, int, int]:
+        """Sort key for "best first": higher tok/s/GPU, then fewer tuned flags, then earlier."""
+        return (-(self.objective or 0.0), len(self.config.set_fields()), self.seq)
+
     @property
     def launched(self) -> bool:
         """True if the trial deployed something (pruned trials never launch)."""

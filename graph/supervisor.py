@@ -75,8 +75,7 @@ async def _launch_and_measure(ctx: StudyContext, key: str, phase: str, config: S
                                 changed=changed, parent_seq=parent, predicted=predicted,
                                 manifest=manifest_for(config, ctx.backend_kind))
     if not out.ready:
-        lesson = failure_lesson(config, out, ctx.run_id, key,
-                                [int(v) for v in ctx.study.knobs.get("tp_size", [])])
+        lesson = failure_lesson(config, out, ctx.run_id, key)
         await deployer.teardown(name)
         # The trial (carrying its lesson) is committed before the lesson is stored, so a kill
         # in between cannot turn this crash into "pruned by its own lesson" on resume;
@@ -176,7 +175,7 @@ def _finalists(ledger: Ledger, k: int) -> list[int]:
     With fewer layouts than ``k``, the remaining slots go to the next best trials.
     """
     ok = [t for t in ledger.trials("search") if t.status in SUCCESS and t.objective is not None]
-    ok.sort(key=lambda t: (-(t.objective or 0.0), len(t.config.set_fields()), t.seq))
+    ok.sort(key=Trial.rank_key)
     chosen: dict[tuple, int] = {}
     for t in ok:
         c = t.config
@@ -240,7 +239,7 @@ def _pick_winner(ledger: Ledger) -> int | None:
     ok = [t for t in ledger.trials("validate") if t.status in ("finalist", "winner")]
     if not ok:
         return None
-    ok.sort(key=lambda t: (-(t.objective or 0.0), len(t.config.set_fields()), t.seq))
+    ok.sort(key=Trial.rank_key)
     win = ok[0]
     if win.status != "winner":
         ledger.update_status(win.key, "winner", win.reason + "; best finalist meeting the SLO")

@@ -259,7 +259,7 @@ def summary_rows(trials: list[Trial]) -> list[dict[str, Any]]:
 def _best_finalist(validated: list[Trial]) -> Trial | None:
     """The replayed finalist with the best objective (same order as the winner pick)."""
     rows = [t for t in validated if t.replay is not None]
-    rows.sort(key=lambda t: (-(t.objective or 0.0), len(t.config.set_fields()), t.seq))
+    rows.sort(key=Trial.rank_key)
     return rows[0] if rows else None
 
 
