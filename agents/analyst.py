@@ -35,11 +35,20 @@ FIXES = {
     "TP_DIVISIBILITY": "choose a tp_size that divides the attention heads (e.g. 2, 4, 8)",
     "MULTI_NODE_REQUIRED": "keep tp_size within one node's GPUs or serve across nodes with "
                            "--nnodes",
+    "INVALID_COMBINATION": "drop or complete the conflicting flags the engine named (e.g. set "
+                           "all of --speculative-num-steps/-eagle-topk/-num-draft-tokens or none)",
+    "HOST_OOM_HICACHE": "lower --hicache-ratio (or leave it unset) so the host KV pool fits the "
+                        "node's memory",
+    "HICACHE_HOST_TOO_SMALL": "use --hicache-ratio above 1 (the host pool must exceed the device "
+                              "pool)",
+    "NO_DRAFT_MODEL": "speculative decoding needs a model with MTP/NextN layers or a draft model",
 }
 OUTCOME = {"UNSUPPORTED_BACKEND": "unsupported", "OOM_WEIGHTS": "oom", "KV_NO_ROOM": "oom",
            "GRAPH_CAPTURE_OOM": "oom", "BAD_FLAG": "invalid-flag",
            "TP_DIVISIBILITY": "crash", "MULTI_NODE_REQUIRED": "crash",
-           "BACKEND_MODEL_MISMATCH": "unsupported"}
+           "BACKEND_MODEL_MISMATCH": "unsupported", "HOST_OOM_HICACHE": "oom",
+           "HICACHE_HOST_TOO_SMALL": "crash", "INVALID_COMBINATION": "crash",
+           "NO_DRAFT_MODEL": "unsupported"}
 
 
 class Verdict(BaseModel):
@@ -61,12 +70,24 @@ class BenchOutcome(BaseModel):
     first_error: str | None = None
 
 
+def replica_mean(replicas: list[dict[str, Any]], key: str) -> float | None:
+    """Mean of one per-replica engine counter (e.g. ``decode_roofline_share``) over replicas.
+
+    Returns None when no replica reports it (backends without engine counters).
+    """
+    values = [float(r[key]) for r in replicas if r.get(key) is not None]
+    return sum(values) / len(values) if values else None
+
+
 def failure_condition(config: ServingConfig,
                       failure_class: str) -> tuple[Scope, list[Clause]]:
     """Scope and condition of the family a failure of ``config`` dooms.
 
     - UNSUPPORTED_BACKEND: that backend on this GPU, any model or checkpoint.
-    - OOM_WEIGHTS: these weights at this or any smaller TP (weights per GPU only grow).
+    - OOM_WEIGHTS: these weights at this or any smaller TP (weights per GPU only grow); with
+      speculative decoding on, only configs that also load the draft layer.
+    - HOST_OOM_HICACHE: HiCache with this host ratio or a larger one, at this TP and checkpoint.
+    - NO_DRAFT_MODEL: speculative decoding with this algorithm on this model.
     - KV_NO_ROOM / GRAPH_CAPTURE_OOM: exactly this memory layout (weights, TP, memory
       fraction, admission cap, chunk size, decode graph size).
     - anything else: exactly this config's explicitly set knobs.
@@ -77,8 +98,20 @@ def failure_condition(config: ServingConfig,
                               value=config.attention_backend)]
     mscope = scope.model_copy(update={"model": config.model, "quantization": config.weights})
     if failure_class == "OOM_WEIGHTS":
-        return mscope, [Clause(field="weights", op="eq", value=config.weights),
-                        Clause(field="tp_size", op="le", value=config.tp_size)]
+        clauses = [Clause(field="weights", op="eq", value=config.weights),
+                   Clause(field="tp_size", op="le", value=config.tp_size)]
+        if config.speculative_algorithm is not None:  # the draft layer may be what overflowed
+            clauses.append(Clause(field="speculative_algorithm", op="eq",
+                                  value=config.speculative_algorithm))
+        return mscope, clauses
+    if failure_class == "HOST_OOM_HICACHE" and config.hicache_ratio is not None:
+        return mscope, [Clause(field="enable_hierarchical_cache", op="eq", value=True),
+                        Clause(field="tp_size", op="eq", value=config.tp_size),
+                        Clause(field="hicache_ratio", op="ge", value=config.hicache_ratio)]
+    if failure_class == "NO_DRAFT_MODEL" and config.speculative_algorithm is not None:
+        return Scope(model=config.model, engine=config.engine,
+                     engine_version=config.engine_version), [
+            Clause(field="speculative_algorithm", op="eq", value=config.speculative_algorithm)]
     if failure_class == "BACKEND_MODEL_MISMATCH":  # a property of the model, not the GPU
         return Scope(model=config.model, engine=config.engine,
                      engine_version=config.engine_version), [

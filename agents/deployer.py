@@ -41,16 +41,25 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = tuple(FailurePattern(c, re.compil
     ("OOM_WEIGHTS", r"(torch\.)?OutOfMemoryError: CUDA out of memory|CUDA error: out of memory",
      False, "the weight shard does not fit in GPU memory"),
     ("KV_NO_ROOM", r"Loaded weights leave no GPU memory for the KV cache|Not enough memory\. "
-     r"Please try to increase --mem-fraction-static", False,
-     "weights leave no KV cache under mem_fraction_static"),
+     r"Please try to increase --mem-fraction-static|max_running_request is zero|Memory pool "
+     r"size is too small", False,
+     "weights leave no (or too small a) KV cache under mem_fraction_static"),
+    ("HOST_OOM_HICACHE", r"Not enough host memory available\. Requesting .* GB but only have "
+     r".* GB free", False, "the HiCache host pool does not fit in the node's host memory"),
+    ("HICACHE_HOST_TOO_SMALL", r"The host memory should be larger than the device memory",
+     False, "hicache_ratio must make the host pool larger than the device KV pool"),
+    ("NO_DRAFT_MODEL", r"has no MTP/NextN draft layer", False,
+     "speculative decoding on a model whose checkpoint ships no draft head"),
     ("GRAPH_CAPTURE_OOM", r"Capture cuda graph failed", False,
      "too little memory outside the static pool for CUDA-graph capture"),
     ("TP_DIVISIBILITY", r"AssertionError: \d+ is not divisible by \d+", False,
      "attention heads or MLP sizes do not split evenly over tp_size"),
     ("MULTI_NODE_REQUIRED", r"invalid device ordinal", False,
      "tp_size needs more GPUs than one node has"),
-    ("INVALID_COMBINATION", r"(ValueError|AssertionError|NotImplementedError): ", False,
-     "the engine's argument resolution rejected a flag combination"),
+    ("INVALID_COMBINATION",
+     r"(?<![\w.])(ValueError|AssertionError|NotImplementedError|TypeError)(: |$)", False,
+     "the engine's argument resolution rejected a flag combination (a bare AssertionError is "
+     "speculative_hook's all-three-or-none assert)"),
 ))
 
 

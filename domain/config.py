@@ -36,6 +36,11 @@ def check_engine_version(v: str) -> str:
 
 EngineVersion = Annotated[str, AfterValidator(check_engine_version)]
 
+# Fields added in twin v1; config_id() leaves them out while they hold their default.
+V1_FIELDS = ("schedule_conservativeness", "speculative_algorithm", "speculative_num_steps",
+             "speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_adaptive",
+             "disable_radix_cache", "enable_hierarchical_cache", "hicache_ratio")
+
 
 class ServingConfig(BaseModel):
     """One SGLang serving configuration for a pool of GPUs.
@@ -68,8 +73,39 @@ class ServingConfig(BaseModel):
         None, ge=1, le=4096, description="--cuda-graph-max-bs-decode; None = by GPU memory")
     attention_backend: str | None = Field(None, description="--attention-backend; None = auto")
     schedule_policy: Literal["fcfs", "lpm"] = Field("fcfs", description="--schedule-policy")
-    router_policy: Literal["round_robin"] = Field(
-        "round_robin", description="how requests are spread over replicas")
+    schedule_conservativeness: float | None = Field(
+        None, allow_inf_nan=False, description="--schedule-conservativeness: scales the "
+        "admission's estimate of future decode tokens; None = engine default 1.0 (a negative "
+        "value is refused by the engine at startup, not here)")
+    router_policy: Literal["round_robin", "power_of_two", "cache_aware"] = Field(
+        "round_robin", description="how the router (sglang-router 0.3.2 --policy) spreads "
+        "requests over replicas; not a server flag")
+    # Speculative decoding (sglang-knobs reference 1.10 and 2.6). Combinations SGLang 0.5.23
+    # rejects (a partial triple, ...) are accepted here and refused by the twin's startup with
+    # the engine's own message, as the real server would.
+    speculative_algorithm: Literal["EAGLE", "EAGLE3", "NEXTN"] | None = Field(
+        None, description="--speculative-algorithm; NEXTN is SGLang's alias of EAGLE for the "
+        "MTP/NextN head shipped in the checkpoint; None = off")
+    speculative_num_steps: int | None = Field(
+        None, ge=0, le=16, description="--speculative-num-steps: draft depth; None = engine "
+        "default ((3, 1, 4) for GLM/DeepSeek-class models, with topk and draft tokens)")
+    speculative_eagle_topk: int | None = Field(
+        None, ge=1, le=16, description="--speculative-eagle-topk: branching per draft step")
+    speculative_num_draft_tokens: int | None = Field(
+        None, ge=1, le=256, description="--speculative-num-draft-tokens: tokens verified per "
+        "step (forced to steps + 1 when topk is 1)")
+    speculative_adaptive: bool = Field(
+        False, description="--speculative-adaptive: pick the draft depth per batch-size bucket "
+        "from an EMA of the accept length (EAGLE family, topk 1 only)")
+    # Prefix cache / HiCache (sglang-knobs reference 1.5)
+    disable_radix_cache: bool = Field(False, description="--disable-radix-cache")
+    enable_hierarchical_cache: bool = Field(
+        False, description="--enable-hierarchical-cache: host-memory (L2) tier behind the "
+        "radix cache")
+    hicache_ratio: float | None = Field(
+        None, gt=0.0, le=100.0, allow_inf_nan=False, description="--hicache-ratio: host KV "
+        "pool as a multiple of the device KV pool; None = engine default 2.0 (shrunk to fit the "
+        "host memory)")
 
     @model_validator(mode="after")
     def _chunk(self) -> ServingConfig:
@@ -110,8 +146,16 @@ class ServingConfig(BaseModel):
         return self.tp_size * self.replicas
 
     def config_id(self) -> str:
-        """Stable 12-hex-digit id of this config (sha256 of its canonical JSON)."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        """Stable 12-hex-digit id of this config (sha256 of its canonical JSON).
+
+        Fields added in twin v1 (``V1_FIELDS``) enter the JSON only when set, so every config
+        that leaves them at their default keeps the id it had before (ledgers stay resumable).
+        """
+        data = self.model_dump(mode="json")
+        for name in V1_FIELDS:
+            if data[name] == ServingConfig.model_fields[name].default:
+                del data[name]
+        blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
     def set_fields(self) -> dict[str, Any]:
@@ -150,9 +194,19 @@ class ServingConfig(BaseModel):
                 pairs.append((name, value))
         if self.schedule_policy != "fcfs":
             pairs.append(("schedule_policy", self.schedule_policy))
+        for name in ("schedule_conservativeness", "speculative_algorithm",
+                     "speculative_num_steps", "speculative_eagle_topk",
+                     "speculative_num_draft_tokens", "hicache_ratio"):
+            value = getattr(self, name)
+            if value is not None:
+                pairs.append((name, value))
         argv = ["sglang", "serve"]
         for dest, value in pairs:
             argv += [flag_for(dest, version, value), str(value)]
+        # store_true flags: passed bare, and only when on
+        for name in ("speculative_adaptive", "disable_radix_cache", "enable_hierarchical_cache"):
+            if getattr(self, name):
+                argv.append(flag_for(name, version))
         return argv
 
     def launch_command(self) -> str:

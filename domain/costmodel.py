@@ -23,69 +23,131 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from domain.calibration import Efficiency, efficiency
 from domain.config import ServingConfig
 from domain.fit import KV_BYTES, FitReport
 from domain.hardware import GPU, get_gpu
-from domain.models import ModelArch, get_model
+from domain.models import BF16, ModelArch, get_model
 
-# Efficiencies (fractions of peak). eta_m 0.75 and eta_c 0.75 are servetune's fits to
-# aiconfigurator step outputs for dense models (estimators reference, section 6); MoE GEMMs and
-# MLA kernels run lower (AIC puts DeepSeek-V3 steps at ~30-35 % of SOL), hence 0.45 / 0.5 here.
-ETA_MEM = 0.75
-ETA_COMPUTE = 0.45
-ETA_ATTN = 0.5
-# Per-step launch + scheduler overhead with CUDA graphs and the overlap scheduler (0.5-3 ms in
-# the estimators reference); eager decode launches every kernel of every layer: ~4x more.
-STEP_OVERHEAD_S = 1.5e-3
-EAGER_EXTRA_S = 6.0e-3
-PREFILL_OVERHEAD_S = 2.5e-3
-ALLREDUCE_LATENCY_S = 6e-6  # NCCL small-message all-reduce latency on NVLink (order of us)
 ACT_BYTES = 2  # bf16 activations
+# Host <-> GPU link when the GPU catalog gives none: PCIe Gen5 x16, 64 GB/s per direction
+# (PCI-SIG PCIe 5.0 spec: 32 GT/s x 16 lanes, 128b/130b encoding ~ 63 GB/s).
+PCIE5_X16_BYTES_PER_S = 64e9
+
+
+def _dtype_of(bytes_per_param: float, gpu: GPU) -> str:
+    """GEMM dtype of a parameter group stored at ``bytes_per_param`` (scales included)."""
+    if bytes_per_param < 0.75 and "fp4" in gpu.flops:
+        return "fp4"
+    return "fp8" if bytes_per_param < 1.5 else "bf16"
 
 
 @dataclass(frozen=True, slots=True)
 class StepCostModel:
-    """Roofline step times for one replica of a config (build with :func:`build_cost_model`)."""
+    """Roofline step times for one replica of a config (build with :func:`build_cost_model`).
+
+    Byte counts are over the whole replica (all ``t`` GPUs) unless named ``_gpu``; FLOPs are per
+    token. Every public method returns seconds.
+    """
 
     t: int
     layers: int
     hidden: int
-    active_attn_flops_per_token: float  # 2 x attention params (+ embed/lm_head), FLOPs
-    active_mlp_flops_per_token: float   # 2 x active MLP/expert params, FLOPs
-    f_attn: float                       # FLOP/s for non-expert GEMMs
-    f_mlp: float                        # FLOP/s for MLP/expert GEMMs
+    eff: Efficiency
+    attn_flops_per_token: float   # 2 x (attention params + lm_head), FLOPs
+    mlp_flops_per_token: float    # 2 x active MLP/expert params, FLOPs
+    f_attn: float                 # FLOP/s for non-expert GEMMs
+    f_mlp: float                  # FLOP/s for MLP/expert GEMMs
     f_bf16: float
     f_fp8: float
-    static_bytes: float                 # non-expert weight bytes streamed every step (all GPUs)
-    expert_bytes: float                 # bytes of one routed expert
+    moe: bool                     # MLP GEMMs are MoE expert GEMMs (eta_compute_moe)
+    static_bytes: float           # non-expert weight bytes streamed every step
+    expert_bytes: float           # bytes of one routed expert
     moe_layers: int
     n_experts: int
     top_k: int
-    bw: float                           # HBM bytes/s
-    link: float                         # NVLink bytes/s
-    attn_dim: int                       # h x d per layer for QK^T + AV (prefill)
-    topk: int                           # DSA attended tokens (0 = dense attention)
-    index_flops_per_pair: float         # DSA indexer FLOPs per (query, key) pair per layer
-    latent_bytes: float                 # KV bytes per token per layer read in decode
-    index_bytes: float                  # DSA indexer key bytes per token per layer
+    bw: float                     # HBM bytes/s per GPU
+    link: float                   # NVLink bytes/s per GPU per direction
+    attn_dim: int                 # heads x qk head dim per layer (prefill QK^T + AV)
+    topk: int                     # DSA attended tokens (0 = dense attention)
+    index_flops_per_pair: float   # DSA indexer FLOPs per (query, key) pair per layer
+    latent_bytes_gpu: float       # KV bytes per token per layer one GPU reads in decode
+    index_bytes_gpu: float        # DSA indexer key bytes per token per layer (one GPU)
+    mla: bool                     # MLA/DSA latent KV (eta_kv_mla) rather than GQA (eta_kv)
     graph_max_bs: int
+    mtp_layers: int = 0
+    draft_static_bytes: float = 0.0   # one draft forward: non-expert layer bytes + lm_head
+    draft_flops_per_token: float = 0.0
+    draft_moe: bool = False           # the draft layer has routed experts
+    kv_bytes_per_token_gpu: float = 0.0
+    host_link: float = PCIE5_X16_BYTES_PER_S
 
-    def _linear(self, n_tokens: int) -> float:
-        compute = n_tokens * (self.active_attn_flops_per_token / self.f_attn
-                              + self.active_mlp_flops_per_token / self.f_mlp) / (
-            self.t * ETA_COMPUTE)
-        touched = self.n_experts * (1 - (1 - self.top_k / self.n_experts) ** n_tokens) \
-            if self.n_experts else 0.0
-        read = self.static_bytes + self.moe_layers * touched * self.expert_bytes
-        memory = read / (self.t * ETA_MEM * self.bw)
-        return max(compute, memory)
+    @property
+    def eta_mlp(self) -> float:
+        """Compute efficiency of the MLP GEMMs (MoE grouped GEMMs or dense)."""
+        return self.eff.eta_compute_moe if self.moe else self.eff.eta_compute
 
-    def _allreduce(self, n_tokens: int) -> float:
+    @property
+    def eta_kv(self) -> float:
+        """HBM efficiency of the decode KV read (MLA/DSA or GQA kernels)."""
+        return self.eff.eta_kv_mla if self.mla else self.eff.eta_kv
+
+    # ---- building blocks ----
+    def _touched(self, n_tokens: int) -> float:
+        """Routed experts one MoE layer reads for ``n_tokens`` under uniform top-k routing."""
+        if not self.n_experts:
+            return 0.0
+        return float(self.n_experts * (1 - (1 - self.top_k / self.n_experts) ** n_tokens))
+
+    def _linear(self, n_tokens: int, ideal: bool = False) -> float:
+        """Linear layers (and lm_head) over ``n_tokens``: max(compute, weight streaming)."""
+        e = self.eff
+        eta_c, eta_mlp, eta_m = (1.0, 1.0, 1.0) if ideal else (e.eta_compute, self.eta_mlp,
+                                                              e.eta_mem)
+        compute = n_tokens * (self.attn_flops_per_token / (self.f_attn * eta_c)
+                              + self.mlp_flops_per_token / (self.f_mlp * eta_mlp)) / self.t
+        read = self.static_bytes + self.moe_layers * self._touched(n_tokens) * self.expert_bytes
+        return max(compute, read / (self.t * eta_m * self.bw))
+
+    def _allreduce(self, n_tokens: int, layers: int, ideal: bool = False) -> float:
+        """Two ring all-reduces per layer of ``n_tokens x hidden`` bf16 activations."""
         if self.t == 1:
             return 0.0
         volume = 2 * (self.t - 1) / self.t * n_tokens * self.hidden * ACT_BYTES
-        return 2 * self.layers * (volume / self.link + ALLREDUCE_LATENCY_S)
+        lat = 0.0 if ideal else self.eff.allreduce_latency_s
+        return 2 * layers * (volume / self.link + lat)
 
+    def _kv_read(self, batch: int, context_sum: int, layers: int, ideal: bool = False) -> float:
+        """Decode attention: read every sequence's KV once (DSA: at most ``topk`` latents).
+
+        DSA also scans the indexer keys of the whole context (scoring + top-k selection).
+        """
+        attended = min(context_sum, batch * self.topk) if self.topk else context_sum
+        eta_kv, eta_index = (1.0, 1.0) if ideal else (self.eta_kv, self.eff.eta_dsa_index)
+        latent = layers * attended * self.latent_bytes_gpu / (eta_kv * self.bw)
+        index = layers * context_sum * self.index_bytes_gpu / (eta_index * self.bw)
+        return latent + index
+
+    def _layer_latency(self, layers: int, moe_layers: int) -> float:
+        """Fixed kernel-chain latency of ``layers`` layers, ``moe_layers`` of them MoE."""
+        e = self.eff
+        per_layer = e.layer_latency_s
+        if self.mla:
+            per_layer += e.mla_layer_latency_s
+        if self.topk:
+            per_layer += e.dsa_layer_latency_s
+        return layers * per_layer + moe_layers * e.moe_layer_latency_s
+
+    def _step(self, gpu_s: float, batch: int) -> float:
+        """A decode-like step: GPU work (+ layer latencies, + eager launch above the graph max)
+        overlapped with the scheduler's CPU work for ``batch`` requests (overlap scheduler)."""
+        e = self.eff
+        gpu = gpu_s + self._layer_latency(self.layers, self.moe_layers)
+        if batch > self.graph_max_bs:
+            gpu += e.eager_extra_s
+        return max(gpu, e.step_overhead_s + batch * e.request_overhead_s)
+
+    # ---- step times ----
     def prefill_time(self, new_tokens: int, attn_pairs: float, index_pairs: float) -> float:
         """Seconds for a prefill (extend) step.
 
@@ -94,11 +156,13 @@ class StepCostModel:
             attn_pairs: sum over chunks of c x attended context (query-key pairs).
             index_pairs: DSA only: sum over chunks of c x full context (indexer pairs).
         """
-        attn = 4 * self.layers * self.attn_dim * attn_pairs / (self.t * ETA_ATTN * self.f_bf16)
+        e = self.eff
+        attn = 4 * self.layers * self.attn_dim * attn_pairs / (self.t * e.eta_attn * self.f_bf16)
         index = self.layers * self.index_flops_per_pair * index_pairs / (
-            self.t * ETA_ATTN * self.f_fp8)
-        return (self._linear(new_tokens) + attn + index + self._allreduce(new_tokens)
-                + PREFILL_OVERHEAD_S)
+            self.t * e.eta_attn * self.f_fp8)
+        return (self._linear(new_tokens) + attn + index
+                + self._allreduce(new_tokens, self.layers)
+                + self._layer_latency(self.layers, self.moe_layers) + e.prefill_overhead_s)
 
     def decode_time(self, batch: int, context_sum: int) -> float:
         """Seconds for one decode step of ``batch`` sequences holding ``context_sum`` KV tokens.
@@ -106,46 +170,130 @@ class StepCostModel:
         For DSA the sparse attention reads at most ``topk`` latents per sequence; the attended
         total is approximated by ``min(context_sum, batch x topk)``.
         """
-        attended = min(context_sum, batch * self.topk) if self.topk else context_sum
-        kv_read = self.layers * (attended * self.latent_bytes + context_sum * self.index_bytes)
-        attn = kv_read / (ETA_MEM * self.bw)
-        overhead = STEP_OVERHEAD_S + (EAGER_EXTRA_S if batch > self.graph_max_bs else 0.0)
-        return self._linear(batch) + attn + self._allreduce(batch) + overhead
+        return self._step(self._linear(batch) + self._kv_read(batch, context_sum, self.layers)
+                          + self._allreduce(batch, self.layers), batch)
+
+    def decode_roofline_time(self, batch: int, context_sum: int) -> float:
+        """The decode step of :meth:`decode_time` at 100 % of every peak.
+
+        Efficiencies 1, no fixed latencies, no CPU or eager overhead; the all-reduce volume
+        at the NVLink peak stays (it is physical). ``roofline / decode_time`` is the share of the
+        decode roofline a step reaches.
+        """
+        return (self._linear(batch, ideal=True)
+                + self._kv_read(batch, context_sum, self.layers, ideal=True)
+                + self._allreduce(batch, self.layers, ideal=True))
+
+    def verify_time(self, batch: int, draft_tokens: int, context_sum: int) -> float:
+        """Seconds for a speculative verify step: one target forward over ``batch x draft_tokens``.
+
+        Linear layers and all-reduces run at ``N = batch x draft_tokens`` tokens; the KV of each
+        sequence is read once (the draft tokens' own attention is negligible beside it); the
+        CUDA-graph limit applies to ``batch`` (SGLang captures verify graphs per batch size).
+        """
+        n = batch * max(1, draft_tokens)
+        return self._step(self._linear(n) + self._kv_read(batch, context_sum, self.layers)
+                          + self._allreduce(n, self.layers), batch)
+
+    def draft_time(self, batch: int, steps: int, topk: int, context_sum: int = 0) -> float:
+        """Seconds for ``steps`` autoregressive forwards of the MTP/NextN draft head.
+
+        Each forward runs ``mtp_layers`` layers plus the shared lm_head at ``batch x topk``
+        tokens: it streams the draft layer's non-expert weights and lm_head, the routed experts
+        its tokens touch, reads the draft layer's own KV (``context_sum`` tokens) and pays the
+        per-layer latency. The per-step scheduler overhead is charged once, in
+        :meth:`verify_time` (and overlaps the GPU work). 0.0 for a model without MTP layers or ``steps`` 0.
+
+        Args:
+            batch: sequences in the batch.
+            steps: draft forwards per iteration.
+            topk: branches per step (``--speculative-eagle-topk``).
+            context_sum: KV tokens of the batch (the draft layer's KV read; default 0).
+        """
+        if steps <= 0 or not self.mtp_layers:
+            return 0.0
+        e = self.eff
+        n = batch * max(1, topk)
+        touched = self._touched(n) if self.draft_moe else 0.0
+        read = self.draft_static_bytes + self.mtp_layers * touched * self.expert_bytes
+        memory = read / (self.t * e.eta_mem * self.bw)
+        compute = n * self.draft_flops_per_token / (self.t * self.f_mlp * self.eta_mlp)
+        moe = self.mtp_layers if self.draft_moe else 0
+        one = (max(memory, compute) + self._kv_read(batch, context_sum, self.mtp_layers)
+               + self._allreduce(n, self.mtp_layers) + self._layer_latency(self.mtp_layers, moe))
+        return steps * one
+
+    def host_load_time(self, tokens: int) -> float:
+        """Seconds to load ``tokens`` KV tokens back from the HiCache host tier to each GPU.
+
+        ``tokens x`` KV bytes per token per GPU over the host link of one GPU (every GPU of the
+        replica loads its own share in parallel).
+        """
+        return tokens * self.kv_bytes_per_token_gpu / self.host_link
 
 
 def build_cost_model(config: ServingConfig, report: FitReport) -> StepCostModel:
-    """The step-time model of one replica of ``config`` with its resolved memory ``report``."""
+    """The step-time model of one replica of ``config`` with its resolved memory ``report``.
+
+    Efficiencies come from :func:`domain.calibration.efficiency` for the config's GPU.
+
+    Raises:
+        ConfigInvalid: unknown model, GPU or checkpoint.
+    """
     model: ModelArch = get_model(config.model)
     gpu: GPU = get_gpu(config.gpu)
+    eff = efficiency(gpu.name)
     ckpt = model.checkpoint(config.weights)
     groups = model.param_groups()
     b = ckpt.bytes_per_param
-    expert_dtype = ckpt.compute_dtype
-    attn_dtype = "fp8" if b["attention"] < 2 else "bf16"
-    active_mlp = (model.active_params - groups["attention"] - groups["embed"] // 2)
+    lm_head = model.vocab * model.hidden
+    active_mlp = model.active_params - groups["attention"] - lm_head
     kv_b = KV_BYTES[report.kv_dtype]
+    t = config.tp_size
     if model.attention == "gqa":
-        per_rank_heads = max(1, model.kv_heads // config.tp_size)
-        latent = 2 * per_rank_heads * model.head_dim * kv_b * config.tp_size  # all ranks
+        latent = 2 * max(1, model.kv_heads // t) * model.head_dim * kv_b
         index_bytes = 0.0
-    else:
+    else:  # MLA/DSA latents are replicated on every TP rank
         latent = (model.kv_lora_rank + model.qk_rope_head_dim) * kv_b
         index_bytes = float(model.index_head_dim + 4) if model.attention == "dsa" else 0.0
     static = (groups["embed"] * b["embed"] + groups["attention"] * b["attention"]
               + groups["dense_mlp"] * b["dense_mlp"])
     if model.n_routed_experts:
-        shared = model.moe_layers * model.n_shared_experts * model.expert_params * b["experts"]
-        static += shared
+        static += model.moe_layers * model.n_shared_experts * model.expert_params * b["experts"]
+    f_mlp = gpu.flops.get(ckpt.compute_dtype, gpu.flops["fp8"])
+    # draft head: one MTP layer's attention + dense/shared MLP, plus the shared lm_head
+    draft_static = draft_flops = 0.0
+    if model.mtp_layers:
+        mb = ckpt.mtp_bytes_per_param or b
+        mp = model.mtp_params_per_layer
+        if model.n_routed_experts:
+            dense_part = model.n_shared_experts * model.expert_params
+            active = (model.experts_per_tok + model.n_shared_experts) * model.expert_params
+            mlp_b = mb["experts"]
+        else:
+            dense_part = active = mp["mlp"]
+            mlp_b = mb["dense_mlp"]
+        per_layer = mp["attention"] * mb["attention"] + dense_part * mlp_b + mp["glue"] * BF16
+        draft_static = model.mtp_layers * per_layer + lm_head * b["embed"]
+        draft_flops = 2.0 * (model.mtp_layers * (mp["attention"] + active + mp["glue"])
+                             + lm_head)
+    host_link = float(getattr(gpu, "host_link_bytes_per_s", PCIE5_X16_BYTES_PER_S))
     return StepCostModel(
-        t=config.tp_size, layers=model.layers, hidden=model.hidden,
-        active_attn_flops_per_token=2 * (groups["attention"] + groups["embed"] // 2),
-        active_mlp_flops_per_token=2 * active_mlp,
-        f_attn=gpu.flops[attn_dtype], f_mlp=gpu.flops.get(expert_dtype, gpu.flops["fp8"]),
+        t=t, layers=model.layers, hidden=model.hidden, eff=eff,
+        attn_flops_per_token=2.0 * (groups["attention"] + lm_head),
+        mlp_flops_per_token=2.0 * active_mlp,
+        f_attn=gpu.flops[_dtype_of(b["attention"], gpu)], f_mlp=f_mlp,
         f_bf16=gpu.flops["bf16"], f_fp8=gpu.flops["fp8"],
+        moe=bool(model.n_routed_experts),
         static_bytes=static, expert_bytes=model.expert_params * b["experts"],
         moe_layers=model.moe_layers, n_experts=model.n_routed_experts,
         top_k=model.experts_per_tok, bw=gpu.hbm_bytes_per_s, link=gpu.link_bytes_per_s,
         attn_dim=model.heads * model.qk_head_dim, topk=model.index_topk,
-        index_flops_per_pair=2 * model.index_n_heads * model.index_head_dim,
-        latent_bytes=latent, index_bytes=index_bytes, graph_max_bs=report.cuda_graph_max_bs_decode,
+        index_flops_per_pair=2.0 * model.index_n_heads * model.index_head_dim,
+        latent_bytes_gpu=latent, index_bytes_gpu=index_bytes,
+        mla=model.attention in ("mla", "dsa"),
+        graph_max_bs=report.cuda_graph_max_bs_decode,
+        mtp_layers=model.mtp_layers, draft_static_bytes=draft_static,
+        draft_flops_per_token=draft_flops, draft_moe=bool(model.n_routed_experts),
+        kv_bytes_per_token_gpu=report.kv_bytes_per_token, host_link=host_link,
     )

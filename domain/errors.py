@@ -27,6 +27,29 @@ class UnknownFlag(ConfigInvalid):
     """A flag is not accepted by the pinned engine version (argparse would exit with code 2)."""
 
 
+class InvalidCombination(ConfigInvalid):
+    """A flag combination the pinned engine refuses while resolving its arguments.
+
+    ServingConfig accepts such configs (the engine's argparse does too); SGLang's resolution
+    pipeline then raises before any weight loads, and the twin's startup reproduces that.
+
+    Attributes:
+        exception: The Python exception the engine raises (``ValueError``, ``AssertionError``,
+            ``TypeError``, ``NotImplementedError``).
+        message: The engine's own message ("" for a bare ``assert``).
+        where: ``(file, function)`` of the engine code that raises, for the traceback.
+    """
+
+    def __init__(self, exception: str, message: str, where: tuple[str, str]) -> None:
+        self.exception, self.message, self.where = exception, message, where
+        super().__init__([self.line])
+
+    @property
+    def line(self) -> str:
+        """The last traceback line as the engine prints it, e.g. ``ValueError: ...``."""
+        return f"{self.exception}: {self.message}" if self.message else self.exception
+
+
 class TraceInvalid(ServetuneError):
     """A trace file is missing or malformed.
 
@@ -52,12 +75,15 @@ class DoesNotFit(ServetuneError):
         required_gb: Memory the phase needs per GPU, in GB (1e9 bytes).
         available_gb: Memory the phase has per GPU, in GB (1e9 bytes).
         arithmetic: The computation, spelled out, for lessons and reports.
+        cause: Finer reason within the phase (``kv_pool``: ``no_room`` -- weights fill
+            mem_fraction_static; ``zero_requests`` -- the pool holds < 2 tokens so
+            max_running_requests is 0; ``pool_too_small`` -- no request fits), "" otherwise.
     """
 
     def __init__(self, phase: str, required_gb: float, available_gb: float,
-                 arithmetic: str) -> None:
+                 arithmetic: str, cause: str = "") -> None:
         self.phase, self.required_gb, self.available_gb = phase, required_gb, available_gb
-        self.arithmetic = arithmetic
+        self.arithmetic, self.cause = arithmetic, cause
         super().__init__(
             f"does not fit ({phase}): needs {required_gb:.1f} GB per GPU, "
             f"has {available_gb:.1f} GB; {arithmetic}"
@@ -68,8 +94,9 @@ class DeployFailed(ServetuneError):
     """A deployment did not become ready.
 
     Attributes:
-        phase: Startup stage at which it died (``parse``, ``resolve``, ``load_weights``,
-            ``kv_pool``, ``cuda_graph``, ``model_init``, ``timeout``).
+        phase: Startup stage at which it died (``parse``, ``init_distributed``, ``resolve``,
+            ``model_init``, ``load_weights``, ``kv_pool``, ``cuda_graph``, ``host_pool``,
+            ``timeout``).
         reason: The engine's own message.
     """
 

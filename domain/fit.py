@@ -7,14 +7,23 @@ SGLang 0.5.23 rules reproduced here (servetune's sglang-knobs reference, section
 - ``mem_fraction_static`` unset: ``python/sglang/srt/arg_groups/memory_hook.py:
   handle_gpu_memory_settings`` -- reserved MiB = 512 + 1.5 x activation_tokens
   + (tp x pp / 8) x 1024 + graph reserve, at least 10,240 MiB above 60 GiB of GPU memory;
-  fraction = (gpu_mem - reserved) / gpu_mem.
+  fraction = (gpu_mem - reserved) / gpu_mem. It runs before the speculative hook, so the decode
+  graph size in the reserve is the memory tier's (or an explicit --max-running-requests').
 - KV budget (``mem_cache/kv_cache_configurator.py: _profile_available_bytes``): free memory after
   loading weights minus (1 - mem_fraction_static) x free memory before loading, i.e.
-  ``f x M - weights`` per GPU.
-- ``max_running_requests`` unset (``KVCacheConfigurator.resolve_max_num_reqs``):
-  ``min(clamp(int(kv_tokens / context_len x 512), 2048, 4096), kv_tokens // 2)``; explicit:
-  ``min(value, kv_tokens // 2)``.
-- ``chunked_prefill_size`` and decode CUDA-graph max batch size by GPU memory tier.
+  ``f x M - weights`` per GPU, where weights include the speculative draft (MTP/NextN) layers.
+  With speculation the draft model's KV pool holds as many tokens as the target's, so a token
+  costs the target's and the draft layers' KV bytes.
+- ``max_running_requests`` (``KVCacheConfigurator.resolve_max_num_reqs``): unset,
+  ``min(clamp(int(kv_tokens / context_len x 512), 2048, 4096), kv_tokens // 2)``; explicit (or
+  the 48 any speculative algorithm sets, ``speculative_hook.py``), ``min(max(1, value),
+  kv_tokens // 2)``. Zero fails the server (``tp_worker.py``: ``max_running_request is zero``).
+- ``chunked_prefill_size`` and decode CUDA-graph max batch size by GPU memory tier; the
+  captured decode sizes are clamped to the request-slot pool (``base_cuda_graph_runner.py:
+  get_batch_sizes_to_capture``), i.e. to max_running_requests (48 with speculation).
+- HiCache host pool (``mem_cache/pool_host/base.py``): ``int(kv_tokens x hicache_ratio)`` tokens
+  per GPU process at the device pool's bytes per token; ``hicache_ratio`` unset is 2.0, shrunk to
+  fit when the host is short (``hicache_hook.py``, sglang-knobs reference 2.7).
 """
 
 from __future__ import annotations
@@ -22,9 +31,15 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from domain.config import ServingConfig
-from domain.errors import DoesNotFit
+from domain.errors import DoesNotFit, InvalidCombination
 from domain.hardware import GPU, get_gpu
 from domain.models import ModelArch, get_model
+from domain.speculative import (
+    SPEC_MAX_RUNNING_REQUESTS,
+    SpecParams,
+    hf_architecture,
+    resolve_speculative,
+)
 
 GIB = 2**30
 MIB = 2**20
@@ -36,14 +51,36 @@ CONTEXT_OVERHEAD_BYTES = 1.5e9
 # 6k-hidden MoE (assumption of the twin, refined in twin v1).
 ACTIVATION_BYTES_PER_TOKEN = 0.5 * MIB
 KV_BYTES = {"bf16": 2.0, "fp8_e4m3": 1.0}
-# ServingConfig fields that size GPU memory (weights, KV pool, activations, CUDA graphs): a
-# memory failure other than weights-too-large is a property of exactly these values.
-MEMORY_FIELDS = ("weights", "tp_size", "mem_fraction_static", "max_running_requests",
-                 "chunked_prefill_size", "cuda_graph_max_bs_decode")
+# ServingConfig fields that size GPU memory (weights, draft layers, KV pool, activations, CUDA
+# graphs): a memory failure other than weights-too-large is a property of exactly these values.
+MEMORY_FIELDS = ("weights", "tp_size", "kv_cache_dtype", "mem_fraction_static",
+                 "max_running_requests", "chunked_prefill_size", "cuda_graph_max_bs_decode",
+                 "speculative_algorithm")
+# HiCache host pool (SGLang 0.5.23): hicache_ratio when unset (hicache_hook.py:
+# handle_hicache_ratio_default); each process keeps HICACHE_HOST_MEMORY_RESERVE_BYTES = 10 GiB of
+# host memory free (pool_host/base.py); an unset ratio is shrunk to fit 80 % of the host memory
+# left after that reserve (sglang-knobs reference 2.7).
+HICACHE_DEFAULT_RATIO = 2.0
+HICACHE_HOST_RESERVE_BYTES = 10 * GIB
+HICACHE_AUTO_HOST_FRACTION = 0.8
+# attention backend -> page size it forces (sglang-knobs reference 1.2, ``page_size``): flashmla
+# 64, trtllm_mla 32/64 -> 64, cutedsl_mla 32/64 (64 taken), trtllm_mha -> 64, hpc_ops 64, DSA
+# models 64 x index_kpool (64 taken). fa4 forces 128 on SM100 for non-MLA models (below).
+FORCED_PAGE_SIZE = {"flashmla": 64, "trtllm_mla": 64, "cutedsl_mla": 64, "trtllm_mha": 64,
+                    "hpc_ops": 64, "dsa": 64}
+# Architectures SGLang's DeepSeek-V3 override moves to trtllm_mla on SM100 when no backend is
+# given (sglang-knobs reference 2.4).
+_DEEPSEEK_V3_FAMILY = ("deepseek-v3", "deepseek-r1")
 
 
 class FitReport(BaseModel):
-    """Resolved memory layout of one replica (per GPU unless the name says per replica)."""
+    """Resolved memory layout of one replica (per GPU unless the name says per replica).
+
+    Units: bytes, tokens, requests. ``kv_bytes_per_token`` is the target model's KV per token
+    and GPU; ``draft_kv_bytes_per_token`` the speculative draft layers' (0 when off), and the
+    pool holds ``kv_tokens`` tokens of both. ``host_kv_tokens`` is the HiCache host tier per GPU
+    process (0 when off) at ``kv_bytes_per_token`` each.
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -60,11 +97,24 @@ class FitReport(BaseModel):
     chunked_prefill_size: int
     cuda_graph_max_bs_decode: int
     arithmetic: str
+    attention_backend: str = ""
+    page_size: int = 1
+    speculative: SpecParams | None = None
+    draft_weight_bytes_per_gpu: float = 0.0
+    draft_kv_bytes_per_token: float = 0.0
+    host_kv_tokens: int = 0
+    hicache_ratio: float = 0.0
+    host_kv_bytes_per_gpu: float = 0.0
 
     @property
     def kv_pool_gb(self) -> float:
         """KV pool per GPU in GB (1e9 bytes)."""
         return self.kv_pool_bytes_per_gpu / 1e9
+
+    @property
+    def kv_smaller_than_context(self) -> bool:
+        """The pool cannot hold one max-context request (SGLang warns; the server still runs)."""
+        return self.kv_tokens < self.context_len
 
 
 def resolve_kv_dtype(config: ServingConfig, model: ModelArch, gpu: GPU) -> str:
@@ -80,8 +130,46 @@ def resolve_kv_dtype(config: ServingConfig, model: ModelArch, gpu: GPU) -> str:
     return "bf16"
 
 
+def resolve_attention_backend(config: ServingConfig, model: ModelArch,
+                              gpu: GPU) -> tuple[str, int]:
+    """``(attention backend, page size)`` SGLang 0.5.23 runs ``config`` with.
+
+    Auto-selection (``arg_groups/overrides.py: _attention_backend_default``, sglang-knobs
+    reference 2.4): DSA models -> ``dsa``; MLA -> ``fa3`` on SM90, on SM100 ``trtllm_mla`` for the
+    DeepSeek-V3 family and ``flashinfer`` otherwise; GQA -> ``fa3`` (SM90) / ``trtllm_mha``
+    (SM100) unless speculation is on without an explicit ``--speculative-eagle-topk 1``, then
+    ``flashinfer``. Page size: forced by the backend (``FORCED_PAGE_SIZE``; fa4 on SM100 for
+    non-MLA models 128), else 1.
+    """
+    backend = config.attention_backend
+    if backend is None:
+        spec_wide = (config.speculative_algorithm is not None
+                     and config.speculative_eagle_topk != 1)
+        if model.attention == "dsa":
+            backend = "dsa"
+        elif model.attention == "mla":
+            if gpu.sm_major < 10:
+                backend = "fa3"
+            else:
+                deepseek = (model.name in _DEEPSEEK_V3_FAMILY
+                            or hf_architecture(model) == "DeepseekV3ForCausalLM")
+                backend = "trtllm_mla" if deepseek else "flashinfer"
+        elif spec_wide:
+            backend = "flashinfer"
+        else:
+            backend = "trtllm_mha" if gpu.sm_major >= 10 else "fa3"
+    page = FORCED_PAGE_SIZE.get(backend, 1)
+    if backend == "fa4" and gpu.sm_major == 10 and model.attention == "gqa":
+        page = 128
+    return backend, page
+
+
 def default_chunked_prefill(gpu: GPU) -> int:
-    """``chunked_prefill_size`` when unset, by GPU memory tier (memory_hook.py), tokens."""
+    """``chunked_prefill_size`` when unset, by GPU memory tier (memory_hook.py), tokens.
+
+    Tiers of nvidia-smi memory: < 20 GiB 2048; < 35 GiB 4096; < 60 GiB 4096; < 90 GiB 8192;
+    < 160 GiB 8192; else 16384 (sglang-knobs reference 2.3).
+    """
     gib = gpu.hbm_bytes / GIB
     for limit, size in ((20, 2048), (35, 4096), (60, 4096), (90, 8192), (160, 8192)):
         if gib < limit:
@@ -90,7 +178,11 @@ def default_chunked_prefill(gpu: GPU) -> int:
 
 
 def default_decode_graph_bs(gpu: GPU, tp_size: int) -> int:
-    """Largest decode CUDA-graph batch size when unset, by GPU memory tier (memory_hook.py)."""
+    """Largest decode CUDA-graph batch size when unset, by GPU memory tier (memory_hook.py).
+
+    < 20 GiB 8; < 35 GiB 48 (TP < 4) / 160; < 60 GiB 32 / 160; < 160 GiB 256 / 512; else 512
+    (sglang-knobs reference 2.3).
+    """
     gib = gpu.hbm_bytes / GIB
     if gib < 20:
         return 8
@@ -103,16 +195,30 @@ def default_decode_graph_bs(gpu: GPU, tp_size: int) -> int:
     return 512
 
 
+def prefill_capture_sizes(max_tokens: int) -> list[int]:
+    """Token counts the prefill CUDA graph captures, up to ``max_tokens``.
+
+    Source: ``cuda_graph_hook.py`` (sglang-knobs reference 2.3): 4..32 step 4, 48..256 step 16,
+    288..512 step 32, 576..1024 step 64, 1280..4096 step 256, then step 512 (58 sizes for 8192).
+    """
+    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))
+             + list(range(576, 1025, 64)) + list(range(1280, 4097, 256))
+             + list(range(4608, max(max_tokens, 4608) + 1, 512)))
+    return [s for s in sizes if s <= max_tokens]
+
+
 def default_mem_fraction(model: ModelArch, gpu: GPU, tp_size: int, chunked: int,
                          graph_bs: int) -> float:
     """``mem_fraction_static`` when unset (memory_hook.py: handle_gpu_memory_settings).
 
     Reserved MiB = 512 + 1.5 x max(chunked, 2048) + tp/8 x 1024 + 2 x decode graph max bs
-    + prefill graph reserve (flat 1,536 MiB for MLA/DSA models, else 8 MiB per captured size,
-    58 sizes for 8192 tokens); at least 10,240 MiB when the GPU has more than 60 GiB.
+    + prefill graph reserve (flat 1,536 MiB for MLA/DSA models, else 8 MiB per captured prefill
+    size up to ``chunked``: 50 sizes for 4096 tokens, 58 for 8192, 74 for 16384); at least
+    10,240 MiB when the GPU has more than 60 GiB. The fraction is rounded to 3 decimals.
     """
     gpu_mib = gpu.hbm_mib
-    prefill_graph = 1536 if model.attention in ("mla", "dsa") else 8 * 58
+    prefill_graph = 1536 if model.attention in ("mla", "dsa") \
+        else 8 * len(prefill_capture_sizes(chunked))
     reserved = 512 + 1.5 * max(chunked, 2048) + tp_size / 8 * 1024 + 2 * graph_bs + prefill_graph
     if gpu_mib > 60 * 1024:
         reserved = max(reserved, 10240)
@@ -125,28 +231,117 @@ def default_max_running_requests(kv_tokens: int, context_len: int) -> int:
     return min(estimate, kv_tokens // 2)
 
 
+def resolve_max_running_requests(requested: int | None, kv_tokens: int, context_len: int,
+                                 speculative: bool) -> int:
+    """``max_running_requests`` per replica as ``resolve_max_num_reqs`` sets it, requests.
+
+    Args:
+        requested: ``--max-running-requests`` (None: unset).
+        kv_tokens: KV pool size, tokens.
+        context_len: the model's context length, tokens.
+        speculative: a speculative algorithm is on (unset then means 48, speculative_hook.py).
+
+    Returns:
+        ``min(max(1, value), kv_tokens // 2)`` for an explicit (or speculative 48) value, else
+        :func:`default_max_running_requests`; 0 when the pool holds fewer than 2 tokens.
+    """
+    if requested is None and speculative:
+        requested = SPEC_MAX_RUNNING_REQUESTS
+    if requested is None:
+        return default_max_running_requests(kv_tokens, context_len)
+    return min(max(1, requested), kv_tokens // 2)
+
+
+def hicache_host_pool(config: ServingConfig, gpu: GPU, kv_tokens: int,
+                      kv_bytes_per_token: float) -> tuple[float, int]:
+    """``(effective hicache_ratio, host KV tokens)`` of one GPU process; ``(0.0, 0)`` when off.
+
+    An explicit ``--hicache-ratio`` is taken as given (a host that cannot hold it fails the
+    server, see :func:`host_pool_shortfall`). Unset, the ratio is 2.0 shrunk so the node's
+    processes together stay within 80 % of the host memory left after the 10 GiB reserve -- the
+    twin's reading of 0.5.23's auto-sizing, which splits the node's host memory evenly over the
+    GPU processes that share it (``min(gpus_per_node, tp_size x replicas)``).
+    """
+    if not config.enable_hierarchical_cache:
+        return 0.0, 0
+    ratio = config.hicache_ratio
+    if ratio is None:
+        ratio = HICACHE_DEFAULT_RATIO
+        ranks = min(gpu.gpus_per_node, config.gpus)
+        budget = HICACHE_AUTO_HOST_FRACTION * (gpu.host_mem_bytes_per_node
+                                               - HICACHE_HOST_RESERVE_BYTES) / ranks
+        device = kv_tokens * kv_bytes_per_token
+        if device > 0 and ratio * device > budget:
+            ratio = budget / device
+    return ratio, int(kv_tokens * ratio)
+
+
+def host_pool_shortfall(config: ServingConfig, report: FitReport) -> tuple[float, float] | None:
+    """``(requested GB, free GB)`` of the first GPU process whose HiCache pool does not fit.
+
+    The node's ``n = min(gpus_per_node, tp_size x replicas)`` processes pin their host pools one
+    after another; process ``j`` (0-based) sees ``host memory - j x pool - 10 GiB`` free and
+    raises ``Not enough host memory available. Requesting X GB but only have Y GB free`` when its
+    pool exceeds that (``mem_cache/pool_host/base.py``). None when every pool fits or HiCache is
+    off. GB = 1e9 bytes.
+    """
+    gpu = get_gpu(config.gpu)
+    x = report.host_kv_bytes_per_gpu
+    if x <= 0:
+        return None
+    for j in range(min(gpu.gpus_per_node, config.gpus)):
+        free = gpu.host_mem_bytes_per_node - j * x - HICACHE_HOST_RESERVE_BYTES
+        if x > free:
+            return x / 1e9, free / 1e9
+    return None
+
+
+def _lenient_spec(config: ServingConfig) -> SpecParams | None:
+    """The resolved speculative parameters, or None when off or refused at startup.
+
+    Flag combinations the engine refuses are startup's business (``domain/twin/startup.py``);
+    the memory estimate then sizes the config as if speculation were off.
+    """
+    try:
+        return resolve_speculative(config)
+    except InvalidCombination:
+        return None
+
+
 def fit(config: ServingConfig) -> FitReport:
     """Resolve the memory layout of one replica of ``config``, or raise ``DoesNotFit``.
 
+    Flag combinations SGLang refuses while resolving arguments are not checked here (see
+    ``domain/twin/startup.py``), nor is the HiCache host pool against host memory
+    (:func:`host_pool_shortfall`).
+
     Raises:
-        DoesNotFit: phase ``weights_load`` when the weight shard plus the CUDA context exceed the
-            GPU (the engine dies with CUDA out of memory while loading); ``kv_pool`` when the
-            weights exceed ``mem_fraction_static`` x memory (no room for a KV cache); and
-            ``cuda_graph`` when 1 - mem_fraction_static leaves less than the prefill activations
-            and decode graphs need.
+        DoesNotFit: phase ``weights_load`` when the weight shard (draft layers included) plus
+            the CUDA context exceed the GPU (the engine dies with CUDA out of memory while
+            loading); ``kv_pool`` when the weights exceed ``mem_fraction_static`` x memory (no
+            room for a KV cache, cause ``no_room``), when the pool holds fewer than 2 tokens so
+            max_running_requests is 0 (cause ``zero_requests``), or fewer than 7 so no request
+            fits (cause ``pool_too_small``); and ``cuda_graph`` when 1 - mem_fraction_static
+            leaves less than the prefill activations and decode graphs need.
         ConfigInvalid: unknown model, GPU or checkpoint.
     """
     model, gpu = get_model(config.model), get_gpu(config.gpu)
     t = config.tp_size
+    spec = _lenient_spec(config)
     total_w = model.weight_bytes(config.weights)
     w = total_w / t
+    draft_w = model.draft_weight_bytes(config.weights) / t if spec else 0.0
     M = gpu.hbm_bytes
     head = (f"{config.weights} weights {total_w / 1e9:.1f} GB / TP{t} = {w / 1e9:.1f} GB per GPU; "
             f"{gpu.name} has {gpu.hbm_gb:.0f} GB")
-    if w + CONTEXT_OVERHEAD_BYTES > M:
-        raise DoesNotFit("weights_load", (w + CONTEXT_OVERHEAD_BYTES) / 1e9, M / 1e9,
-                         f"{head}; {w / 1e9:.1f} + {CONTEXT_OVERHEAD_BYTES / 1e9:.1f} GB CUDA "
-                         f"context > {gpu.hbm_gb:.0f} GB")
+    if draft_w:
+        head += f"; draft (MTP) layers {draft_w / 1e9:.2f} GB per GPU"
+    if w + draft_w + CONTEXT_OVERHEAD_BYTES > M:
+        draft_txt = f" + {draft_w / 1e9:.1f} GB draft" if draft_w else ""
+        raise DoesNotFit("weights_load", (w + draft_w + CONTEXT_OVERHEAD_BYTES) / 1e9, M / 1e9,
+                         f"{head}; {w / 1e9:.1f}{draft_txt} + "
+                         f"{CONTEXT_OVERHEAD_BYTES / 1e9:.1f} GB CUDA context > "
+                         f"{gpu.hbm_gb:.0f} GB")
     chunked = config.chunked_prefill_size or default_chunked_prefill(gpu)
     if chunked == -1:
         chunked = 16384  # max_prefill_tokens default when chunking is disabled
@@ -160,34 +355,59 @@ def fit(config: ServingConfig) -> FitReport:
         else config.mem_fraction_static
     assert f is not None
     budget = f * M
-    if w >= budget:
-        raise DoesNotFit("kv_pool", w / 1e9, budget / 1e9,
+    if w + draft_w >= budget:
+        raise DoesNotFit("kv_pool", (w + draft_w) / 1e9, budget / 1e9,
                          f"{head}; mem_fraction_static {f} x {gpu.hbm_gb:.0f} GB = "
-                         f"{budget / 1e9:.1f} GB leaves no KV cache")
-    # Outside the static pool the engine needs prefill activations and the decode CUDA graphs.
+                         f"{budget / 1e9:.1f} GB leaves no KV cache", cause="no_room")
+    kv_dtype = resolve_kv_dtype(config, model, gpu)
+    per_tok = model.kv_bytes_per_token(KV_BYTES[kv_dtype], t)
+    draft_per_tok = per_tok / model.layers * model.mtp_layers if spec else 0.0
+    pool = budget - w - draft_w
+    kv_tokens = int(pool // (per_tok + draft_per_tok))
+    mrr = resolve_max_running_requests(config.max_running_requests, kv_tokens,
+                                       model.context_len, spec is not None)
+    kv_txt = (f"{kv_dtype} KV {per_tok:,.0f} B/token"
+              + (f" + draft {draft_per_tok:,.0f} B/token" if draft_per_tok else ""))
+    pool_txt = (f"{head}; pool = {f} x {gpu.hbm_gb:.0f} GB - {(w + draft_w) / 1e9:.1f} GB = "
+                f"{pool / 1e9:.3f} GB; {kv_txt} -> {kv_tokens:,} tokens")
+    if mrr < 1:
+        raise DoesNotFit("kv_pool", 2 * (per_tok + draft_per_tok) / 1e9, pool / 1e9,
+                         f"{pool_txt}; max_running_requests = min(..., {kv_tokens} // 2) = 0",
+                         cause="zero_requests")
+    if min(model.context_len - 1, kv_tokens - 1) - 5 <= 0:  # tp_worker.py max_req_input_len
+        raise DoesNotFit("kv_pool", 7 * (per_tok + draft_per_tok) / 1e9, pool / 1e9,
+                         f"{pool_txt}; the longest request would be {kv_tokens - 1} - 5 tokens",
+                         cause="pool_too_small")
+    # Outside the static pool the engine needs prefill activations and the decode CUDA graphs;
+    # captured sizes stop at the request-slot pool (max_running_requests).
+    captured_bs = min(graph_bs, mrr)
     outside = (1 - f) * M
-    graphs = 2 * graph_bs * MIB + (1536 * MIB if model.attention in ("mla", "dsa") else 0)
+    graphs = 2 * captured_bs * MIB + (1536 * MIB if model.attention in ("mla", "dsa") else 0)
     need = chunked * ACTIVATION_BYTES_PER_TOKEN + graphs
     if need > outside - CONTEXT_OVERHEAD_BYTES:
         raise DoesNotFit("cuda_graph", (need + CONTEXT_OVERHEAD_BYTES) / 1e9, outside / 1e9,
                          f"(1 - {f}) x {gpu.hbm_gb:.0f} GB = {outside / 1e9:.1f} GB outside the "
                          f"static pool < {need / 1e9:.1f} GB activations for {chunked} tokens + "
-                         f"graphs for batch {graph_bs} + {CONTEXT_OVERHEAD_BYTES / 1e9:.1f} GB")
-    kv_dtype = resolve_kv_dtype(config, model, gpu)
-    per_tok = model.kv_bytes_per_token(KV_BYTES[kv_dtype], t)
-    pool = budget - w
-    kv_tokens = int(pool // per_tok)
-    if config.max_running_requests is None:
-        mrr = default_max_running_requests(kv_tokens, model.context_len)
-    else:
-        mrr = min(config.max_running_requests, kv_tokens // 2)
-    arithmetic = (f"{head}; pool = {f} x {gpu.hbm_gb:.0f} GB - {w / 1e9:.1f} GB = "
-                  f"{pool / 1e9:.1f} GB; {kv_dtype} KV {per_tok:,.0f} B/token -> "
-                  f"{kv_tokens:,} tokens; max_running_requests {mrr}")
+                         f"graphs for batch {captured_bs} + "
+                         f"{CONTEXT_OVERHEAD_BYTES / 1e9:.1f} GB")
+    backend, page = resolve_attention_backend(config, model, gpu)
+    ratio, host_tokens = hicache_host_pool(config, gpu, kv_tokens, per_tok)
+    arithmetic = f"{pool_txt}; max_running_requests {mrr}"
+    if spec:
+        arithmetic += (f" ({SPEC_MAX_RUNNING_REQUESTS} with speculative decoding unless set); "
+                       f"{spec.algorithm} steps {spec.num_steps} topk {spec.topk} draft tokens "
+                       f"{spec.draft_tokens}")
+    if host_tokens:
+        arithmetic += (f"; HiCache host pool {ratio:.2f} x {kv_tokens:,} = {host_tokens:,} tokens "
+                       f"= {host_tokens * per_tok / 1e9:.1f} GB per GPU")
     return FitReport(
         weight_bytes_per_gpu=w, gpu_bytes=M, mem_fraction_static=f,
         mem_fraction_was_default=f_default, kv_dtype=kv_dtype, kv_bytes_per_token=per_tok,
         kv_pool_bytes_per_gpu=pool, kv_tokens=kv_tokens, context_len=model.context_len,
         max_running_requests=mrr, chunked_prefill_size=chunked,
-        cuda_graph_max_bs_decode=graph_bs, arithmetic=arithmetic,
+        cuda_graph_max_bs_decode=captured_bs, arithmetic=arithmetic,
+        attention_backend=backend, page_size=page, speculative=spec,
+        draft_weight_bytes_per_gpu=draft_w, draft_kv_bytes_per_token=draft_per_tok,
+        host_kv_tokens=host_tokens, hicache_ratio=ratio,
+        host_kv_bytes_per_gpu=host_tokens * per_tok,
     )

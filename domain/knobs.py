@@ -3,6 +3,10 @@
 A study names knobs by these names and lists values; ``"unset"`` (or YAML ``null``) means the
 flag is not passed and SGLang's default rule applies. Values are validated through
 ServingConfig itself, so the catalog and the schema of record cannot disagree.
+
+A knob sets the ServingConfig field of its name, except ``tp_size`` (which also sets
+``replicas``) and ``speculative`` (one coherent bundle of the five speculative fields, so a
+one-knob change never leaves a partial speculative triple behind).
 """
 
 from __future__ import annotations
@@ -45,7 +49,52 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
        "cuda_graph_max_bs_decode"),
     _k("attention_backend", "attention kernel family", "attention_backend"),
     _k("schedule_policy", "waiting-queue order (fcfs, lpm)", "schedule_policy", False),
+    _k("schedule_conservativeness", "admission's estimate of future decode tokens (x 0.7 "
+       "initial new-token ratio); higher admits fewer requests", "schedule_conservativeness"),
+    _k("speculative", "speculative decoding as one coherent bundle: off | nextn (MTP head, "
+       "engine defaults (3, 1, 4)) | nextn_adaptive (depth per batch size) | "
+       "nextn:<steps>,<topk>,<draft_tokens>", "speculative_algorithm", False),
+    _k("disable_radix_cache", "turn the radix prefix cache off (true/false)",
+       "disable_radix_cache", False),
+    _k("enable_hierarchical_cache", "HiCache: host-memory tier behind the radix cache "
+       "(true/false)", "enable_hierarchical_cache", False),
+    _k("hicache_ratio", "HiCache host pool as a multiple of the device KV pool", "hicache_ratio"),
+    _k("router_policy", "how the router spreads requests over replicas (round_robin, "
+       "power_of_two, cache_aware); a router flag, not a server flag", None, False),
 )}
+# ServingConfig fields the ``speculative`` knob sets together, so no partial triple survives a
+# change of bundle.
+SPECULATIVE_FIELDS = ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
+                      "speculative_num_draft_tokens", "speculative_adaptive")
+
+
+def speculative_bundle(value: Any) -> dict[str, Any]:
+    """The ServingConfig fields of a ``speculative`` knob value.
+
+    ``off`` clears speculation; ``nextn`` turns on the checkpoint's MTP/NextN head with the
+    engine's default triple; ``nextn_adaptive`` adds ``--speculative-adaptive``;
+    ``nextn:S,K,D`` sets steps S, topk K and draft tokens D explicitly.
+
+    Raises:
+        ConfigInvalid: any other value, naming the accepted ones.
+    """
+    off: dict[str, Any] = dict.fromkeys(SPECULATIVE_FIELDS)
+    off["speculative_adaptive"] = False
+    text = str(value).strip().lower() if isinstance(value, str) else None
+    if text == "off":
+        return off
+    if text in ("nextn", "nextn_adaptive"):
+        return {**off, "speculative_algorithm": "NEXTN",
+                "speculative_adaptive": text == "nextn_adaptive"}
+    if text is not None and text.startswith("nextn:"):
+        parts = text.removeprefix("nextn:").split(",")
+        if len(parts) == 3 and all(p.strip().isdigit() for p in parts):
+            steps, topk, draft = (int(p) for p in parts)
+            return {**off, "speculative_algorithm": "NEXTN", "speculative_num_steps": steps,
+                    "speculative_eagle_topk": topk, "speculative_num_draft_tokens": draft}
+    raise ConfigInvalid([f"knobs.speculative: {value!r} is not a bundle; give off, nextn, "
+                         "nextn_adaptive or nextn:<steps>,<topk>,<draft_tokens> (e.g. "
+                         "nextn:3,1,4)"])
 
 
 def normalize_value(value: Any) -> Any:
@@ -57,7 +106,8 @@ def normalize_value(value: Any) -> Any:
 def apply_knob(config: ServingConfig, name: str, value: Any, gpu_count: int) -> ServingConfig:
     """Return ``config`` with knob ``name`` set to ``value``.
 
-    Setting ``tp_size`` also sets ``replicas = gpu_count // tp_size``.
+    Setting ``tp_size`` also sets ``replicas = gpu_count // tp_size``; ``speculative`` sets the
+    five speculative fields together (:func:`speculative_bundle`).
 
     Raises:
         ConfigInvalid: unknown knob, a value outside the knob's domain (the message names the
@@ -68,7 +118,7 @@ def apply_knob(config: ServingConfig, name: str, value: Any, gpu_count: int) -> 
     v = normalize_value(value)
     if v is None and not KNOBS[name].unsettable:
         raise ConfigInvalid([f"knobs.{name}: cannot be 'unset'; give a value"])
-    update: dict[str, Any] = {name: v}
+    update: dict[str, Any] = speculative_bundle(v) if name == "speculative" else {name: v}
     if name == "tp_size":
         if not isinstance(v, int) or isinstance(v, bool) or v < 1 or gpu_count % v:
             raise ConfigInvalid([f"knobs.tp_size: {value!r} must be a positive integer that "

@@ -26,7 +26,7 @@ Op = Literal["eq", "ne", "in", "not_in", "lt", "le", "gt", "ge", "is_null", "not
 
 # Fields a lesson's condition may test: the tunable knobs (scope covers the rest).
 KNOB_FIELDS = tuple(f for f in ServingConfig.model_fields
-                    if f not in ("engine", "engine_version", "model", "gpu", "router_policy"))
+                    if f not in ("engine", "engine_version", "model", "gpu"))
 
 
 @cache

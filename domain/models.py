@@ -8,7 +8,8 @@ the shapes, so they can be checked against the published totals.
 from __future__ import annotations
 
 import json
-from functools import cache
+from collections.abc import Callable
+from functools import cache, partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,6 +36,9 @@ class Checkpoint(BaseModel):
     quantization: str | None = Field(description="value of --quantization (None: not passed)")
     compute_dtype: Literal["bf16", "fp8", "fp4"] = Field(description="GEMM dtype of the experts")
     bytes_per_param: dict[str, float]
+    mtp_bytes_per_param: dict[str, float] | None = Field(
+        None, description="bytes per parameter of the MTP/NextN layer's groups when the "
+        "checkpoint stores that layer at another precision; None: as bytes_per_param")
     source: str
 
 
@@ -65,6 +69,9 @@ class ModelArch(BaseModel):
     index_head_dim: int = 0
     index_n_heads: int = 0
     index_topk: int = Field(0, description="DSA: KV tokens each query attends to")
+    tied_embeddings: bool = Field(False, description="lm_head shares embed_tokens' weights")
+    mtp_layers: int = Field(0, description="MTP/NextN draft layers shipped with the checkpoint "
+                            "(HF config num_nextn_predict_layers)")
     checkpoints: dict[str, Checkpoint] = Field(default_factory=dict)
     source: str = ""
 
@@ -105,7 +112,8 @@ class ModelArch(BaseModel):
             + self.hidden * self.n_routed_experts  # router
         )
         return {
-            "embed": 2 * self.vocab * self.hidden,  # embed_tokens + untied lm_head
+            # embed_tokens, plus lm_head unless tied to it
+            "embed": (1 if self.tied_embeddings else 2) * self.vocab * self.hidden,
             "attention": self.layers * self.attention_params_per_layer,
             "dense_mlp": dense_layers * 3 * self.hidden * self.intermediate,
             "experts": experts,
@@ -123,7 +131,7 @@ class ModelArch(BaseModel):
         active_experts = self.moe_layers * (
             (self.experts_per_tok + self.n_shared_experts) * self.expert_params
         )
-        return g["embed"] // 2 + g["attention"] + g["dense_mlp"] + active_experts
+        return self.vocab * self.hidden + g["attention"] + g["dense_mlp"] + active_experts
 
     def weight_bytes(self, weights: str) -> float:
         """Bytes of the whole checkpoint ``weights`` (all GPUs together).
@@ -133,6 +141,49 @@ class ModelArch(BaseModel):
         """
         ckpt = self.checkpoint(weights)
         return sum(n * ckpt.bytes_per_param[g] for g, n in self.param_groups().items())
+
+    @property
+    def mtp_params_per_layer(self) -> dict[str, int]:
+        """Parameters of one MTP/NextN layer per group: attention, mlp, glue.
+
+        The layer (DeepSeek-V3 report, sec. 2.2, fig. 3; SGLang ``models/deepseek_nextn.py``) is
+        one full decoder layer -- attention plus the MLP that layer index ``num_hidden_layers``
+        would have: MoE (routed + shared experts + router) past ``first_k_dense_replace``, else the
+        dense MLP -- plus ``eh_proj`` (a ``2 x hidden -> hidden`` linear joining the embedding and
+        the target's hidden state) and five RMSNorm vectors (enorm, hnorm, input,
+        post-attention and shared_head norms) as "glue". Its embedding and ``shared_head.head``
+        (lm_head) are the target model's: SGLang's EAGLE worker hands the target's embed and head
+        to the draft model (``set_embed_and_head``), so they are not counted.
+        """
+        if self.n_routed_experts and self.layers >= self.first_k_dense:
+            mlp = ((self.n_routed_experts + self.n_shared_experts) * self.expert_params
+                   + self.hidden * self.n_routed_experts)
+        else:
+            mlp = 3 * self.hidden * self.intermediate
+        return {"attention": self.attention_params_per_layer, "mlp": mlp,
+                "glue": 2 * self.hidden * self.hidden + 5 * self.hidden}
+
+    def draft_weight_bytes(self, weights: str) -> float:
+        """Bytes of the MTP/NextN draft layer(s) of checkpoint ``weights`` (all GPUs together).
+
+        ``mtp_layers x`` the layer of :attr:`mtp_params_per_layer`; attention and MLP at the
+        checkpoint's bytes per parameter for the MTP layer (``mtp_bytes_per_param``: e.g. the
+        NVFP4 checkpoints keep the whole layer in bf16 -- ``model.layers.61*`` /
+        ``model.layers.78*`` in their ``exclude_modules``), the glue in bf16 (``eh_proj`` and the
+        norms are in ``modules_to_not_convert`` of zai-org/GLM-5-FP8). 0.0 without MTP layers.
+
+        Raises:
+            ConfigInvalid: if the model has no such checkpoint.
+        """
+        ckpt = self.checkpoint(weights)
+        if not self.mtp_layers:
+            return 0.0
+        b = ckpt.mtp_bytes_per_param or ckpt.bytes_per_param
+        p = self.mtp_params_per_layer
+        mlp_group = "experts" if self.n_routed_experts else "dense_mlp"
+        per_layer = (p["attention"] * b["attention"] + p["mlp"] * b[mlp_group]
+                     + p["glue"] * BF16)
+        return self.mtp_layers * per_layer
 
     def checkpoint(self, weights: str) -> Checkpoint:
         """Return the checkpoint called ``weights`` (e.g. ``fp8``, ``nvfp4``).
@@ -190,7 +241,9 @@ def arch_from_hf_config(name: str, cfg: dict[str, Any], source: str) -> ModelArc
             heads=heads,
             kv_heads=cfg.get("num_key_value_heads", heads),
             head_dim=head_dim,
-            qk_head_dim=cfg.get("qk_head_dim", head_dim) if mla else head_dim,
+            qk_head_dim=(cfg.get("qk_head_dim")
+                         or cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]) if mla
+            else head_dim,
             vocab=cfg["vocab_size"],
             context_len=cfg["max_position_embeddings"],
             intermediate=cfg["intermediate_size"],
@@ -205,50 +258,200 @@ def arch_from_hf_config(name: str, cfg: dict[str, Any], source: str) -> ModelArc
             index_head_dim=cfg.get("index_head_dim") or 0,
             index_n_heads=cfg.get("index_n_heads") or 0,
             index_topk=cfg.get("index_topk") or 0,
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            mtp_layers=cfg.get("num_nextn_predict_layers") or 0,
             source=source,
         )
     except KeyError as e:
         raise ConfigInvalid([f"model config {source}: missing key {e.args[0]!r}"]) from e
 
 
+# ---- stored bytes per parameter, scales included ----
+BF16 = 2.0
 # FP8 block-wise checkpoints store one fp32 scale per 128x128 block (weight_block_size in the
 # checkpoint's quantization_config): 4 / 16384 bytes per parameter on top of 1 byte.
-_FP8_BLOCK = 1 + 4 / (128 * 128)
-# NVFP4 (modelopt): 4-bit values plus one fp8 scale per 16 values (group_size 16 in
+FP8_BLOCK = 1 + 4 / (128 * 128)
+# FP8 per-tensor (ModelOpt FP8 checkpoints, SGLang's online ``--quantization fp8``): one fp32
+# scale per weight matrix, negligible against its millions of 1-byte values.
+FP8_TENSOR = 1.0
+# NVFP4 (ModelOpt): 4-bit values plus one fp8 scale per 16 values (group_size 16 in
 # hf_quant_config.json) = 0.5 + 1/16 bytes per parameter; the per-tensor fp32 scale is negligible.
-_NVFP4 = 0.5 + 1 / 16
+NVFP4 = 0.5 + 1 / 16
+_FP8_BLOCK = FP8_BLOCK  # former private names, kept for importers
+_NVFP4 = NVFP4
+_BUNDLE = "aiconfigurator-core 0.12.0 bundle"
+
+
+def _groups(embed: float, body: float, attention: float | None = None) -> dict[str, float]:
+    """bytes_per_param with ``body`` for every linear group (attention may differ)."""
+    return {"embed": embed, "attention": body if attention is None else attention,
+            "dense_mlp": body, "experts": body}
+
+
+def _bf16_ckpt(model_path: str) -> Checkpoint:
+    return Checkpoint(model_path=model_path, quantization=None, compute_dtype="bf16",
+                      bytes_per_param=_groups(BF16, BF16),
+                      source=f"{model_path}: bf16 release (torch_dtype bfloat16 in its config)")
+
+
+def _fp8_block_ckpt(model_path: str, source: str) -> Checkpoint:
+    """Native FP8 block-wise release: embeddings and lm_head bf16, every linear fp8 + scales."""
+    return Checkpoint(model_path=model_path, quantization="fp8", compute_dtype="fp8",
+                      bytes_per_param=_groups(BF16, FP8_BLOCK), source=source)
+
+
+def _llama_8b(arch: ModelArch) -> dict[str, Checkpoint]:
+    """Llama-3.1-8B: the bf16 release, and the same weights quantized by SGLang at load.
+
+    ``--quantization fp8`` on a bf16 checkpoint is SGLang's online FP8 (``Fp8LinearMethod`` with
+    an unserialized checkpoint): each linear weight becomes fp8 with a per-tensor/per-channel
+    scale; embeddings and lm_head stay bf16.
+    """
+    path = "meta-llama/Llama-3.1-8B-Instruct"
+    return {
+        "bf16": _bf16_ckpt(path),
+        "fp8": Checkpoint(model_path=path, quantization="fp8", compute_dtype="fp8",
+                          bytes_per_param=_groups(BF16, FP8_TENSOR),
+                          source="SGLang online FP8 quantization of the bf16 release"),
+    }
+
+
+def _llama_70b(arch: ModelArch) -> dict[str, Checkpoint]:
+    """Llama-3.1-70B: bf16 release and nvidia/Llama-3.1-70B-Instruct-FP8 (ModelOpt FP8).
+
+    The ModelOpt checkpoint is per-tensor FP8 with only ``lm_head`` excluded
+    (``nvidia--Llama-3.1-70B-Instruct-FP8_hf_quant_config.json``); embeddings are not linears.
+    """
+    return {
+        "bf16": _bf16_ckpt("meta-llama/Llama-3.1-70B-Instruct"),
+        "fp8": Checkpoint(model_path="nvidia/Llama-3.1-70B-Instruct-FP8",
+                          quantization="modelopt_fp8", compute_dtype="fp8",
+                          bytes_per_param=_groups(BF16, FP8_TENSOR),
+                          source=f"nvidia/Llama-3.1-70B-Instruct-FP8 hf_quant_config.json "
+                                 f"({_BUNDLE})"),
+    }
+
+
+def _qwen3_32b(arch: ModelArch) -> dict[str, Checkpoint]:
+    """Qwen3-32B: bf16 release and Qwen/Qwen3-32B-FP8 (fp8 block 128x128, its config.json)."""
+    return {
+        "bf16": _bf16_ckpt("Qwen/Qwen3-32B"),
+        "fp8": _fp8_block_ckpt("Qwen/Qwen3-32B-FP8",
+                               f"Qwen/Qwen3-32B-FP8 quantization_config ({_BUNDLE})"),
+    }
+
+
+def _qwen3_235b(arch: ModelArch) -> dict[str, Checkpoint]:
+    """Qwen3-235B-A22B: bf16, Qwen's FP8 block release and nvidia/Qwen3-235B-A22B-NVFP4.
+
+    The NVFP4 checkpoint quantizes every linear, attention included; only the routers
+    (``mlp.gate``) and ``lm_head`` are excluded (its hf_quant_config.json).
+    """
+    return {
+        "bf16": _bf16_ckpt("Qwen/Qwen3-235B-A22B-Instruct-2507"),
+        "fp8": _fp8_block_ckpt("Qwen/Qwen3-235B-A22B-FP8",
+                               f"Qwen/Qwen3-235B-A22B-FP8 quantization_config ({_BUNDLE})"),
+        "nvfp4": Checkpoint(model_path="nvidia/Qwen3-235B-A22B-NVFP4",
+                            quantization="modelopt_fp4", compute_dtype="fp4",
+                            bytes_per_param=_groups(BF16, NVFP4),
+                            source=f"nvidia/Qwen3-235B-A22B-NVFP4 hf_quant_config.json "
+                                   f"({_BUNDLE})"),
+    }
+
+
+def _deepseek_nvfp4_attention(arch: ModelArch) -> float:
+    """Mean bytes per attention parameter of DeepSeek NVFP4 checkpoints.
+
+    Their ``exclude_modules`` keep q_a/q_b/kv_a/kv_b projections in bf16 while ``o_proj`` is
+    NVFP4 (nvidia--DeepSeek-V3.1-NVFP4_hf_quant_config.json), so the group is a mix weighted by
+    the shapes: o_proj has heads x v_head_dim x hidden parameters.
+    """
+    o = arch.heads * arch.head_dim * arch.hidden
+    total = arch.attention_params_per_layer
+    return (o * NVFP4 + (total - o) * BF16) / total
+
+
+def _deepseek_v3(arch: ModelArch) -> dict[str, Checkpoint]:
+    """DeepSeek-V3: the native FP8 block-wise release (its config.json quantization_config)."""
+    return {"fp8": _fp8_block_ckpt("deepseek-ai/DeepSeek-V3",
+                                   f"deepseek-ai/DeepSeek-V3 quantization_config ({_BUNDLE})")}
+
+
+def _deepseek_r1(arch: ModelArch) -> dict[str, Checkpoint]:
+    """DeepSeek-R1-0528 (same shapes as V3): native FP8 and nvidia/DeepSeek-R1-0528-FP4.
+
+    The NVFP4 checkpoint's precisions are taken from the ModelOpt recipe of the bundled
+    nvidia/DeepSeek-V3.1-NVFP4 (same architecture): experts, dense MLPs and o_proj in NVFP4; the
+    other attention projections, lm_head and the whole MTP layer (``model.layers.61*``) in bf16.
+    """
+    nvfp4_bytes = _groups(BF16, NVFP4, attention=_deepseek_nvfp4_attention(arch))
+    return {
+        "fp8": _fp8_block_ckpt("deepseek-ai/DeepSeek-R1-0528",
+                               f"deepseek-ai/DeepSeek-R1 quantization_config ({_BUNDLE})"),
+        "nvfp4": Checkpoint(model_path="nvidia/DeepSeek-R1-0528-FP4",
+                            quantization="modelopt_fp4", compute_dtype="fp4",
+                            bytes_per_param=nvfp4_bytes, mtp_bytes_per_param=_groups(BF16, BF16),
+                            source=f"ModelOpt NVFP4 recipe of nvidia/DeepSeek-V3.1-NVFP4 "
+                                   f"hf_quant_config.json ({_BUNDLE})"),
+    }
+
+
+def _glm5(arch: ModelArch) -> dict[str, Checkpoint]:
+    """GLM-5 (zai-org), 744B total / ~40B active, DSA sparse attention.
+
+    zai-org/GLM-5-FP8 keeps embeddings and lm_head in bf16 and everything else fp8 block-wise
+    (its quantization_config: quant_method fp8, weight_block_size [128, 128]); nvidia/GLM-5-NVFP4
+    quantizes MLP and expert linears to NVFP4 and keeps all attention and indexer projections,
+    lm_head and the MTP layer (``model.layers.78*``) in bf16 (``exclude_modules`` of its
+    hf_quant_config.json).
+    """
+    return {
+        "fp8": _fp8_block_ckpt("zai-org/GLM-5-FP8",
+                               f"zai-org/GLM-5-FP8 quantization_config ({_BUNDLE})"),
+        "nvfp4": Checkpoint(
+            model_path="nvidia/GLM-5-NVFP4", quantization="modelopt_fp4", compute_dtype="fp4",
+            bytes_per_param=_groups(BF16, NVFP4, attention=BF16),
+            mtp_bytes_per_param=_groups(BF16, BF16),
+            source=f"nvidia/GLM-5-NVFP4 hf_quant_config.json ({_BUNDLE})",
+        ),
+    }
+
+
+# catalog key -> (HF config.json under data/models/, checkpoints of that architecture)
+CATALOG: dict[str, tuple[str, Callable[[ModelArch], dict[str, Checkpoint]]]] = {
+    "llama-3.1-8b": ("meta-llama--Meta-Llama-3.1-8B_config.json", _llama_8b),
+    "llama-3.1-70b": ("meta-llama--Meta-Llama-3.1-70B_config.json", _llama_70b),
+    "qwen3-32b": ("Qwen--Qwen3-32B_config.json", _qwen3_32b),
+    "qwen3-235b-a22b": ("Qwen--Qwen3-235B-A22B_config.json", _qwen3_235b),
+    "deepseek-v3": ("deepseek-ai--DeepSeek-V3_config.json", _deepseek_v3),
+    "deepseek-r1": ("deepseek-ai--DeepSeek-R1_config.json", _deepseek_r1),
+    "glm-5": ("zai-org--GLM-5_config.json", _glm5),
+}
 
 
 @cache
-def glm5() -> ModelArch:
-    """GLM-5 (zai-org), 744B total / ~40B active, DSA sparse attention.
+def load_model(name: str) -> ModelArch:
+    """Build catalog model ``name`` from its shipped config.json and attach its checkpoints.
 
-    Shapes come from ``data/models/zai-org--GLM-5_config.json``, the GLM-5 config bundled in the
-    aiconfigurator-core 0.12.0 wheel (Apache-2.0; identical in the FP8 and NVFP4 variants there).
-    Checkpoint precisions: zai-org/GLM-5-FP8 keeps embeddings and lm_head in bf16 and everything
-    else fp8 block-wise (its quantization_config: quant_method fp8, weight_block_size [128, 128]);
-    nvidia/GLM-5-NVFP4 quantizes MLP and expert linears to NVFP4 and keeps all attention and
-    indexer projections and lm_head in bf16 (``exclude_modules`` of its hf_quant_config.json).
+    Raises:
+        ConfigInvalid: unknown name, or a config missing a required key.
     """
-    path = MODELS_DIR / "zai-org--GLM-5_config.json"
-    arch = arch_from_hf_config("glm-5", json.loads(path.read_text()), source=str(path.name))
-    checkpoints = {
-        "fp8": Checkpoint(
-            model_path="zai-org/GLM-5-FP8", quantization="fp8", compute_dtype="fp8",
-            bytes_per_param={"embed": 2, "attention": _FP8_BLOCK, "dense_mlp": _FP8_BLOCK,
-                             "experts": _FP8_BLOCK},
-            source="zai-org/GLM-5-FP8 quantization_config (aiconfigurator-core 0.12.0 bundle)",
-        ),
-        "nvfp4": Checkpoint(
-            model_path="nvidia/GLM-5-NVFP4", quantization="modelopt_fp4", compute_dtype="fp4",
-            bytes_per_param={"embed": 2, "attention": 2, "dense_mlp": _NVFP4, "experts": _NVFP4},
-            source="nvidia/GLM-5-NVFP4 hf_quant_config.json (aiconfigurator-core 0.12.0 bundle)",
-        ),
-    }
-    return arch.model_copy(update={"checkpoints": checkpoints})
+    if name not in CATALOG:
+        raise ConfigInvalid([f"model: unknown model {name!r}; known: {', '.join(CATALOG)}"])
+    filename, checkpoints = CATALOG[name]
+    path = MODELS_DIR / filename
+    arch = arch_from_hf_config(name, json.loads(path.read_text()), source=filename)
+    return arch.model_copy(update={"checkpoints": checkpoints(arch)})
 
 
-MODELS = {"glm-5": glm5}
+def glm5() -> ModelArch:
+    """GLM-5 from the catalog (see :func:`_glm5` for its checkpoints)."""
+    return load_model("glm-5")
+
+
+MODELS: dict[str, Callable[[], ModelArch]] = {
+    name: partial(load_model, name) for name in CATALOG
+}
 
 
 def get_model(name: str) -> ModelArch:
@@ -257,6 +460,4 @@ def get_model(name: str) -> ModelArch:
     Raises:
         ConfigInvalid: unknown name.
     """
-    if name in MODELS:
-        return MODELS[name]()
-    raise ConfigInvalid([f"model: unknown model {name!r}; known: {', '.join(MODELS)}"])
+    return load_model(name)

@@ -54,6 +54,11 @@ class Trial(BaseModel):
     saturation: MetricsSummary | None = None
     replay: MetricsSummary | None = None
     objective: float | None = Field(None, description="output tok/s/GPU on the saturation run")
+    decode_roofline_share: float | None = Field(
+        None, description="decode time at 100% of the roofline / measured decode time on the "
+        "saturation run (twin: from the engine's step model; mean over replicas)")
+    cache_hit_rate: float | None = Field(
+        None, description="prompt tokens served from the prefix cache on the trace replay")
     predicted: dict[str, Any] = Field(default_factory=dict,
                                       description="the estimator's numbers before launch")
     log_tail: list[str] = Field(default_factory=list)

@@ -15,7 +15,7 @@ from typing import Any
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 
-from agents.analyst import Analyst, failure_lesson
+from agents.analyst import Analyst, failure_lesson, replica_mean
 from agents.deployer import Deployer
 from agents.mcp_tools import call
 from agents.planner import NoViableConfig, Planner, Pruned
@@ -95,6 +95,7 @@ async def _launch_and_measure(ctx: StudyContext, key: str, phase: str, config: S
     verdict = analyst.judge(bench.summary, pos["best_objective"], is_baseline)
     trial = Trial(**base, status=verdict.status, reason=verdict.reason,
                   objective=verdict.objective, saturation=bench.summary,
+                  decode_roofline_share=replica_mean(bench.replicas, "decode_roofline_share"),
                   records_path=bench.records_path, wall_s=time.time() - t0)
     return ctx.ledger.append(trial)
 
@@ -229,6 +230,8 @@ async def validate(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
             run_id=ctx.run_id, seq=0, key=key, phase="validate", status=status,
             config=src.config, changed=src.changed, parent_seq=src.seq, reason=reason,
             objective=src.objective, saturation=src.saturation, replay=summary,
+            decode_roofline_share=src.decode_roofline_share,
+            cache_hit_rate=replica_mean(rep.replicas, "cache_hit_rate") if rep else None,
             records_path=rep.records_path if rep else None,
             manifest=manifest_for(src.config, ctx.backend_kind), wall_s=time.time() - t0))
     return {"finalists": finalists, "cursor": cursor + 1, "phase": "validate"}

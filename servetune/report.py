@@ -363,10 +363,18 @@ def _result(study: Study, trials: list[Trial]) -> list[str]:
 def _trials_table(trials: list[Trial]) -> list[str]:
     search = [t for t in trials if t.phase == "search"]
     rows = [[t.seq, t.status, _changed(t), _num(t.objective),
-             _num(t.saturation.ttft_ms.p99) if t.saturation else "", t.reason] for t in search]
-    return ["## Trials", "", *_table(
-        ["seq", "status", "changed", "tok/s/GPU", "saturation TTFT p99 (ms)", "reason"], rows),
-        ""]
+             _num(t.saturation.ttft_ms.p99) if t.saturation else "",
+             _pct(t.decode_roofline_share), t.reason] for t in search]
+    return ["## Trials", "",
+            "Decode roofline: the share of the decode roofline the saturation run reached (decode "
+            "time at 100% of HBM bandwidth and peak FLOP/s over the measured decode time; with "
+            "speculative decoding it can exceed 100%).", "", *_table(
+                ["seq", "status", "changed", "tok/s/GPU", "saturation TTFT p99 (ms)",
+                 "decode roofline", "reason"], rows), ""]
+
+
+def _pct(v: float | None) -> str:
+    return "" if v is None else f"{v:.0%}"
 
 
 def _finalists_table(trials: list[Trial], has_plot: bool) -> list[str]:
@@ -385,10 +393,11 @@ def _finalists_table(trials: list[Trial], has_plot: bool) -> list[str]:
         rows.append([t.seq, _changed(t),
                      _num(t.saturation.output_tok_s_per_gpu) if t.saturation else "",
                      _num(r.ttft_ms.p50) if r else "", _num(r.ttft_ms.p99) if r else "",
-                     _num(r.itl_ms.p99) if r else "", f"{r.completed}/{r.requests}" if r else "",
-                     t.status])
+                     _num(r.itl_ms.p99) if r else "", _pct(t.cache_hit_rate),
+                     f"{r.completed}/{r.requests}" if r else "", t.status])
     out += _table(["seq", "changed", "tok/s/GPU (saturation)", "replay TTFT p50 (ms)",
-                   "replay TTFT p99 (ms)", "ITL p99 (ms)", "completed/requests", "status"], rows)
+                   "replay TTFT p99 (ms)", "ITL p99 (ms)", "prefix cache hits",
+                   "completed/requests", "status"], rows)
     return out + [""]
 
 

@@ -154,6 +154,9 @@ class LinearCost:
     def decode_time(self, batch, context_sum):
         return 0.020
 
+    def decode_roofline_time(self, batch, context_sum):
+        return 0.010
+
 
 def test_three_request_scenario_ttft_by_hand():
     lim = EngineLimits(kv_tokens=100_000, max_running_requests=16, chunked_prefill_size=1000,

@@ -47,3 +47,22 @@ def test_big_regressions_are_not_retried_from_later_incumbents():
     losers = _losers(trials, share=0.5)
     assert set(losers) == {"chunked_prefill_size=1"}  # lost 99 %; the 30 % loss is retried
     assert losers["chunked_prefill_size=1"].startswith("chunked_prefill_size=1 cost 99% ")
+
+
+def test_failure_families_of_the_v1_knobs():
+    from agents.analyst import failure_condition
+    from domain.config import ServingConfig
+
+    base = dict(model="glm-5", gpu="B200", weights="fp8")
+    spec = ServingConfig(**base, tp_size=4, speculative_algorithm="NEXTN")
+    _, clauses = failure_condition(spec, "OOM_WEIGHTS")
+    plain = ServingConfig(**base, tp_size=4)
+    # the draft layer may be what overflowed: plain configs stay allowed
+    assert all(c.matches(spec) for c in clauses)
+    assert not all(c.matches(plain) for c in clauses)
+    hic = ServingConfig(**base, tp_size=8, enable_hierarchical_cache=True, hicache_ratio=5.0)
+    _, clauses = failure_condition(hic, "HOST_OOM_HICACHE")
+    bigger = hic.model_copy(update={"hicache_ratio": 8.0})
+    smaller = hic.model_copy(update={"hicache_ratio": 3.0})
+    assert all(c.matches(bigger) for c in clauses)
+    assert not all(c.matches(smaller) for c in clauses)

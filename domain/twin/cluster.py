@@ -1,15 +1,32 @@
-"""Replicas behind a router: spread a workload over the replicas of a config and simulate each.
+"""Replicas behind a router: spread a workload over the replicas of a config and simulate them.
 
-Router v0: ``round_robin`` (request i goes to replica i mod R), the policy of SGLang's in-server
-DP controller when ``load_balance_method`` resolves from ``auto`` (sglang-knobs reference 1.1)
-and of sglang-router's ``--policy round_robin``. Replicas do not interact under round robin, so
-each is simulated on its own share of the arrivals. A closed-loop saturation run gives each
-replica ``concurrency / R`` clients (the remainder spread one by one).
+Router policies (sglang-router 0.3.2 / smg 1.13.0 semantics, servetune's sglang-knobs reference
+section 6.2; ``sgl-router/src/policies/cache_aware.rs``):
+
+- ``round_robin``: request i goes to replica i mod R (also the in-server DP controller's
+  ``load_balance_method`` when it resolves from ``auto``). Replicas then do not interact, so each
+  is simulated on its own share.
+- ``power_of_two``: sample two distinct replicas (seeded), send to the one with fewer in-flight
+  requests (the router's own count: routed minus finished).
+- ``cache_aware``: the router keeps an approximate prefix tree per replica of everything it sent
+  there. If the fleet is imbalanced -- ``max_load - min_load > balance_abs_threshold`` (64) and
+  ``max_load > balance_rel_threshold x min_load`` (1.5) -- it sends to the least-loaded replica;
+  otherwise to the replica with the longest prefix match when matched / request tokens exceeds
+  ``cache_threshold`` (0.3), else to the replica with the smallest tree. The real router matches
+  request characters; the twin matches prefix blocks (the traces carry block hashes, not text).
+  Its trees are trimmed only to 2^26 nodes (``--max-tree-size``), which a twin run never reaches.
+
+Replicas that interact through the router are simulated in lockstep: before each arrival every
+replica advances to the arrival time, so the router sees their load as the real one would.
+A closed-loop saturation run gives each replica ``concurrency / R`` clients (the remainder spread
+one by one) whatever the policy: synthetic prompts share no prefix and clients are balanced.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -19,6 +36,16 @@ from domain.fit import FitReport
 from domain.metrics import RequestRecord
 from domain.models import get_model
 from domain.twin.engine import EngineLimits, EngineStats, TwinEngine
+from domain.twin.prefix_cache import PathIndex, PrefixCache
+
+# sglang-router 0.3.2 defaults (router_args.py; sglang-knobs reference 6.3)
+CACHE_THRESHOLD = 0.3
+BALANCE_ABS_THRESHOLD = 64
+BALANCE_REL_THRESHOLD = 1.5
+ROUTER_SEED = 0
+
+# (arrival_s, input_tokens, output_tokens) or that plus (hash_ids, block_tokens)
+RequestTuple = tuple[float, int, int] | tuple[float, int, int, Sequence[int], int]
 
 
 class ReplicaStats(BaseModel):
@@ -32,43 +59,145 @@ class ReplicaStats(BaseModel):
     max_running: int
     mean_decode_batch: float
     busy_s: float
+    cache_hit_rate: float = 0.0
+    host_loaded_tokens: int = 0
+    evicted_tokens: int = 0
+    decode_roofline_share: float = 0.0
+    mean_accept_length: float = 0.0
 
 
-def _limits(config: ServingConfig, report: FitReport) -> EngineLimits:
-    return EngineLimits(kv_tokens=report.kv_tokens,
-                        max_running_requests=report.max_running_requests,
-                        chunked_prefill_size=report.chunked_prefill_size,
-                        context_len=report.context_len,
-                        index_topk=get_model(config.model).index_topk)
+def engine_limits(config: ServingConfig, report: FitReport) -> EngineLimits:
+    """The scheduler limits and features of one replica of ``config`` with memory ``report``."""
+    host_tokens = report.host_kv_tokens if config.enable_hierarchical_cache else 0
+    return EngineLimits(
+        kv_tokens=report.kv_tokens,
+        max_running_requests=report.max_running_requests,
+        chunked_prefill_size=report.chunked_prefill_size,
+        context_len=report.context_len,
+        schedule_conservativeness=(1.0 if config.schedule_conservativeness is None
+                                   else config.schedule_conservativeness),
+        index_topk=get_model(config.model).index_topk,
+        schedule_policy=config.schedule_policy,
+        radix_cache=not config.disable_radix_cache,
+        host_kv_tokens=host_tokens,
+        spec=report.speculative,
+    )
 
 
 def _stats(i: int, n: int, s: EngineStats) -> ReplicaStats:
     return ReplicaStats(replica=i, requests=n, prefill_steps=s.prefill_steps,
                         decode_steps=s.decode_steps, retractions=s.retractions,
                         max_running=s.max_running, mean_decode_batch=s.mean_decode_batch,
-                        busy_s=s.busy_s)
+                        busy_s=s.busy_s, cache_hit_rate=s.cache_hit_rate,
+                        host_loaded_tokens=s.host_loaded_tokens,
+                        evicted_tokens=s.evicted_tokens,
+                        decode_roofline_share=s.decode_roofline_share,
+                        mean_accept_length=s.mean_accept_length)
+
+
+class Router:
+    """Chooses a replica per request (see the module docstring for the policies)."""
+
+    def __init__(self, policy: str, replicas: int) -> None:
+        self.policy, self.R = policy, replicas
+        self._rr = 0
+        self._rng = random.Random(ROUTER_SEED)
+        self._trees: list[set[int]] = [set() for _ in range(replicas)]
+        self._tree_tokens = [0] * replicas
+
+    @property
+    def needs_load(self) -> bool:
+        """Whether decisions depend on replica load (then replicas run in lockstep)."""
+        return self.policy != "round_robin"
+
+    def pick(self, path: Sequence[int], block: int, input_tokens: int,
+             loads: Sequence[int]) -> int:
+        """Replica index for a request with prefix ``path`` given in-flight ``loads``."""
+        R = self.R
+        if R == 1:
+            choice = 0
+        elif self.policy == "round_robin":
+            choice = self._rr % R
+            self._rr += 1
+        elif self.policy == "power_of_two":
+            a, b = self._rng.sample(range(R), 2)
+            choice = a if loads[a] <= loads[b] else b
+        elif self.policy == "cache_aware":
+            choice = self._cache_aware(path, block, input_tokens, loads)
+        else:
+            raise ValueError(f"unknown router policy {self.policy!r}")
+        if self.policy == "cache_aware" and path:
+            tree = self._trees[choice]
+            for nid in path:
+                if nid not in tree:
+                    tree.add(nid)
+                    self._tree_tokens[choice] += block
+        return choice
+
+    def _cache_aware(self, path: Sequence[int], block: int, input_tokens: int,
+                     loads: Sequence[int]) -> int:
+        lo, hi = min(loads), max(loads)
+        if hi - lo > BALANCE_ABS_THRESHOLD and hi > BALANCE_REL_THRESHOLD * lo:
+            return loads.index(lo)
+        best, best_match = 0, -1
+        for i, tree in enumerate(self._trees):
+            m = 0
+            for nid in path:
+                if nid not in tree:
+                    break
+                m += 1
+            if m > best_match:
+                best, best_match = i, m
+        if best_match > 0 and min(best_match * block, input_tokens) / input_tokens \
+                > CACHE_THRESHOLD:
+            return best
+        return min(range(self.R), key=lambda i: self._tree_tokens[i])
 
 
 def simulate_open_loop(config: ServingConfig, report: FitReport,
-                       requests: Sequence[tuple[float, int, int]]
+                       requests: Sequence[Any]
                        ) -> tuple[list[RequestRecord], list[ReplicaStats]]:
-    """Replay (arrival_s, input_tokens, output_tokens) requests on every replica of ``config``.
+    """Replay requests at their arrival times on the replicas of ``config`` behind its router.
+
+    Args:
+        config: the serving configuration (replicas, router policy, features).
+        report: its resolved memory layout (:func:`domain.fit.fit`).
+        requests: sorted by arrival; each ``(arrival_s, input_tokens, output_tokens)`` or
+            ``(arrival_s, input_tokens, output_tokens, hash_ids, block_tokens)`` (prefix blocks
+            for the radix cache and the cache-aware router).
 
     Returns:
         Records in the order of ``requests`` and one ReplicaStats per replica.
     """
     cost = build_cost_model(config, report)
-    lim = _limits(config, report)
+    lim = engine_limits(config, report)
     R = config.replicas
-    records: list[RequestRecord | None] = [None] * len(requests)
+    index = PathIndex()
+    engines = [TwinEngine(cost, lim, PrefixCache(index, lim.host_kv_tokens)
+                          if lim.radix_cache else None) for _ in range(R)]
+    router = Router(config.router_policy, R)
+    where: list[tuple[int, int]] = []
+    sent = [0] * R
+    for req in requests:
+        arrival, inp, out = req[0], req[1], req[2]
+        hashes, block = (req[3], req[4]) if len(req) > 3 else ((), 0)
+        path = index.path(hashes) if block and (lim.radix_cache or router.needs_load) else []
+        if router.needs_load and R > 1:
+            for e in engines:
+                e.advance(arrival)
+            loads = [sent[i] - engines[i].finished_by(arrival) for i in range(R)]
+        else:
+            loads = sent
+        i = router.pick(path, block, inp, loads)
+        sent[i] += 1
+        where.append((i, engines[i].submit(arrival, inp, out, path, block if path else 0)))
+    per = []
     stats = []
-    for i in range(R):
-        share = list(requests[i::R])
-        eng = TwinEngine(cost, lim)
-        for j, rec in zip(range(i, len(requests), R), eng.run(share), strict=True):
-            records[j] = rec
-        stats.append(_stats(i, len(share), eng.stats))
-    return [r for r in records if r is not None], stats
+    for i, e in enumerate(engines):
+        e.advance(float("inf"))
+        per.append(e.records())
+        stats.append(_stats(i, sent[i], e.stats))
+    return [per[i][j] for i, j in where], stats
 
 
 def simulate_closed_loop(config: ServingConfig, report: FitReport, concurrency: int,
@@ -82,7 +211,7 @@ def simulate_closed_loop(config: ServingConfig, report: FitReport, concurrency: 
     if concurrency < 1:
         raise ValueError("concurrency must be >= 1")
     cost = build_cost_model(config, report)
-    lim = _limits(config, report)
+    lim = engine_limits(config, report)
     R = config.replicas
     records: list[RequestRecord] = []
     stats = []

@@ -1,26 +1,41 @@
-"""Twin engine v0: a discrete-event simulation of one SGLang server (one replica) in virtual time.
+"""Twin engine: a discrete-event simulation of one SGLang server (one replica) in virtual time.
 
 Mechanics (SGLang 0.5.23 scheduler, ``managers/scheduler.py`` and ``schedule_policy.py``):
 
-- Arrivals enter a FCFS waiting queue.
+- Arrivals enter a waiting queue, admitted FCFS, or longest-prefix-match first with
+  ``--schedule-policy lpm`` (which SGLang silently turns into FCFS above 128 waiting requests).
 - Each iteration runs either a prefill (extend) batch or a decode batch; prefill has priority
   whenever a waiting request can be admitted, as in ``get_next_batch_to_run``.
 - Admission (``PrefillAdder``) needs a free request slot (running < max_running_requests) and
-  enough KV: free tokens minus the decode tokens reserved for running requests
-  (remaining output x ``new_token_ratio``) must cover the new prompt plus its own reservation.
-  ``new_token_ratio`` starts at 0.7 x schedule_conservativeness, decays linearly to 0.14 x that
-  over 600 decode steps and is reset on retraction (SGLang's ``SGLANG_INIT_NEW_TOKEN_RATIO``,
+  enough KV: free plus evictable (unreferenced radix-cache) tokens minus the decode tokens
+  reserved for running requests (remaining output x ``new_token_ratio``) must cover the new,
+  uncached prompt tokens plus the request's own reservation. ``new_token_ratio`` starts at
+  0.7 x schedule_conservativeness, decays linearly to 0.14 x that over 600 decode steps and is
+  reset on retraction (SGLang's ``SGLANG_INIT_NEW_TOKEN_RATIO``,
   ``SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR``, ``SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS`` defaults).
-- A prefill batch holds at most ``chunked_prefill_size`` new tokens; a longer prompt is split
-  into chunks over several iterations (one chunked request at a time).
+- Radix prefix cache (:mod:`domain.twin.prefix_cache`): a request reuses its longest cached
+  prefix (at least its last prompt token is recomputed); HiCache host hits are loaded back over
+  the host link before the prefill, charged per token. Finished prompts stay cached until
+  evicted (LRU) to make room.
+- A prefill batch holds at most ``chunked_prefill_size`` new tokens (and ``max_prefill_tokens``);
+  a longer prompt is split into chunks over several iterations (one chunked request at a time).
 - Decode batches every running request (continuous batching); if the KV pool cannot hold the
-  next token of every request, requests with the fewest generated tokens are retracted to the
-  front of the queue and recomputed later (``retract_decode``).
+  next step's tokens even after evicting the cache, the requests with the fewest generated tokens
+  are retracted to the front of the queue and recomputed later (``retract_decode``).
+- Speculative decoding (EAGLE/NEXTN): each decode iteration is a draft + verify step that emits
+  ``accept_length`` tokens per request on average (:mod:`domain.speculative`), at the cost of
+  :meth:`~domain.costmodel.StepCostModel.verify_time` + ``draft_time``.
 - The first token is produced by the last prefill chunk (TTFT = its end - arrival).
 
-Implementation note: decode iterations are O(1) in the batch size. Every decode step end time
-is appended to one array; a request that decoded over steps [a, b) produced its tokens at
-those times, so inter-token gaps are read back from that array at the end.
+Implementation note: decode iterations are O(1) in the batch size. Every decode step appends its
+end time to ``T`` and the tokens it emits per request to the cumulative array ``C``; a request
+that decoded over steps [a, b) produced ``floor(C[k+1] - C[a])`` tokens by step k, so its token
+times are read back from those arrays at the end. Inter-token gaps are reported the way
+``sglang.bench_serving`` measures a streamed chunk of several tokens: the gap divided evenly over
+the chunk's tokens.
+
+The engine is incremental (:meth:`TwinEngine.submit`, :meth:`TwinEngine.advance`) so a router can
+run several replicas in lockstep and see their load at each arrival.
 """
 
 from __future__ import annotations
@@ -35,11 +50,15 @@ import numpy as np
 
 from domain.costmodel import StepCostModel
 from domain.metrics import RequestRecord
+from domain.speculative import SpecParams, accept_length, draft_tokens_for_batch, steps_for_batch
+from domain.twin.prefix_cache import PrefixCache
 
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
 NEW_TOKEN_RATIO_DECAY_STEPS = 600
 MAX_PREFILL_TOKENS = 16384  # --max-prefill-tokens default (sglang-knobs reference 1.3)
+LPM_MAX_WAITING = 128       # schedule_policy.py: lpm falls back to fcfs above this queue length
+_EPS = 1e-9
 
 
 @dataclass(slots=True)
@@ -48,28 +67,52 @@ class _Req:
     arrival: float
     input: int
     output: int
+    path: list[int]
+    block: int
     target: int = 0           # tokens to prefill (input, or input + generated after retraction)
-    prefilled: int = 0
+    prefilled: int = 0        # includes the cached prefix
     generated: int = 0
     first_token: float = math.nan
     finish: float = math.nan
+    locked: int = 0           # leading path nodes referenced in the prefix cache
+    private: float = 0.0      # KV tokens of this request outside the cache
     seg_start: int = -1       # decode index where the current decode segment started
     seg_gen: int = 0          # generated count at seg_start
     epoch: int = 0            # bumps on retraction (lazy heap deletion)
-    segments: list[tuple[int, int]] = field(default_factory=list)
+    # decode segments (a, b, tokens) over steps [a, b); (-1, -1, 1) marks a re-prefill token
+    segments: list[tuple[int, int, int]] = field(default_factory=list)
+    reprefill_times: list[float] = field(default_factory=list)
+    cached: int = 0           # prompt tokens served from the cache on the last admission
     error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class EngineLimits:
-    """Resolved per-replica limits the scheduler enforces."""
+    """Resolved per-replica limits and features the scheduler enforces.
+
+    Attributes:
+        kv_tokens: KV pool, tokens.
+        max_running_requests: request slots.
+        chunked_prefill_size: tokens per prefill batch (-1 = no chunking).
+        context_len: model context, tokens.
+        schedule_conservativeness: scales the initial new-token ratio.
+        index_topk: DSA attended-token cap (0 = dense).
+        schedule_policy: ``fcfs`` or ``lpm``.
+        radix_cache: prefix caching on (``--disable-radix-cache`` off).
+        host_kv_tokens: HiCache host pool, tokens (0 = off).
+        spec: resolved speculative parameters (``domain.speculative.SpecParams``) or None.
+    """
 
     kv_tokens: int
     max_running_requests: int
     chunked_prefill_size: int
     context_len: int
     schedule_conservativeness: float = 1.0
-    index_topk: int = 0  # DSA attended-token cap (0 = dense)
+    index_topk: int = 0
+    schedule_policy: str = "fcfs"
+    radix_cache: bool = True
+    host_kv_tokens: int = 0
+    spec: SpecParams | None = None
 
 
 @dataclass
@@ -82,24 +125,118 @@ class EngineStats:
     max_running: int = 0
     busy_s: float = 0.0
     decode_batch_sum: int = 0
+    decode_busy_s: float = 0.0
+    decode_roofline_s: float = 0.0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    host_loaded_tokens: int = 0
+    evicted_tokens: int = 0
+    spec_tokens: float = 0.0
 
     @property
     def mean_decode_batch(self) -> float:
         """Mean number of sequences per decode step."""
         return self.decode_batch_sum / self.decode_steps if self.decode_steps else 0.0
 
+    @property
+    def cache_hit_rate(self) -> float:
+        """Prompt tokens served from the prefix cache (device or host) / prompt tokens admitted."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def decode_roofline_share(self) -> float:
+        """Decode time at 100% of the roofline / simulated decode time (0 when nothing decoded).
+
+        With speculative decoding the roofline is that of plain decoding of the same tokens, so
+        the share can exceed 1.
+        """
+        return self.decode_roofline_s / self.decode_busy_s if self.decode_busy_s else 0.0
+
+    @property
+    def mean_accept_length(self) -> float:
+        """Tokens emitted per request per decode step (1.0 without speculative decoding)."""
+        return self.spec_tokens / self.decode_batch_sum if self.decode_batch_sum else 0.0
+
 
 class TwinEngine:
-    """One simulated SGLang replica. Feed arrivals, call :meth:`run`, read records."""
+    """One simulated SGLang replica.
 
-    def __init__(self, cost: StepCostModel, limits: EngineLimits) -> None:
+    Feed requests with :meth:`submit` (in arrival order), move virtual time with
+    :meth:`advance`, read :meth:`records`. :meth:`run` does all three for a whole workload.
+
+    Args:
+        cost: step-time model of this replica.
+        limits: resolved limits and features.
+        cache: the replica's prefix cache (built from ``limits`` when None).
+    """
+
+    def __init__(self, cost: StepCostModel, limits: EngineLimits,
+                 cache: PrefixCache | None = None) -> None:
         self.cost, self.lim = cost, limits
         self.stats = EngineStats()
+        self.cache = cache if cache is not None else _default_cache(limits)
+        self.now = 0.0
+        self._reqs: list[_Req] = []
+        self._pending: deque[_Req] = deque()
+        self._waiting: deque[_Req] = deque()
+        self._running: dict[int, _Req] = {}
+        self._heap: list[tuple[float, int, int]] = []   # (cumulative-token target, epoch, idx)
+        self._T: list[float] = []                        # decode step end times
+        self._C: list[float] = [0.0]                     # cumulative tokens per request
+        self._priv_running = 0.0                         # private KV of running requests
+        self._ctx_running = 0.0                          # context tokens of running requests
+        self._rem_out = 0.0                              # remaining output of running requests
+        self._chunked: _Req | None = None
+        init = min(1.0, INIT_NEW_TOKEN_RATIO * limits.schedule_conservativeness)
+        self._init_ratio = init
+        self._min_ratio = init * MIN_NEW_TOKEN_RATIO_FACTOR
+        self._decay = (init - self._min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
+        self._ratio = init
+        self._budget = min(limits.chunked_prefill_size, MAX_PREFILL_TOKENS) \
+            if limits.chunked_prefill_size > 0 else MAX_PREFILL_TOKENS
+        self._closed: tuple[float, int, int] | None = None
+        self._finish_times: list[float] = []
+        self._lpm_dirty = True
+        self._uses_spec = False
+
+    # ------------------------------------------------------------------ public API
+    def submit(self, arrival_s: float, input_tokens: int, output_tokens: int,
+               path: Sequence[int] = (), block_tokens: int = 0) -> int:
+        """Queue one request arriving at ``arrival_s`` (non-decreasing across calls).
+
+        Args:
+            arrival_s: virtual arrival time, s.
+            input_tokens: prompt length, tokens.
+            output_tokens: generated length, tokens.
+            path: prefix-cache node ids of its blocks (:meth:`PathIndex.path`), or empty.
+            block_tokens: tokens per block of ``path``.
+
+        Returns:
+            The request's index in :meth:`records`.
+        """
+        r = _Req(idx=len(self._reqs), arrival=arrival_s, input=input_tokens,
+                 output=output_tokens, path=list(path) if block_tokens else [],
+                 block=block_tokens, target=input_tokens)
+        self._reqs.append(r)
+        self._pending.append(r)
+        return r.idx
+
+    def finished_by(self, t: float) -> int:
+        """Requests (of those submitted) that finished or failed at or before ``t``."""
+        ft = self._finish_times
+        lo, hi = 0, len(ft)
+        while lo < hi:  # bisect_right on a list that only grows at the end
+            mid = (lo + hi) // 2
+            if ft[mid] <= t:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
 
     def run(self, arrivals: Sequence[tuple[float, int, int]] = (), *,
             closed_loop: tuple[int, float, int, int] | None = None,
             max_virtual_s: float = 1e7) -> list[RequestRecord]:
-        """Simulate until every request finished; return one record per request.
+        """Simulate a whole workload until every request finished; return one record each.
 
         Args:
             arrivals: open-loop requests as (arrival_s, input_tokens, output_tokens), sorted.
@@ -110,179 +247,370 @@ class TwinEngine:
         Returns:
             RequestRecords in request order (times in virtual seconds).
         """
-        lim, cost = self.lim, self.cost
-        reqs: list[_Req] = []
-        pending = deque(arrivals)
+        for a, i, o in arrivals:
+            self.submit(a, i, o)
         if closed_loop:
             conc, duration, isl, osl = closed_loop
+            self._closed = (duration, isl, osl)
             for _ in range(conc):
-                pending.append((0.0, isl, osl))
-        waiting: deque[_Req] = deque()
-        running: dict[int, _Req] = {}
-        heap: list[tuple[int, int, int]] = []   # (finish decode index, epoch, idx)
-        T: list[float] = []                      # decode step end times
-        now = 0.0
-        kv_running = 0       # KV tokens held by running requests
-        kv_prefill = 0       # KV tokens held by the (partially) prefilled chunked request
-        rem_out = 0          # sum of remaining output tokens of running requests
-        chunked: _Req | None = None
-        init_ratio = min(1.0, INIT_NEW_TOKEN_RATIO * lim.schedule_conservativeness)
-        min_ratio = init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR
-        decay = (init_ratio - min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
-        ratio = init_ratio
-        budget = min(lim.chunked_prefill_size, MAX_PREFILL_TOKENS) \
-            if lim.chunked_prefill_size > 0 else MAX_PREFILL_TOKENS
+                self.submit(0.0, isl, osl)
+        self.advance(math.inf, max_virtual_s=max_virtual_s)
+        return self.records()
+
+    # ------------------------------------------------------------------ simulation
+    def advance(self, until: float, *, max_virtual_s: float = 1e7) -> None:
+        """Run scheduler iterations while virtual time is before ``until`` and work remains.
+
+        An iteration that starts before ``until`` completes (it may end after it).
+        """
+        lim, cache = self.lim, self.cache
+        pending, waiting, running = self._pending, self._waiting, self._running
         topk = lim.index_topk
-
-        def finish(r: _Req, t: float) -> None:
-            nonlocal kv_running
-            r.finish = t
-            kv_running -= r.input + r.generated
-            if closed_loop and t < closed_loop[1]:
-                pending.appendleft((t, closed_loop[2], closed_loop[3]))
-
-        def join_running(r: _Req) -> None:
-            nonlocal kv_running, rem_out
-            r.seg_start, r.seg_gen = len(T), r.generated
-            running[r.idx] = r
-            kv_running += r.input + r.generated
-            rem_out += r.output - r.generated
-            heapq.heappush(heap, (len(T) + r.output - r.generated - 1, r.epoch, r.idx))
-
-        while True:
-            while pending and pending[0][0] <= now:
-                a, i, o = pending.popleft()
-                r = _Req(idx=len(reqs), arrival=a, input=i, output=o, target=i)
-                reqs.append(r)
-                if i + o > lim.context_len or i + 1 > lim.kv_tokens:
-                    r.error = (f"The input ({i} tokens) plus max_new_tokens ({o}) exceeds the "
-                               f"KV pool ({lim.kv_tokens}) or context length ({lim.context_len})")
-                    r.finish = a
+        while self.now < until:
+            now = self.now
+            while pending and pending[0].arrival <= now:
+                r = pending.popleft()
+                if r.input + r.output > lim.context_len or r.input + 1 > lim.kv_tokens:
+                    self._fail(r, r.arrival,
+                               f"The input ({r.input} tokens) plus max_new_tokens ({r.output}) "
+                               f"exceeds the KV pool ({lim.kv_tokens}) or context length "
+                               f"({lim.context_len})")
                     continue
                 waiting.append(r)
+                self._lpm_dirty = True
             if now > max_virtual_s:
-                for r in reqs:
+                for r in self._reqs:
                     if math.isnan(r.finish):
-                        r.error, r.finish = "virtual time cap reached", now
+                        self._fail(r, now, "virtual time cap reached")
+                pending.clear()
+                waiting.clear()
+                running.clear()
+                self._chunked = None
                 break
             # ---- try to form a prefill batch ----
-            chunks: list[tuple[_Req, int]] = []
-            left = budget
-            if chunked is not None:
-                c = min(chunked.target - chunked.prefilled, left)
-                chunks.append((chunked, c))
-                left -= c
-            n_slots = len(running) + (1 if chunked is not None else 0)
-            # KV the chunked request will hold once its prompt is in, plus its decode reservation
-            held = (chunked.target + ratio * (chunked.output - chunked.generated)) \
-                if chunked is not None else 0.0
-            while waiting and left > 0 and n_slots < lim.max_running_requests:
-                r = waiting[0]
-                free = lim.kv_tokens - kv_running - held - ratio * rem_out
-                need = r.target + ratio * (r.output - r.generated)
-                if need > free:
-                    break
-                waiting.popleft()
-                c = min(r.target, left)
-                chunks.append((r, c))
-                left -= c
-                n_slots += 1
-                held += need
-                if c < r.target:
-                    chunked = r  # this one continues in the next prefill batch
+            chunks, loaded = self._admit()
             if chunks:
-                new_tok = sum(c for _, c in chunks)
-                attn = 0.0
-                index = 0.0
-                for r, c in chunks:
-                    ctx = r.prefilled + c / 2
-                    attn += c * (min(ctx, topk) if topk else ctx)
-                    index += c * ctx if topk else 0.0
-                dt = cost.prefill_time(new_tok, attn, index)
-                now += dt
-                self.stats.prefill_steps += 1
-                self.stats.busy_s += dt
-                for r, c in chunks:
-                    r.prefilled += c
-                    if r is chunked and r.prefilled < r.target:
-                        kv_prefill = r.prefilled
-                        continue
-                    if r is chunked:
-                        chunked, kv_prefill = None, 0
-                    # prefill complete: it yields one token
-                    r.generated += 1
-                    if math.isnan(r.first_token):
-                        r.first_token = now
-                    if r.generated >= r.output:
-                        r.finish = now
-                        r.segments.append((len(T), len(T)))
-                        if closed_loop and now < closed_loop[1]:
-                            pending.appendleft((now, closed_loop[2], closed_loop[3]))
-                        continue
-                    join_running(r)
+                self._prefill(chunks, loaded, topk)
                 continue
             # ---- decode ----
             if running:
-                n = len(running)
-                while kv_running + kv_prefill + n > lim.kv_tokens and len(running) > 1:
-                    k_now = len(T)
-                    victim = min(running.values(),
-                                 key=lambda x: (x.seg_gen + k_now - x.seg_start, -x.input))
-                    del running[victim.idx]
-                    gen_now = victim.seg_gen + (len(T) - victim.seg_start)
-                    victim.segments.append((victim.seg_start, len(T)))
-                    kv_running -= victim.input + gen_now
-                    rem_out -= victim.output - gen_now
-                    victim.generated = gen_now
-                    victim.epoch += 1
-                    victim.target, victim.prefilled = victim.input + gen_now, 0
-                    waiting.appendleft(victim)
-                    self.stats.retractions += 1
-                    ratio = init_ratio
-                    n = len(running)
-                dt = cost.decode_time(n, kv_running)
-                now += dt
-                T.append(now)
-                self.stats.decode_steps += 1
-                self.stats.decode_batch_sum += n
-                self.stats.max_running = max(self.stats.max_running, n)
-                self.stats.busy_s += dt
-                kv_running += n
-                rem_out -= n
-                ratio = max(min_ratio, ratio - decay)
-                k = len(T) - 1
-                while heap and heap[0][0] <= k:
-                    _, ep, idx = heapq.heappop(heap)
-                    done = running.get(idx)
-                    if done is None or done.epoch != ep:
-                        continue
-                    del running[idx]
-                    done.generated = done.output
-                    done.segments.append((done.seg_start, k + 1))
-                    finish(done, now)
+                self._decode(until)
                 continue
             # ---- idle: jump to the next arrival ----
             if pending:
-                now = max(now, pending[0][0])
+                self.now = max(now, min(pending[0].arrival, until))
+                if self.now < pending[0].arrival:
+                    break
                 continue
             if waiting:  # nothing runs and the head cannot be admitted: it never fits
                 r = waiting.popleft()
-                r.error, r.finish = "request exceeds the KV pool after reservations", now
+                self._fail(r, now, "request exceeds the KV pool after reservations")
                 continue
             break
-        return self._records(reqs, np.asarray(T))
+        self.stats.evicted_tokens = cache.evicted_tokens if cache else 0
 
-    @staticmethod
-    def _records(reqs: list[_Req], T: np.ndarray) -> list[RequestRecord]:
-        out = []
-        for r in reqs:
-            if r.error is not None:
-                out.append(RequestRecord(arrival_s=r.arrival, input_tokens=r.input,
-                                         output_tokens=0, error=r.error))
+    def _decode(self, until: float) -> None:
+        """Run decode steps: one, or a run of them while nothing else could be scheduled.
+
+        The fast path (no waiting or chunked request, no arrival due, nothing finished) skips
+        the admission attempt between steps; the schedule is the same as one step per iteration.
+        """
+        cost, spec, running, pending = self.cost, self.lim.spec, self._running, self._pending
+        T, C, heap, st = self._T, self._C, self._heap, self.stats
+        while True:
+            n = self._make_room(len(running))
+            ctx = int(self._ctx_running)
+            steps = steps_for_batch(spec, n) if spec is not None else 0
+            if spec is not None and steps > 0:
+                acc = accept_length(spec, n)
+                draft = draft_tokens_for_batch(spec, n)
+                dt = (cost.verify_time(n, draft, ctx)
+                      + cost.draft_time(n, steps, spec.topk, ctx))
+                self._uses_spec = True
+            else:
+                acc = 1.0
+                dt = cost.decode_time(n, ctx)
+            st.decode_roofline_s += acc * cost.decode_roofline_time(n, ctx)
+            self.now += dt
+            T.append(self.now)
+            C.append(C[-1] + acc)
+            st.decode_steps += 1
+            st.decode_batch_sum += n
+            st.spec_tokens += n * acc
+            if n > st.max_running:
+                st.max_running = n
+            st.busy_s += dt
+            st.decode_busy_s += dt
+            grown = n * acc
+            self._priv_running += grown
+            self._ctx_running += grown
+            self._rem_out -= grown
+            self._ratio = max(self._min_ratio, self._ratio - self._decay)
+            k = len(T)  # C[k] is the cumulative count after this step
+            finished = False
+            while heap and heap[0][0] <= C[k] + _EPS:
+                _, ep, idx = heapq.heappop(heap)
+                done = running.get(idx)
+                if done is None or done.epoch != ep:
+                    continue
+                self._leave_running(done)
+                done.segments.append((done.seg_start, k, done.output - done.seg_gen))
+                done.generated = done.output
+                self._finish(done, self.now)
+                finished = True
+            if (finished or not running or self._waiting or self._chunked is not None
+                    or self.now >= until or (pending and pending[0].arrival <= self.now)):
+                return
+
+    # ------------------------------------------------------------------ helpers
+    def _free(self) -> float:
+        dev = self.cache.device_tokens if self.cache else 0
+        chunk_priv = self._chunked.private if self._chunked is not None else 0.0
+        return self.lim.kv_tokens - dev - self._priv_running - chunk_priv
+
+    def _evictable(self) -> int:
+        return self.cache.evictable_tokens if self.cache else 0
+
+    def _ensure_free(self, tokens: float) -> None:
+        short = tokens - self._free()
+        if short > 0 and self.cache is not None:
+            self.cache.evict(math.ceil(short))
+
+    def _usable_blocks(self, r: _Req) -> tuple[int, int]:
+        """(device, host) leading blocks of ``r`` the cache can serve now."""
+        if self.cache is None or not r.path:
+            return 0, 0
+        nd, nh = self.cache.match(r.path)
+        cap = (r.input - 1) // r.block  # at least the last prompt token is recomputed
+        nd = min(nd, cap)
+        nh = min(nh, cap - nd)
+        return nd, nh
+
+    def _lpm_order(self) -> None:
+        w = self._waiting
+        if not self._lpm_dirty or len(w) > LPM_MAX_WAITING or len(w) < 2:
+            return
+        keyed = sorted(w, key=lambda r: -sum(self._usable_blocks(r)) * r.block)
+        w.clear()
+        w.extend(keyed)
+        self._lpm_dirty = False
+
+    def _admit(self) -> tuple[list[tuple[_Req, int]], int]:
+        """Form the next prefill batch: [(request, new tokens this step)], host tokens loaded."""
+        lim, waiting, cache = self.lim, self._waiting, self.cache
+        chunks: list[tuple[_Req, int]] = []
+        left = self._budget
+        chunked = self._chunked
+        if chunked is not None:
+            c = min(chunked.target - chunked.prefilled, left)
+            chunks.append((chunked, c))
+            left -= c
+        if lim.schedule_policy == "lpm" and cache is not None:
+            self._lpm_order()
+        n_slots = len(self._running) + (1 if chunked is not None else 0)
+        ratio = self._ratio
+        # KV the chunked request still needs for its prompt, plus its decode reservation
+        held = (chunked.target - chunked.prefilled + ratio * (chunked.output - chunked.generated)) \
+            if chunked is not None else 0.0
+        loaded = 0
+        while waiting and left > 0 and n_slots < lim.max_running_requests:
+            r = waiting[0]
+            nd, nh = self._usable_blocks(r)
+            cached = (nd + nh) * r.block
+            avail = self._free() + self._evictable() - held - ratio * self._rem_out
+            need = (r.target - cached) + nh * r.block + ratio * (r.output - r.generated)
+            if need > avail:
+                break
+            waiting.popleft()
+            self._lpm_dirty = True
+            if cache is not None and nd + nh:
+                cache.lock(r.path[:nd], self.now)
+                if nh:
+                    self._ensure_free(nh * r.block)
+                    loaded += cache.load_back(r.path, nd, nh, self.now)
+                    cache.lock(r.path[nd:nd + nh], self.now)
+            r.locked = nd + nh
+            r.cached = cached
+            r.prefilled = cached
+            r.private = 0.0
+            self.stats.prompt_tokens += r.input
+            self.stats.cached_tokens += min(cached, r.input)
+            self.stats.host_loaded_tokens += nh * r.block
+            c = min(r.target - cached, left)
+            chunks.append((r, c))
+            left -= c
+            n_slots += 1
+            held += need
+            if c < r.target - cached:
+                self._chunked = r  # this one continues in the next prefill batch
+        return chunks, loaded
+
+    def _prefill(self, chunks: list[tuple[_Req, int]], loaded: int, topk: int) -> None:
+        new_tok = sum(c for _, c in chunks)
+        attn = index = 0.0
+        for r, c in chunks:
+            ctx = r.prefilled + c / 2
+            attn += c * (min(ctx, topk) if topk else ctx)
+            index += c * ctx if topk else 0.0
+        self._ensure_free(new_tok)
+        dt = self.cost.prefill_time(new_tok, attn, index)
+        if loaded:  # HiCache load-back before the forward (not overlapped: conservative)
+            dt += self.cost.host_load_time(loaded)
+        self.now += dt
+        now = self.now
+        self.stats.prefill_steps += 1
+        self.stats.busy_s += dt
+        for r, c in chunks:
+            r.prefilled += c
+            r.private += c
+            if r.prefilled < r.target:
+                continue  # still chunked (it is self._chunked)
+            if r is self._chunked:
+                self._chunked = None
+            self._insert_prompt(r, now)
+            r.generated += 1  # prefill complete: it yields one token
+            if math.isnan(r.first_token):
+                r.first_token = now
+            else:  # recomputation after a retraction also yields the next token
+                r.segments.append((-1, -1, 1))
+                r.reprefill_times.append(now)
+            if r.generated >= r.output:
+                r.segments.append((0, 0, 0))
+                self._release(r)
+                self._finish(r, now)
                 continue
-            times = [np.array([r.first_token])] + [T[a:b] for a, b in r.segments]
-            tok = np.concatenate(times)
+            self._join_running(r)
+
+    def _insert_prompt(self, r: _Req, now: float) -> None:
+        """Put the prompt's full blocks in the cache; their private copy becomes shared."""
+        if self.cache is None or not r.path:
+            return
+        n_full = r.input // r.block
+        if n_full > r.locked:
+            self.cache.insert(r.path[:n_full], r.locked, r.block, now)
+            self.cache.lock(r.path[r.locked:n_full], now)
+            r.private -= (n_full - r.locked) * r.block
+            r.locked = n_full
+
+    def _join_running(self, r: _Req) -> None:
+        k = len(self._T)
+        r.seg_start, r.seg_gen = k, r.generated
+        self._running[r.idx] = r
+        self._priv_running += r.private
+        self._ctx_running += r.input + r.generated
+        self._rem_out += r.output - r.generated
+        heapq.heappush(self._heap, (self._C[k] + r.output - r.generated, r.epoch, r.idx))
+
+    def _leave_running(self, r: _Req) -> float:
+        """Remove ``r`` from the running batch; returns the tokens it decoded in this segment."""
+        del self._running[r.idx]
+        decoded = self._C[len(self._T)] - self._C[r.seg_start]
+        self._priv_running -= r.private + decoded
+        self._ctx_running -= r.input + r.seg_gen + decoded
+        self._rem_out -= r.output - r.seg_gen - decoded
+        self._release(r)
+        return decoded
+
+    def _release(self, r: _Req) -> None:
+        """Unlock ``r``'s cached prefix; its private KV is freed by the caller's accounting."""
+        if self.cache is not None and r.locked:
+            self.cache.unlock(r.path[:r.locked], self.now)
+        r.locked = 0
+        r.private = 0.0
+
+    def _make_room(self, n: int) -> int:
+        """Evict cache, then retract, until the next decode step's KV fits; returns batch size."""
+        spec = self.lim.spec
+        per_req = (spec.draft_tokens if spec is not None else 1)
+        self._ensure_free(n * per_req)
+        running = self._running
+        while self._free() < n * per_req and len(running) > 1:
+            k_now = len(self._T)
+            C = self._C
+            victim = min(running.values(),
+                         key=lambda x: (x.seg_gen + C[k_now] - C[x.seg_start], -x.input))
+            decoded = self._leave_running(victim)
+            gained = int(decoded + _EPS)
+            victim.segments.append((victim.seg_start, k_now, gained))
+            victim.generated = victim.seg_gen + gained
+            victim.epoch += 1
+            victim.target, victim.prefilled = victim.input + victim.generated, 0
+            self._waiting.appendleft(victim)
+            self._lpm_dirty = True
+            self.stats.retractions += 1
+            self._ratio = self._init_ratio
+            n = len(running)
+            self._ensure_free(n * per_req)
+        return n
+
+    def _finish(self, r: _Req, t: float) -> None:
+        r.finish = t
+        self._finish_times.append(t)
+        closed = self._closed
+        if closed is not None and t < closed[0]:
+            nr = _Req(idx=len(self._reqs), arrival=t, input=closed[1], output=closed[2],
+                      path=[], block=0, target=closed[1])
+            self._reqs.append(nr)
+            self._pending.appendleft(nr)
+
+    def _fail(self, r: _Req, t: float, message: str) -> None:
+        r.error, r.finish = message, t
+        last = self._finish_times[-1] if self._finish_times else t
+        self._finish_times.append(max(t, last))  # kept sorted for finished_by()
+
+    # ------------------------------------------------------------------ results
+    def records(self) -> list[RequestRecord]:
+        """One record per submitted request, in submission order (virtual seconds)."""
+        T = np.asarray(self._T)
+        C = np.asarray(self._C)
+        out = []
+        for r in self._reqs:
+            if r.error is not None or math.isnan(r.finish):
+                out.append(RequestRecord(arrival_s=r.arrival, input_tokens=r.input,
+                                         output_tokens=0,
+                                         error=r.error or "request did not finish"))
+                continue
             out.append(RequestRecord(
                 arrival_s=r.arrival, first_token_s=r.first_token, finish_s=r.finish,
-                input_tokens=r.input, output_tokens=r.output, itl_s=np.diff(tok)))
+                input_tokens=r.input, output_tokens=r.output,
+                itl_s=self._itl(r, T, C)))
         return out
+
+    def _itl(self, r: _Req, T: np.ndarray, C: np.ndarray) -> np.ndarray:
+        if not self._uses_spec:
+            parts = [np.array([r.first_token])]
+            re = iter(r.reprefill_times)
+            for a, b, _ in r.segments:
+                if a < 0:
+                    parts.append(np.array([next(re)]))
+                elif b > a:
+                    parts.append(T[a:b])
+            return np.diff(np.concatenate(parts))
+        # chunks of several tokens per step: spread each chunk's gap over its tokens
+        t_prev = r.first_token
+        gaps: list[np.ndarray] = []
+        re = iter(r.reprefill_times)
+        for a, b, tokens in r.segments:
+            if a < 0:
+                t = next(re)
+                gaps.append(np.array([t - t_prev]))
+                t_prev = t
+                continue
+            if b <= a or tokens <= 0:
+                continue
+            cum = np.minimum(np.floor(C[a + 1:b + 1] - C[a] + _EPS), tokens)
+            emitted = np.diff(cum, prepend=0.0).astype(np.int64)
+            steps = np.nonzero(emitted)[0]
+            times = T[a:b][steps]
+            counts = emitted[steps]
+            deltas = np.diff(times, prepend=t_prev) / counts
+            gaps.append(np.repeat(deltas, counts))
+            t_prev = float(times[-1]) if times.size else t_prev
+        return np.concatenate(gaps) if gaps else np.zeros(0)
+
+
+def _default_cache(limits: EngineLimits) -> PrefixCache | None:
+    if not limits.radix_cache:
+        return None
+    from domain.twin.prefix_cache import PathIndex
+    return PrefixCache(PathIndex(), host_capacity_tokens=limits.host_kv_tokens)

@@ -153,7 +153,8 @@ class BenchService:
         """
         config, fit = self.backend.ready_fit(deployment)
         path, win = self.load_window(trace, fmt, start_s, duration_s, time_scale)
-        reqs = [(r.arrival_s, r.input_tokens, r.output_tokens) for r in win.requests]
+        reqs = [(r.arrival_s, r.input_tokens, r.output_tokens, r.hash_ids, r.block_size)
+                for r in win.requests]
         recs, stats = simulate_open_loop(config, fit, reqs)
         args = {"t": str(path), "s": start_s, "d": duration_s, "x": time_scale}
         bid = self._id(deployment, "replay", args)

@@ -1,0 +1,120 @@
+"""Efficiency constants of the step-time model, per GPU and op class, with their fit source.
+
+The roofline in :mod:`domain.costmodel` divides ideal times by efficiencies (shares of peak) and
+adds fixed latencies. Their values live in ``domain/data/twin-calibration.json``: a ``default``
+block (the hand-set starting values below, used for any GPU the fit did not cover) and per-GPU
+blocks written by ``benchmarks/twin_fidelity.py --fit``, together with the fit's data source
+(wheel, file inside it, row filter, row count), date, command and errors. Loading the file needs
+nothing but the standard library, so the default twin has no external dependency.
+
+Op classes:
+
+- ``eta_mem``: HBM efficiency of weight streaming (linear layers, memory-bound side).
+- ``eta_kv`` / ``eta_kv_mla``: HBM efficiency of the decode-attention KV read for MHA/GQA and for
+  MLA/DSA latents (different kernels: FlashInfer/FA3 vs FlashMLA/FlashInfer-MLA).
+- ``eta_compute`` / ``eta_compute_moe``: GEMM share of the dense tensor peak for dense linears
+  and for MoE expert (grouped) GEMMs.
+- ``eta_attn``: prefill attention (FlashAttention) share of the bf16 peak.
+- ``eta_dsa_index``: DSA only: effective HBM efficiency of the decode-time lightning-indexer
+  pass over the FULL context (scoring every cached index key and selecting the top-k); it is
+  charged on the index-key bytes, so a low value stands for the scoring and top-k kernels.
+- ``layer_latency_s``: fixed latency of one transformer layer in a forward, the chain of kernels
+  (norms, projections, rope, attention, all-reduces) each with a few us of launch/tail latency
+  even inside a CUDA graph (aiconfigurator's system files charge 3 us per memory-bound op;
+  estimators reference sec. 6). ``moe_layer_latency_s`` is added per MoE layer (router, top-k,
+  token permutation, grouped GEMMs, shared expert), ``mla_layer_latency_s`` per MLA/DSA layer
+  (latent projections, absorbed BMMs) and ``dsa_layer_latency_s`` per DSA layer (indexer).
+- ``step_overhead_s`` + ``request_overhead_s`` x batch: CPU time of one decode iteration of the
+  scheduler (batch preparation, sampling result processing, output streaming: a Python loop over
+  the running requests). SGLang's overlap scheduler (on by default since v0.4, "zero-overhead
+  batch scheduler") runs it while the GPU executes the previous batch, so a decode step takes
+  max(GPU time, CPU time). ``prefill_overhead_s`` is the fixed extra time of a prefill step;
+  ``eager_extra_s`` the extra cost of a decode batch above the CUDA-graph max (eager launch).
+- ``allreduce_latency_s``: NCCL small-message all-reduce latency on NVLink (order of us).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+CALIBRATION_PATH = Path(__file__).resolve().parent / "data" / "twin-calibration.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Efficiency:
+    """Efficiencies (fractions of peak, 0-1] and fixed latencies (seconds) of one GPU type."""
+
+    eta_mem: float = 0.75
+    eta_kv: float = 0.75
+    eta_kv_mla: float = 0.75
+    eta_compute: float = 0.45
+    eta_compute_moe: float = 0.45
+    eta_attn: float = 0.5
+    eta_dsa_index: float = 0.75
+    layer_latency_s: float = 0.0
+    moe_layer_latency_s: float = 0.0
+    mla_layer_latency_s: float = 0.0
+    dsa_layer_latency_s: float = 0.0
+    step_overhead_s: float = 1.5e-3
+    request_overhead_s: float = 0.0
+    prefill_overhead_s: float = 2.5e-3
+    eager_extra_s: float = 6.0e-3
+    allreduce_latency_s: float = 6e-6
+
+    def updated(self, values: dict[str, float]) -> Efficiency:
+        """A copy with ``values`` replacing fields of the same name.
+
+        Raises:
+            ValueError: on an unknown name or an efficiency outside (0, 1.5] / negative latency.
+        """
+        known = {f.name for f in fields(self)}
+        bad = sorted(set(values) - known)
+        if bad:
+            raise ValueError(f"unknown efficiency constant(s) {', '.join(bad)}; "
+                             f"known: {', '.join(sorted(known))}")
+        for k, v in values.items():
+            if k.startswith("eta_") and not 0 < v <= 1.5:
+                raise ValueError(f"{k} = {v} is not a share of peak in (0, 1.5]")
+            if k.endswith("_s") and v < 0:
+                raise ValueError(f"{k} = {v} s is negative")
+        return replace(self, **{k: float(v) for k, v in values.items()})
+
+    def as_dict(self) -> dict[str, float]:
+        """Field name -> value."""
+        return asdict(self)
+
+
+# The hand-set starting values (servetune's estimators reference, section 6): eta_m 0.75 and
+# eta_c 0.75 were fitted to aiconfigurator step outputs for dense models; MoE GEMMs and MLA
+# kernels run lower (AIC puts DeepSeek-V3 steps at ~30-35 % of SOL), hence 0.45 / 0.5.
+UNCALIBRATED = Efficiency()
+
+
+@cache
+def _load(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def calibration_file(path: Path = CALIBRATION_PATH) -> dict[str, Any]:
+    """The parsed calibration JSON (empty dict when the file is absent)."""
+    return _load(path)
+
+
+def efficiency(gpu: str, path: Path = CALIBRATION_PATH) -> Efficiency:
+    """Constants for ``gpu``: the file's ``default`` block overlaid by its ``gpus[gpu]`` block.
+
+    Falls back to :data:`UNCALIBRATED` where the file or a block is absent.
+
+    Raises:
+        ValueError: if the file holds an unknown constant or an out-of-range value.
+    """
+    data = _load(path)
+    eff = UNCALIBRATED.updated(data.get("default", {}))
+    return eff.updated(data.get("gpus", {}).get(gpu, {}))

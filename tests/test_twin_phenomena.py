@@ -1,0 +1,150 @@
+"""Phenomena the twin must reproduce on GLM-5-class MoE on B200 (issue 3), end to end.
+
+Each test starts the config the way the cluster server does (``startup.start``: memory fit,
+engine log, failures) and runs the twin's benchmarks on it: closed-loop saturation, or a replay
+of a 20-minute window of the shipped Mooncake conversation trace at its own arrival times (the
+window the default study replays). No special case in the engine produces these: they come from
+the memory fit, the roofline step model and the scheduler.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from domain.config import ServingConfig
+from domain.fit import FitReport
+from domain.metrics import MetricsSummary, summarize
+from domain.twin.cluster import ReplicaStats, simulate_closed_loop, simulate_open_loop
+from domain.twin.startup import start
+from domain.workload import load_trace
+
+TRACE = Path(__file__).resolve().parent.parent / "data" / "traces" / \
+    "mooncake_fast25_conversation_trace.jsonl"
+# the practice's serving layout: GLM-5 NVFP4 on TP4 replicas, fp8 KV, mem fraction 0.9
+PRACTICE = dict(model="glm-5", gpu="B200", tp_size=4, weights="nvfp4",
+                kv_cache_dtype="fp8_e4m3", mem_fraction_static=0.9)
+
+
+def ready(**kw: object) -> tuple[ServingConfig, FitReport]:
+    config = ServingConfig(**kw)
+    s = start(config)
+    assert s.ready, s.reason
+    assert s.fit is not None
+    return config, s.fit
+
+
+@cache
+def window(strip_prefixes: bool = False, duration_s: float = 1200.0
+           ) -> tuple[tuple[object, ...], ...]:
+    w = load_trace(TRACE, "mooncake").window(600, duration_s)
+    return tuple((q.arrival_s, q.input_tokens, q.output_tokens,
+                  () if strip_prefixes else q.hash_ids, q.block_size) for q in w.requests)
+
+
+def replay(strip_prefixes: bool = False, duration_s: float = 1200.0, **kw: object
+           ) -> tuple[MetricsSummary, list[ReplicaStats]]:
+    config, rep = ready(**kw)
+    recs, stats = simulate_open_loop(config, rep, list(window(strip_prefixes, duration_s)))
+    return summarize(recs, config.gpus), stats
+
+
+def saturation(concurrency: int, isl: int = 2048, osl: int = 512, duration_s: float = 60.0,
+               **kw: object) -> tuple[MetricsSummary, list[ReplicaStats]]:
+    config, rep = ready(**kw)
+    recs, stats = simulate_closed_loop(config, rep, concurrency, duration_s, isl, osl)
+    return summarize(recs, config.gpus), stats
+
+
+# ---------------------------------------------------------------- memory
+@pytest.mark.parametrize(("weights", "fits", "fails"), [("fp8", 8, 4), ("nvfp4", 4, 2)])
+def test_weights_fit_only_from_a_tp_width(weights: str, fits: int, fails: int) -> None:
+    # FP8 (~745 GB) does not fit TP4 (186 GB/GPU > 180 GB) but fits TP8; NVFP4 (~440 GB incl.
+    # scales and bf16 attention) fits TP4 (110 GB/GPU) but not TP2 (220 GB/GPU).
+    ok = start(ServingConfig(model="glm-5", gpu="B200", tp_size=fits, weights=weights))
+    bad = start(ServingConfig(model="glm-5", gpu="B200", tp_size=fails, weights=weights))
+    assert ok.ready
+    assert (bad.ready, bad.phase) == (False, "load_weights")
+    assert "CUDA out of memory" in bad.reason
+
+
+def test_fp8_kv_roughly_doubles_the_decode_batch_and_raises_throughput() -> None:
+    base = dict(model="glm-5", gpu="B200", tp_size=8, weights="fp8")
+    bf16, st_b = saturation(1024, **base, kv_cache_dtype="bf16")
+    fp8, st_f = saturation(1024, **base, kv_cache_dtype="fp8_e4m3")
+    ratio = st_f[0].mean_decode_batch / st_b[0].mean_decode_batch
+    # KV-bound at 1,024 clients; DSA's fp8 indexer keys are not halved, so 1.8x not 2x
+    assert 1.6 < ratio < 2.1
+    assert fp8.output_tok_s_per_gpu > 1.2 * bf16.output_tok_s_per_gpu
+
+
+# ---------------------------------------------------------------- prefix cache / HiCache
+def test_hicache_lowers_replay_wall_time_when_prefixes_repeat() -> None:
+    plain, st_p = replay(**PRACTICE)
+    hic, st_h = replay(**PRACTICE, enable_hierarchical_cache=True)
+    assert st_h[0].cache_hit_rate > st_p[0].cache_hit_rate
+    assert st_h[0].host_loaded_tokens > 0
+    assert hic.duration_s < plain.duration_s
+    assert hic.ttft_ms.p50 < plain.ttft_ms.p50
+
+
+def test_hicache_changes_nothing_without_shared_prefixes() -> None:
+    plain, _ = replay(strip_prefixes=True, **PRACTICE)
+    hic, st = replay(strip_prefixes=True, **PRACTICE, enable_hierarchical_cache=True)
+    assert st[0].cache_hit_rate == 0.0
+    assert hic.duration_s == pytest.approx(plain.duration_s)
+
+
+def test_radix_cache_off_loses_the_prefix_hits() -> None:
+    on, st_on = replay(**PRACTICE)
+    off, st_off = replay(**PRACTICE, disable_radix_cache=True)
+    assert st_off[0].cache_hit_rate == 0.0 < st_on[0].cache_hit_rate
+    assert off.ttft_ms.p50 > on.ttft_ms.p50
+
+
+def test_admission_cap_plus_hicache_on_the_bursty_replay() -> None:
+    # The practice measured TTFT p50 246 s (engine default admission) vs 13 s (cap 256 +
+    # HiCache) at about equal throughput. The twin's faithful scheduler keeps the KV pool
+    # (~0.94 M tokens at ~12 k tokens per request: ~70 running) as the binding limit, so the cap
+    # of 256 alone changes nothing here; HiCache's extra prefix hits cut TTFT at equal
+    # throughput. (Closing note of issue 3 discusses the gap.)
+    default, _ = replay(**PRACTICE)
+    capped, _ = replay(**PRACTICE, max_running_requests=256)
+    both, _ = replay(**PRACTICE, max_running_requests=256, enable_hierarchical_cache=True)
+    assert capped.ttft_ms.p50 == pytest.approx(default.ttft_ms.p50)
+    assert both.ttft_ms.p50 < 0.75 * default.ttft_ms.p50
+    assert both.output_tok_s_per_gpu == pytest.approx(default.output_tok_s_per_gpu, rel=0.05)
+
+
+# ---------------------------------------------------------------- speculative decoding
+def test_eagle_raises_tok_s_per_user_at_low_concurrency_and_lowers_peak_throughput() -> None:
+    off4, _ = saturation(4, **PRACTICE)
+    on4, st = saturation(4, **PRACTICE, speculative_algorithm="NEXTN")
+    assert on4.tok_s_per_user > 1.3 * off4.tok_s_per_user
+    assert st[0].mean_accept_length > 2.5
+    off256, _ = saturation(256, **PRACTICE)
+    on256, _ = saturation(256, **PRACTICE, speculative_algorithm="NEXTN")
+    assert on256.output_tok_s_per_gpu < off256.output_tok_s_per_gpu
+
+
+# ---------------------------------------------------------------- CUDA graphs, routers
+def test_decode_batches_beyond_the_cuda_graph_limit_run_slower() -> None:
+    base = dict(model="glm-5", gpu="B200", tp_size=8, weights="fp8")
+    graphs, _ = saturation(256, **base)
+    eager, _ = saturation(256, **base, cuda_graph_max_bs_decode=64)
+    assert eager.tpot_ms.p50 > graphs.tpot_ms.p50
+    assert eager.output_tok_s_per_gpu < graphs.output_tok_s_per_gpu
+
+
+def test_cache_aware_router_raises_prefix_hits_over_round_robin() -> None:
+    two = dict(PRACTICE, replicas=2, duration_s=300.0)
+    rr, st_rr = replay(**two)
+    ca, st_ca = replay(**two, router_policy="cache_aware")
+    hits = [sum(s.cache_hit_rate for s in st) / 2 for st in (st_rr, st_ca)]
+    assert hits[1] > hits[0]
+    assert ca.ttft_ms.p50 <= rr.ttft_ms.p50
+    p2, st_p2 = replay(**two, router_policy="power_of_two")
+    counts = [s.requests for s in st_p2]
+    assert abs(counts[0] - counts[1]) < 0.2 * sum(counts)
