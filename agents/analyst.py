@@ -35,8 +35,7 @@ FIXES = {
     "TP_DIVISIBILITY": "choose a tp_size that divides the attention heads (e.g. 2, 4, 8)",
     "MULTI_NODE_REQUIRED": "keep tp_size within one node's GPUs or serve across nodes with "
                            "--nnodes",
-    "INVALID_COMBINATION": "drop or complete the conflicting flags the engine named (e.g. set "
-                           "all of --speculative-num-steps/-eagle-topk/-num-draft-tokens or none)",
+    "INVALID_COMBINATION": "drop or adjust the conflicting flags the engine's message names",
     "HOST_OOM_HICACHE": "lower --hicache-ratio (or leave it unset) so the host KV pool fits the "
                         "node's memory",
     "HICACHE_HOST_TOO_SMALL": "use --hicache-ratio above 1 (the host pool must exceed the device "
@@ -79,8 +78,65 @@ def replica_mean(replicas: list[dict[str, Any]], key: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def failure_condition(config: ServingConfig,
-                      failure_class: str) -> tuple[Scope, list[Clause]]:
+# INVALID_COMBINATION refusals of SGLang 0.5.23 (sglang-knobs reference 3.1): the evidence line
+# names the family; (fragment, fix, clause builder over the config).
+def _spec_partial(c: ServingConfig) -> list[Clause]:
+    if c.speculative_num_steps is None:  # bare assert: steps unset but topk or draft set
+        other = "speculative_eagle_topk" if c.speculative_eagle_topk is not None \
+            else "speculative_num_draft_tokens"
+        return [Clause(field="speculative_algorithm", op="not_null"),
+                Clause(field="speculative_num_steps", op="is_null"),
+                Clause(field=other, op="not_null")]
+    return [Clause(field="speculative_algorithm", op="not_null"),   # TypeError: topk unset
+            Clause(field="speculative_num_steps", op="not_null"),
+            Clause(field="speculative_eagle_topk", op="is_null")]
+
+
+_COMBINATIONS: tuple[tuple[str, str, Any], ...] = (
+    ("enable-hierarchical-cache and disable-radix-cache are mutually exclusive",
+     "HiCache needs the radix cache: drop --disable-radix-cache or --enable-hierarchical-cache",
+     lambda c: [Clause(field="enable_hierarchical_cache", op="eq", value=True),
+                Clause(field="disable_radix_cache", op="eq", value=True)]),
+    ("schedule_conservativeness must be non-negative",
+     "give --schedule-conservativeness a value >= 0 (1.0 is the default)",
+     lambda c: [Clause(field="schedule_conservativeness", op="lt", value=0.0)]),
+    ("trtllm_mha backend only supports topk = 1",
+     "use --speculative-eagle-topk 1 with trtllm_mha, or another attention backend",
+     lambda c: [Clause(field="attention_backend", op="eq", value="trtllm_mha"),
+                Clause(field="speculative_eagle_topk", op="gt", value=1)]),
+    ("speculative_eagle_topk > 1 with page_size > 1",
+     "use --speculative-eagle-topk 1 (tree drafting needs page size 1 or flashinfer/fa3/"
+     "triton attention, which this model's backend is not)",
+     lambda c: [Clause(field="attention_backend", op="eq", value=c.attention_backend)
+                if c.attention_backend is not None
+                else Clause(field="attention_backend", op="is_null"),
+                Clause(field="speculative_eagle_topk", op="gt", value=1)]),
+    ("is not in the adaptive config candidate_steps",
+     "with --speculative-adaptive give --speculative-num-steps one of the candidate steps "
+     "(0, 1, 3, 5, 7) or leave it unset",
+     lambda c: [Clause(field="speculative_adaptive", op="eq", value=True),
+                Clause(field="speculative_num_steps", op="eq", value=c.speculative_num_steps)]),
+)
+_SPEC_PARTIAL_FIX = ("set all of --speculative-num-steps, --speculative-eagle-topk and "
+                     "--speculative-num-draft-tokens, or none of them")
+
+
+def _combination(config: ServingConfig, evidence: str) -> tuple[list[Clause], str] | None:
+    """Family and fix of an INVALID_COMBINATION refusal, read from its evidence line."""
+    for fragment, fix, build in _COMBINATIONS:
+        if fragment in evidence:
+            return build(config), fix
+    spec_fields = (config.speculative_num_steps, config.speculative_eagle_topk,
+                   config.speculative_num_draft_tokens)
+    bare = evidence.strip() in ("AssertionError", "AssertionError:") or "TypeError" in evidence
+    if bare and config.speculative_algorithm is not None and any(
+            v is not None for v in spec_fields):
+        return _spec_partial(config), _SPEC_PARTIAL_FIX
+    return None
+
+
+def failure_condition(config: ServingConfig, failure_class: str,
+                      evidence: str = "") -> tuple[Scope, list[Clause]]:
     """Scope and condition of the family a failure of ``config`` dooms.
 
     - UNSUPPORTED_BACKEND: that backend on this GPU, any model or checkpoint.
@@ -88,6 +144,10 @@ def failure_condition(config: ServingConfig,
       speculative decoding on, only configs that also load the draft layer.
     - HOST_OOM_HICACHE: HiCache with this host ratio or a larger one, at this TP and checkpoint.
     - NO_DRAFT_MODEL: speculative decoding with this algorithm on this model.
+    - HICACHE_HOST_TOO_SMALL: HiCache with a host ratio <= 1, any model.
+    - INVALID_COMBINATION: the family the engine's message names (e.g. HiCache with the radix
+      cache disabled; a partial speculative triple), for this engine version on any GPU/model
+      (for tree drafting: this model, whose backend forces the page size).
     - KV_NO_ROOM / GRAPH_CAPTURE_OOM: exactly this memory layout (weights, TP, memory
       fraction, admission cap, chunk size, decode graph size).
     - anything else: exactly this config's explicitly set knobs.
@@ -108,6 +168,17 @@ def failure_condition(config: ServingConfig,
         return mscope, [Clause(field="enable_hierarchical_cache", op="eq", value=True),
                         Clause(field="tp_size", op="eq", value=config.tp_size),
                         Clause(field="hicache_ratio", op="ge", value=config.hicache_ratio)]
+    engine_scope = Scope(engine=config.engine, engine_version=config.engine_version)
+    if failure_class == "HICACHE_HOST_TOO_SMALL":
+        return engine_scope, [Clause(field="enable_hierarchical_cache", op="eq", value=True),
+                              Clause(field="hicache_ratio", op="le", value=1.0)]
+    if failure_class == "INVALID_COMBINATION":
+        found = _combination(config, evidence)
+        if found is not None:
+            clauses = found[0]
+            if any(c.field == "attention_backend" and c.op == "is_null" for c in clauses):
+                return engine_scope.model_copy(update={"model": config.model}), clauses
+            return engine_scope, clauses
     if failure_class == "NO_DRAFT_MODEL" and config.speculative_algorithm is not None:
         return Scope(model=config.model, engine=config.engine,
                      engine_version=config.engine_version), [
@@ -132,19 +203,27 @@ def failure_lesson(config: ServingConfig, outcome: DeployOutcome, run_id: str,
                    trial_key: str) -> Lesson:
     """The lesson of a failed launch, with the engine's log line as evidence."""
     cls = outcome.failure_class or "UNKNOWN"
-    scope, clauses = failure_condition(config, cls)
+    scope, clauses = failure_condition(config, cls, outcome.evidence)
+    fix = FIXES.get(cls, "inspect the log; avoid this exact combination")
+    combo = _combination(config, outcome.evidence) if cls == "INVALID_COMBINATION" else None
+    if combo is not None:
+        fix = combo[1]
     title = {
         "UNSUPPORTED_BACKEND": f"--attention-backend {config.attention_backend} refused on "
                                f"{config.gpu} at startup",
         "OOM_WEIGHTS": f"{config.weights} weights: CUDA out of memory at weight load on "
                        f"TP{config.tp_size} {config.gpu}",
     }.get(cls, f"{cls} at startup: {config.weights} TP{config.tp_size} on {config.gpu}")
+    if combo is not None or cls in ("HOST_OOM_HICACHE", "HICACHE_HOST_TOO_SMALL",
+                                    "NO_DRAFT_MODEL"):
+        title = (f"SGLang {config.engine_version} refuses "
+                 + " and ".join(c.text() for c in clauses))
     return Lesson(
         title=title, scope=scope, condition=clauses, outcome=OUTCOME.get(cls, "crash"),
         failure_class=cls,
         root_cause=f"SGLang {config.engine_version} died in stage {outcome.stage}: "
                    f"{outcome.evidence}",
-        fix=FIXES.get(cls, "inspect the log; avoid this exact combination"),
+        fix=fix,
         evidence="\n".join(outcome.log_tail[-6:]), source="trial", run_id=run_id,
         trial_id=trial_key).with_id()
 

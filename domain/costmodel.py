@@ -10,13 +10,19 @@ estimators reference, section 6):
 - Prefill attention: ``4 x L x h x d x sum c_i (p_i + c_i / 2)`` FLOPs (FlashAttention count,
   Dao et al. 2022); for DSA the attended context is capped at ``index_topk`` and the lightning
   indexer scores the whole context in fp8 (DeepSeek-V3.2 report).
-- Decode attention: memory-bound reads of the KV of every sequence; MLA/DSA latents are
-  replicated on every TP rank (t_kv = 1, DeepSeek-V2 paper).
+- Decode attention: memory-bound reads of the KV of every sequence (per GPU: its own KV heads for
+  GQA, the whole latent for MLA/DSA, which is replicated on every TP rank -- DeepSeek-V2 paper);
+  DSA reads at most ``index_topk`` latents per sequence but scans the indexer keys of the whole
+  context.
 - TP all-reduce: two per layer of ``N x hidden x 2`` bytes, ring cost ``2 (t-1)/t x bytes / link``
   (Patarasuk & Yuan 2009) plus a fixed latency.
-- A fixed per-step overhead; decode batches above the CUDA-graph max run eagerly (slower).
+- A fixed kernel-chain latency per layer and op class (dense, MoE, MLA, DSA).
+- Decode/verify steps: GPU time overlapped with the scheduler's CPU time (a fixed part plus a
+  part per running request), i.e. ``max(gpu, cpu)`` -- SGLang's overlap scheduler; decode batches
+  above the CUDA-graph max run eagerly (slower). Prefill steps add a fixed overhead.
 
-Units: seconds out; tokens in.
+Efficiencies and latencies come from :mod:`domain.calibration` per GPU (fitted by
+``benchmarks/twin_fidelity.py``). Units: seconds out; tokens in.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from domain.hardware import GPU, get_gpu
 from domain.models import BF16, ModelArch, get_model
 
 ACT_BYTES = 2  # bf16 activations
-# Host <-> GPU link when the GPU catalog gives none: PCIe Gen5 x16, 64 GB/s per direction
+# Host <-> GPU link when the GPU catalog gives none (0): PCIe Gen5 x16, 64 GB/s per direction
 # (PCI-SIG PCIe 5.0 spec: 32 GT/s x 16 lanes, 128b/130b encoding ~ 63 GB/s).
 PCIE5_X16_BYTES_PER_S = 64e9
 
@@ -139,8 +145,11 @@ class StepCostModel:
         return layers * per_layer + moe_layers * e.moe_layer_latency_s
 
     def _step(self, gpu_s: float, batch: int) -> float:
-        """A decode-like step: GPU work (+ layer latencies, + eager launch above the graph max)
-        overlapped with the scheduler's CPU work for ``batch`` requests (overlap scheduler)."""
+        """Seconds of a decode-like step: GPU work overlapped with the scheduler's CPU work.
+
+        GPU: ``gpu_s`` + layer latencies (+ eager launch above the graph max); CPU: step overhead
+        + ``batch`` x request overhead (SGLang's overlap scheduler runs them concurrently).
+        """
         e = self.eff
         gpu = gpu_s + self._layer_latency(self.layers, self.moe_layers)
         if batch > self.graph_max_bs:
@@ -201,8 +210,8 @@ class StepCostModel:
         Each forward runs ``mtp_layers`` layers plus the shared lm_head at ``batch x topk``
         tokens: it streams the draft layer's non-expert weights and lm_head, the routed experts
         its tokens touch, reads the draft layer's own KV (``context_sum`` tokens) and pays the
-        per-layer latency. The per-step scheduler overhead is charged once, in
-        :meth:`verify_time` (and overlaps the GPU work). 0.0 for a model without MTP layers or ``steps`` 0.
+        per-layer latency. The scheduler's CPU work is charged once, in :meth:`verify_time`
+        (where it overlaps the GPU work). 0.0 for a model without MTP layers or ``steps`` 0.
 
         Args:
             batch: sequences in the batch.
@@ -277,7 +286,7 @@ def build_cost_model(config: ServingConfig, report: FitReport) -> StepCostModel:
         draft_static = model.mtp_layers * per_layer + lm_head * b["embed"]
         draft_flops = 2.0 * (model.mtp_layers * (mp["attention"] + active + mp["glue"])
                              + lm_head)
-    host_link = float(getattr(gpu, "host_link_bytes_per_s", PCIE5_X16_BYTES_PER_S))
+    host_link = gpu.host_link_bytes_per_s or PCIE5_X16_BYTES_PER_S
     return StepCostModel(
         t=t, layers=model.layers, hidden=model.hidden, eff=eff,
         attn_flops_per_token=2.0 * (groups["attention"] + lm_head),

@@ -58,7 +58,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
        "disable_radix_cache", False),
     _k("enable_hierarchical_cache", "HiCache: host-memory tier behind the radix cache "
        "(true/false)", "enable_hierarchical_cache", False),
-    _k("hicache_ratio", "HiCache host pool as a multiple of the device KV pool", "hicache_ratio"),
+    _k("hicache_ratio", "HiCache host pool as a multiple of the device KV pool (setting it "
+       "turns HiCache on)", "hicache_ratio"),
     _k("router_policy", "how the router spreads requests over replicas (round_robin, "
        "power_of_two, cache_aware); a router flag, not a server flag", None, False),
 )}
@@ -80,6 +81,8 @@ def speculative_bundle(value: Any) -> dict[str, Any]:
     """
     off: dict[str, Any] = dict.fromkeys(SPECULATIVE_FIELDS)
     off["speculative_adaptive"] = False
+    if value is False:  # YAML 1.1 reads a bare `off` as false
+        return off
     text = str(value).strip().lower() if isinstance(value, str) else None
     if text == "off":
         return off
@@ -94,7 +97,7 @@ def speculative_bundle(value: Any) -> dict[str, Any]:
                     "speculative_eagle_topk": topk, "speculative_num_draft_tokens": draft}
     raise ConfigInvalid([f"knobs.speculative: {value!r} is not a bundle; give off, nextn, "
                          "nextn_adaptive or nextn:<steps>,<topk>,<draft_tokens> (e.g. "
-                         "nextn:3,1,4)"])
+                         "nextn:3,1,4); quote values in YAML ('nextn:3,1,4')"])
 
 
 def normalize_value(value: Any) -> Any:
@@ -119,6 +122,8 @@ def apply_knob(config: ServingConfig, name: str, value: Any, gpu_count: int) -> 
     if v is None and not KNOBS[name].unsettable:
         raise ConfigInvalid([f"knobs.{name}: cannot be 'unset'; give a value"])
     update: dict[str, Any] = speculative_bundle(v) if name == "speculative" else {name: v}
+    if name == "hicache_ratio" and v is not None:
+        update["enable_hierarchical_cache"] = True  # a host ratio only means something with it
     if name == "tp_size":
         if not isinstance(v, int) or isinstance(v, bool) or v < 1 or gpu_count % v:
             raise ConfigInvalid([f"knobs.tp_size: {value!r} must be a positive integer that "

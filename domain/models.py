@@ -277,8 +277,6 @@ FP8_TENSOR = 1.0
 # NVFP4 (ModelOpt): 4-bit values plus one fp8 scale per 16 values (group_size 16 in
 # hf_quant_config.json) = 0.5 + 1/16 bytes per parameter; the per-tensor fp32 scale is negligible.
 NVFP4 = 0.5 + 1 / 16
-_FP8_BLOCK = FP8_BLOCK  # former private names, kept for importers
-_NVFP4 = NVFP4
 _BUNDLE = "aiconfigurator-core 0.12.0 bundle"
 
 

@@ -236,7 +236,8 @@ def _finish(study: Any, rid: str, run_dir: Path, stop_reason: str, trace_path: P
     winner = next((t for t in trials if t.status == "winner"), None)
     if winner is not None:
         console.print(f"winner: {winner.config.replicas} x [bold]{winner.config.launch_command()}"
-                      "[/]", highlight=False, soft_wrap=True)
+                      f"[/] behind the {winner.config.router_policy} router", highlight=False,
+                      soft_wrap=True)
     else:
         console.print(f"no finalist met the SLO (TTFT p99 <= {study.slo.ttft_p99_ms:,.0f} ms)")
     console.print(f"stopped: {stop_reason or 'finished'}", highlight=False)

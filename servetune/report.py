@@ -344,9 +344,10 @@ def _result(study: Study, trials: list[Trial]) -> list[str]:
         out += ["", *_numbers(winner, slo), *_vs_baseline(winner, trials),
                 f"- Serve the {winner.config.replicas} replica(s), each on its own "
                 f"{winner.config.tp_size} GPUs (add `--base-gpu-id {winner.config.tp_size}` and "
-                "`--port 30001` for the second one on the node, and so on), behind a "
-                "round-robin router: `python -m sglang_router.launch_router --worker-urls "
-                "http://HOST:30000 http://HOST:30001 ... --policy round_robin`.", ""]
+                "`--port 30001` for the second one on the node, and so on), behind the "
+                f"{winner.config.router_policy.replace('_', '-')} router: `python -m "
+                "sglang_router.launch_router --worker-urls http://HOST:30000 "
+                f"http://HOST:30001 ... --policy {winner.config.router_policy}`.", ""]
         return out
     out += [f"No finalist met the SLO (TTFT p99 <= {slo:,.0f} ms on the replay).", ""]
     best = _best_finalist(validated)

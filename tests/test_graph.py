@@ -66,3 +66,37 @@ def test_failure_families_of_the_v1_knobs():
     smaller = hic.model_copy(update={"hicache_ratio": 3.0})
     assert all(c.matches(bigger) for c in clauses)
     assert not all(c.matches(smaller) for c in clauses)
+
+
+def test_invalid_combination_lessons_name_the_family_from_the_engine_message():
+    from agents.analyst import failure_lesson
+    from agents.deployer import DeployOutcome, classify
+    from domain.config import ServingConfig
+    from domain.twin.startup import start
+
+    base = dict(model="glm-5", gpu="B200", weights="fp8", tp_size=8)
+    cases = {
+        "hicache+radix-off": ServingConfig(**base, enable_hierarchical_cache=True,
+                                           disable_radix_cache=True),
+        "partial triple": ServingConfig(**base, speculative_algorithm="NEXTN",
+                                        speculative_eagle_topk=1),
+        "negative conservativeness": ServingConfig(**base, schedule_conservativeness=-1.0),
+    }
+    for name, cfg in cases.items():
+        s = start(cfg)
+        assert not s.ready, name
+        cls, evidence = classify(s.log)
+        assert cls == "INVALID_COMBINATION", (name, s.log[-3:])
+        lesson = failure_lesson(cfg, DeployOutcome(name="x", ready=False, failure_class=cls,
+                                                   evidence=evidence, stage=s.phase,
+                                                   log_tail=s.log), "run", "k")
+        # the family is narrow: a few clauses about the conflicting knobs, not the whole config
+        assert len(lesson.condition) <= 3, (name, [c.text() for c in lesson.condition])
+        assert lesson.scope.gpu is None and lesson.scope.model is None
+        assert lesson.forbids(cfg)
+        assert not lesson.forbids(ServingConfig(**base)), name
+        assert "refuses" in lesson.title
+    spec = failure_lesson(cases["partial triple"], DeployOutcome(
+        name="x", ready=False, failure_class="INVALID_COMBINATION", evidence="AssertionError",
+        stage="resolve"), "run", "k")
+    assert "all of --speculative-num-steps" in spec.fix

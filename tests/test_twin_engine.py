@@ -264,3 +264,15 @@ def test_bailian_16_token_blocks_hit_the_radix_cache():
     assert recs[2].first_token_s == pytest.approx(12.7)
     assert recs[4].ttft_s == pytest.approx(12.7 + 3.6 - 4.75)
     assert (eng.stats.cached_tokens, eng.stats.prompt_tokens) == (32 + 64, 259)
+
+
+def test_closed_loop_request_cap_bounds_the_run():
+    eng, _ = engine()
+    recs = eng.run(closed_loop=(2, 1e6, 10, 2), max_requests=7)
+    assert len(recs) == 7 and all(r.error is None for r in recs)
+
+
+def test_virtual_time_cap_names_itself():
+    eng, _ = engine()
+    recs = eng.run([(0.0, 10, 50)], max_virtual_s=5.0)
+    assert "virtual time cap (5 s)" in recs[0].error

@@ -201,9 +201,19 @@ def simulate_open_loop(config: ServingConfig, report: FitReport,
 
 
 def simulate_closed_loop(config: ServingConfig, report: FitReport, concurrency: int,
-                         duration_s: float, isl: int, osl: int
+                         duration_s: float, isl: int, osl: int, max_requests: int = 0
                          ) -> tuple[list[RequestRecord], list[ReplicaStats]]:
     """Closed-loop saturation: ``concurrency`` clients spread over the replicas.
+
+    Args:
+        config: the serving configuration.
+        report: its resolved memory layout.
+        concurrency: clients in flight (>= 1).
+        duration_s: virtual seconds during which clients send new requests; then drain.
+        isl: input tokens per request.
+        osl: output tokens per request.
+        max_requests: stop sending after this many requests in all (0 = no cap); each replica
+            gets its share.
 
     Raises:
         ValueError: if concurrency < 1.
@@ -220,7 +230,8 @@ def simulate_closed_loop(config: ServingConfig, report: FitReport, concurrency: 
         if share == 0:
             continue
         eng = TwinEngine(cost, lim)
-        recs = eng.run(closed_loop=(share, duration_s, isl, osl))
+        cap = max(share, max_requests * share // concurrency) if max_requests else 0
+        recs = eng.run(closed_loop=(share, duration_s, isl, osl), max_requests=cap)
         records += recs
         stats.append(_stats(i, len(recs), eng.stats))
     return records, stats

@@ -195,6 +195,7 @@ class TwinEngine:
         self._budget = min(limits.chunked_prefill_size, MAX_PREFILL_TOKENS) \
             if limits.chunked_prefill_size > 0 else MAX_PREFILL_TOKENS
         self._closed: tuple[float, int, int] | None = None
+        self._max_requests = 0  # closed loop: stop issuing after this many (0 = no cap)
         self._finish_times: list[float] = []
         self._lpm_dirty = True
         self._uses_spec = False
@@ -235,7 +236,7 @@ class TwinEngine:
 
     def run(self, arrivals: Sequence[tuple[float, int, int]] = (), *,
             closed_loop: tuple[int, float, int, int] | None = None,
-            max_virtual_s: float = 1e7) -> list[RequestRecord]:
+            max_virtual_s: float = 1e7, max_requests: int = 0) -> list[RequestRecord]:
         """Simulate a whole workload until every request finished; return one record each.
 
         Args:
@@ -243,10 +244,13 @@ class TwinEngine:
             closed_loop: (concurrency, duration_s, isl, osl): that many clients each send a new
                 request when their previous one finishes, until duration_s; then drain.
             max_virtual_s: safety cap on virtual time (s); unfinished requests get an error.
+            max_requests: closed loop only: clients stop sending once this many requests were
+                issued (bounds memory for long, fast runs; 0 = no cap).
 
         Returns:
             RequestRecords in request order (times in virtual seconds).
         """
+        self._max_requests = max_requests
         for a, i, o in arrivals:
             self.submit(a, i, o)
         if closed_loop:
@@ -281,7 +285,9 @@ class TwinEngine:
             if now > max_virtual_s:
                 for r in self._reqs:
                     if math.isnan(r.finish):
-                        self._fail(r, now, "virtual time cap reached")
+                        self._fail(r, now, f"not finished within the twin's virtual time cap "
+                                           f"({max_virtual_s:g} s): the workload is far beyond "
+                                           "what this config serves (check time_scale)")
                 pending.clear()
                 waiting.clear()
                 running.clear()
@@ -294,7 +300,7 @@ class TwinEngine:
                 continue
             # ---- decode ----
             if running:
-                self._decode(until)
+                self._decode(min(until, max_virtual_s))
                 continue
             # ---- idle: jump to the next arrival ----
             if pending:
@@ -547,7 +553,8 @@ class TwinEngine:
         r.finish = t
         self._finish_times.append(t)
         closed = self._closed
-        if closed is not None and t < closed[0]:
+        if closed is not None and t < closed[0] and (
+                not self._max_requests or len(self._reqs) < self._max_requests):
             nr = _Req(idx=len(self._reqs), arrival=t, input=closed[1], output=closed[2],
                       path=[], block=0, target=closed[1])
             self._reqs.append(nr)

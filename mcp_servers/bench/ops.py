@@ -20,6 +20,11 @@ from domain.workload import Trace, load_trace
 from mcp_servers.cluster.backend import BackendError, TwinBackend
 
 
+# A saturation run issues at most this many requests (steady state is reached long before; the
+# cap bounds the memory of per-request records: ~1 KB each with their inter-token gaps).
+MAX_SATURATION_REQUESTS = 200_000
+
+
 class WorkloadInfo(BaseModel):
     """What was run: enough to reproduce it and to report it."""
 
@@ -102,9 +107,9 @@ class BenchService:
         return str(path)
 
     @staticmethod
-    def _id(deployment: str, kind: str, args: dict) -> str:
-        h = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:8]
-        return f"{deployment}-{kind}-{h}"
+    def _id(deployment: str, kind: str, args: dict, config_id: str) -> str:
+        blob = json.dumps({**args, "config": config_id}, sort_keys=True).encode()
+        return f"{deployment}-{kind}-{hashlib.sha256(blob).hexdigest()[:8]}"
 
     def saturation(self, deployment: str, isl: int, osl: int, concurrency: int,
                    duration_s: float) -> BenchResult:
@@ -114,13 +119,17 @@ class BenchService:
             BackendError: deployment not Ready.
         """
         config, fit = self.backend.ready_fit(deployment)
-        recs, stats = simulate_closed_loop(config, fit, concurrency, duration_s, isl, osl)
+        recs, stats = simulate_closed_loop(config, fit, concurrency, duration_s, isl, osl,
+                                           max_requests=MAX_SATURATION_REQUESTS)
+        capped = len(recs) >= MAX_SATURATION_REQUESTS
         args = {"isl": isl, "osl": osl, "c": concurrency, "d": duration_s}
-        bid = self._id(deployment, "sat", args)
+        bid = self._id(deployment, "sat", args, config.config_id())
         info = WorkloadInfo(kind="saturation", requests=len(recs), isl=isl, osl=osl,
                             concurrency=concurrency,
                             description=f"synthetic ISL {isl} / OSL {osl} at concurrency "
-                                        f"{concurrency} for {duration_s:g} s")
+                                        f"{concurrency} for {duration_s:g} s"
+                                        + (f" (clients stopped after {MAX_SATURATION_REQUESTS:,} "
+                                           "requests)" if capped else ""))
         return BenchResult(bench_id=bid, deployment=deployment, config_id=config.config_id(),
                            workload=info, summary=summarize(recs, config.gpus),
                            replicas=stats, records_path=self._store(bid, recs),
@@ -157,7 +166,7 @@ class BenchService:
                 for r in win.requests]
         recs, stats = simulate_open_loop(config, fit, reqs)
         args = {"t": str(path), "s": start_s, "d": duration_s, "x": time_scale}
-        bid = self._id(deployment, "replay", args)
+        bid = self._id(deployment, "replay", args, config.config_id())
         info = WorkloadInfo(kind="replay", requests=len(reqs), trace_file=path.name,
                             window_start_s=start_s, window_s=duration_s, time_scale=time_scale,
                             description=f"{path.name} window [{start_s:g}, "
