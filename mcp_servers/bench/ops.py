@@ -19,7 +19,6 @@ from domain.twin.cluster import ReplicaStats, simulate_closed_loop, simulate_ope
 from domain.workload import Trace, load_trace
 from mcp_servers.cluster.backend import BackendError, TwinBackend
 
-
 # A saturation run issues at most this many requests (steady state is reached long before; the
 # cap bounds the memory of per-request records: ~1 KB each with their inter-token gaps).
 MAX_SATURATION_REQUESTS = 200_000
