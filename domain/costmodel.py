@@ -27,7 +27,7 @@ Efficiencies and latencies come from :mod:`domain.calibration` per GPU (fitted b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from domain.calibration import Efficiency, efficiency
 from domain.config import ServingConfig
@@ -87,6 +87,10 @@ class StepCostModel:
     draft_moe: bool = False           # the draft layer has routed experts
     kv_bytes_per_token_gpu: float = 0.0
     host_link: float = PCIE5_X16_BYTES_PER_S
+    # memo of the batch-size-only terms (pure functions of their arguments): the twin calls
+    # them once per simulated step with few distinct batch sizes
+    _memo: dict[tuple[object, ...], float] = field(default_factory=dict, init=False,
+                                                   repr=False, compare=False)
 
     @property
     def eta_mlp(self) -> float:
@@ -107,6 +111,13 @@ class StepCostModel:
 
     def _linear(self, n_tokens: int, ideal: bool = False) -> float:
         """Linear layers (and lm_head) over ``n_tokens``: max(compute, weight streaming)."""
+        key = ("lin", n_tokens, ideal)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = self._linear_uncached(n_tokens, ideal)
+        return hit
+
+    def _linear_uncached(self, n_tokens: int, ideal: bool) -> float:
         e = self.eff
         eta_c, eta_mlp, eta_m = (1.0, 1.0, 1.0) if ideal else (e.eta_compute, self.eta_mlp,
                                                               e.eta_mem)
@@ -117,6 +128,13 @@ class StepCostModel:
 
     def _allreduce(self, n_tokens: int, layers: int, ideal: bool = False) -> float:
         """Two ring all-reduces per layer of ``n_tokens x hidden`` bf16 activations."""
+        key = ("ar", n_tokens, layers, ideal)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = self._allreduce_uncached(n_tokens, layers, ideal)
+        return hit
+
+    def _allreduce_uncached(self, n_tokens: int, layers: int, ideal: bool) -> float:
         if self.t == 1:
             return 0.0
         volume = 2 * (self.t - 1) / self.t * n_tokens * self.hidden * ACT_BYTES

@@ -27,7 +27,7 @@ def tiny_study(**over) -> dict:
                                  "kv_cache_dtype": ["bf16", "fp8_e4m3"]},
              saturation={"isl": 1024, "osl": 128, "concurrency": 256, "duration_s": 10},
              replay={"trace": str(TRACE), "format": "mooncake", "start_s": 600,
-                     "duration_s": 120, "time_scale": 1.0},
+                     "duration_s": 120, "time_scale": 0.5},
              finalists=2, sweep_concurrency=[8, 64], budget={"max_trials": 8, "patience": 4})
     s.update(over)
     return s

@@ -106,15 +106,21 @@ def test_radix_cache_off_loses_the_prefix_hits() -> None:
 
 def test_admission_cap_plus_hicache_on_the_bursty_replay() -> None:
     # The practice measured TTFT p50 246 s (engine default admission) vs 13 s (cap 256 +
-    # HiCache) at about equal throughput. The twin's faithful scheduler keeps the KV pool
-    # (~0.94 M tokens at ~12 k tokens per request: ~70 running) as the binding limit, so the cap
-    # of 256 alone changes nothing here; HiCache's extra prefix hits cut TTFT at equal
-    # throughput. (Closing note of issue 3 discusses the gap.)
-    default, _ = replay(**PRACTICE)
+    # HiCache) at about equal throughput. The twin's faithful scheduler, with step times
+    # calibrated to measured SGLang rows, predicts the overload (hundreds of seconds of TTFT) but
+    # not the cure: the KV pool (~0.94 M tokens at ~12 k tokens per request, ~70-110 running)
+    # binds long before a cap of 256, so the cap alone changes nothing, and HiCache's extra
+    # prefix hits (5 % -> 8 % of prompt tokens) shave only a few percent off TTFT and wall time
+    # at equal throughput. (The closing note of issue 3 discusses the gap.)
+    default, st_d = replay(**PRACTICE)
     capped, _ = replay(**PRACTICE, max_running_requests=256)
-    both, _ = replay(**PRACTICE, max_running_requests=256, enable_hierarchical_cache=True)
+    both, st_b = replay(**PRACTICE, max_running_requests=256, enable_hierarchical_cache=True)
+    assert default.ttft_ms.p50 > 60_000  # overloaded: minutes of queueing, as measured
+    assert max(s.max_running for s in st_d) < 256
     assert capped.ttft_ms.p50 == pytest.approx(default.ttft_ms.p50)
-    assert both.ttft_ms.p50 < 0.75 * default.ttft_ms.p50
+    assert st_b[0].cache_hit_rate > st_d[0].cache_hit_rate
+    assert both.ttft_ms.p50 < default.ttft_ms.p50
+    assert both.duration_s < default.duration_s
     assert both.output_tok_s_per_gpu == pytest.approx(default.output_tok_s_per_gpu, rel=0.05)
 
 
