@@ -10,6 +10,7 @@ The Claude brain (its prompt in ``agents/prompts/``) comes with the Claude-agent
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from mcp import Client
@@ -142,7 +143,8 @@ def failure_condition(config: ServingConfig, failure_class: str,
     - UNSUPPORTED_BACKEND: that backend on this GPU, any model or checkpoint.
     - OOM_WEIGHTS: these weights at this or any smaller TP (weights per GPU only grow); with
       speculative decoding on, only configs that also load the draft layer.
-    - HOST_OOM_HICACHE: HiCache with this host ratio or a larger one, at this TP and checkpoint.
+    - HOST_OOM_HICACHE: HiCache with a host ratio above the largest that fits (from the
+      engine's requested/free GB), at this TP and checkpoint.
     - NO_DRAFT_MODEL: speculative decoding with this algorithm on this model.
     - HICACHE_HOST_TOO_SMALL: HiCache with a host ratio <= 1, any model.
     - INVALID_COMBINATION: the family the engine's message names (e.g. HiCache with the radix
@@ -165,9 +167,16 @@ def failure_condition(config: ServingConfig, failure_class: str,
                                   value=config.speculative_algorithm))
         return mscope, clauses
     if failure_class == "HOST_OOM_HICACHE" and config.hicache_ratio is not None:
+        # the host pool grows linearly with the ratio: the engine's "Requesting X GB but only
+        # have Y GB free" puts the largest ratio that fits at ratio x Y / X
+        limit = config.hicache_ratio
+        m = re.search(r"Requesting ([\d.]+) GB but only have ([\d.]+) GB free", evidence)
+        if m and float(m.group(1)) > 0:
+            limit = round(config.hicache_ratio * float(m.group(2)) / float(m.group(1)), 2)
+        op = "gt" if limit < config.hicache_ratio else "ge"
         return mscope, [Clause(field="enable_hierarchical_cache", op="eq", value=True),
                         Clause(field="tp_size", op="eq", value=config.tp_size),
-                        Clause(field="hicache_ratio", op="ge", value=config.hicache_ratio)]
+                        Clause(field="hicache_ratio", op=op, value=limit)]
     engine_scope = Scope(engine=config.engine, engine_version=config.engine_version)
     if failure_class == "HICACHE_HOST_TOO_SMALL":
         return engine_scope, [Clause(field="enable_hierarchical_cache", op="eq", value=True),

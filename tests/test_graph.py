@@ -100,3 +100,18 @@ def test_invalid_combination_lessons_name_the_family_from_the_engine_message():
         name="x", ready=False, failure_class="INVALID_COMBINATION", evidence="AssertionError",
         stage="resolve"), "run", "k")
     assert "all of --speculative-num-steps" in spec.fix
+
+
+def test_host_oom_lesson_uses_the_engine_arithmetic_for_the_ratio_limit():
+    from agents.analyst import failure_condition
+    from domain.config import ServingConfig
+
+    cfg = ServingConfig(model="glm-5", gpu="B200", weights="fp8", tp_size=8,
+                        enable_hierarchical_cache=True, hicache_ratio=50.0)
+    evidence = ("ValueError: Not enough host memory available. Requesting 2000.00 GB but only "
+                "have 160.00 GB free.")
+    _, clauses = failure_condition(cfg, "HOST_OOM_HICACHE", evidence)
+    ratio = next(c for c in clauses if c.field == "hicache_ratio")
+    assert (ratio.op, ratio.value) == ("gt", 4.0)  # 50 x 160 / 2000
+    assert all(c.matches(cfg.model_copy(update={"hicache_ratio": 8.0})) for c in clauses)
+    assert not all(c.matches(cfg.model_copy(update={"hicache_ratio": 3.0})) for c in clauses)
