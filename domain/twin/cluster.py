@@ -35,17 +35,14 @@ from domain.costmodel import build_cost_model
 from domain.fit import FitReport
 from domain.metrics import RequestRecord
 from domain.models import get_model
-from domain.twin.engine import EngineLimits, EngineStats, TwinEngine
-from domain.twin.prefix_cache import PathIndex, PrefixCache
+from domain.twin.engine import EngineLimits, EngineStats, TwinEngine, new_cache
+from domain.twin.prefix_cache import PathIndex
 
 # sglang-router 0.3.2 defaults (router_args.py; sglang-knobs reference 6.3)
 CACHE_THRESHOLD = 0.3
 BALANCE_ABS_THRESHOLD = 64
 BALANCE_REL_THRESHOLD = 1.5
 ROUTER_SEED = 0
-
-# (arrival_s, input_tokens, output_tokens) or that plus (hash_ids, block_tokens)
-RequestTuple = tuple[float, int, int] | tuple[float, int, int, Sequence[int], int]
 
 
 class ReplicaStats(BaseModel):
@@ -173,8 +170,7 @@ def simulate_open_loop(config: ServingConfig, report: FitReport,
     lim = engine_limits(config, report)
     R = config.replicas
     index = PathIndex()
-    engines = [TwinEngine(cost, lim, PrefixCache(index, lim.host_kv_tokens)
-                          if lim.radix_cache else None) for _ in range(R)]
+    engines = [TwinEngine(cost, lim, new_cache(lim, index)) for _ in range(R)]
     router = Router(config.router_policy, R)
     where: list[tuple[int, int]] = []
     sent = [0] * R

@@ -40,6 +40,7 @@ run several replicas in lockstep and see their load at each arrival.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import deque
@@ -51,7 +52,7 @@ import numpy as np
 from domain.costmodel import StepCostModel
 from domain.metrics import RequestRecord
 from domain.speculative import SpecParams, accept_length, draft_tokens_for_batch, steps_for_batch
-from domain.twin.prefix_cache import PrefixCache
+from domain.twin.prefix_cache import PathIndex, PrefixCache
 
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
@@ -174,7 +175,7 @@ class TwinEngine:
                  cache: PrefixCache | None = None) -> None:
         self.cost, self.lim = cost, limits
         self.stats = EngineStats()
-        self.cache = cache if cache is not None else _default_cache(limits)
+        self.cache = cache if cache is not None else new_cache(limits)
         self.now = 0.0
         self._reqs: list[_Req] = []
         self._pending: deque[_Req] = deque()
@@ -224,15 +225,7 @@ class TwinEngine:
 
     def finished_by(self, t: float) -> int:
         """Requests (of those submitted) that finished or failed at or before ``t``."""
-        ft = self._finish_times
-        lo, hi = 0, len(ft)
-        while lo < hi:  # bisect_right on a list that only grows at the end
-            mid = (lo + hi) // 2
-            if ft[mid] <= t:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        return bisect.bisect_right(self._finish_times, t)  # the list is kept sorted
 
     def run(self, arrivals: Sequence[tuple[float, int, int]] = (), *,
             closed_loop: tuple[int, float, int, int] | None = None,
@@ -616,8 +609,13 @@ class TwinEngine:
         return np.concatenate(gaps) if gaps else np.zeros(0)
 
 
-def _default_cache(limits: EngineLimits) -> PrefixCache | None:
+def new_cache(limits: EngineLimits, index: PathIndex | None = None) -> PrefixCache | None:
+    """The prefix cache of one replica with ``limits`` (None when the radix cache is off).
+
+    Args:
+        limits: the replica's limits (radix cache on/off, HiCache host tokens).
+        index: the run's shared path index (a fresh one when None).
+    """
     if not limits.radix_cache:
         return None
-    from domain.twin.prefix_cache import PathIndex
-    return PrefixCache(PathIndex(), host_capacity_tokens=limits.host_kv_tokens)
+    return PrefixCache(index or PathIndex(), host_capacity_tokens=limits.host_kv_tokens)
