@@ -1,11 +1,16 @@
-"""One way for every servetune MCP server to report an anticipated failure to the model."""
+"""What every servetune MCP server shares: one way to report anticipated failures to the model,
+and a server class that refuses tool arguments the tool does not declare.
+"""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import CallToolResult
 
 from domain.errors import ServetuneError
 
@@ -21,3 +26,29 @@ def as_tool_errors(*extra: type[Exception]) -> Iterator[None]:
         yield
     except (ServetuneError, *extra) as e:
         raise ToolError(str(e)) from e
+
+
+class StrictMCPServer(MCPServer):
+    """An :class:`MCPServer` whose tools refuse arguments they do not declare.
+
+    The SDK's argument models ignore unknown keys, so an invented argument (``namespace``,
+    ``force``, a misspelt ``max_line``) would be dropped silently and the call would do
+    something other than what the model asked. Here it is an error naming the valid arguments.
+    """
+
+    async def call_tool(self, name: str, arguments: dict[str, Any],
+                        context: Context[Any, Any] | None = None) -> Any:
+        """Call ``name`` after checking ``arguments`` against its declared parameters.
+
+        Raises:
+            ToolError: an argument the tool does not declare (or an unknown tool, from the SDK).
+        """
+        schema = self._tool_input_schema(name)
+        if schema is not None:
+            known = set(schema.get("properties", {}))
+            unknown = sorted(set(arguments) - known)
+            if unknown:
+                raise ToolError(f"{name} has no argument {', '.join(map(repr, unknown))}; its "
+                                f"arguments are: {', '.join(sorted(known)) or 'none'}")
+        result: CallToolResult | Any = await super().call_tool(name, arguments, context)
+        return result

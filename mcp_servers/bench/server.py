@@ -11,7 +11,7 @@ from pydantic import Field
 
 from mcp_servers.bench.ops import BenchResult, BenchService, SweepPoint
 from mcp_servers.cluster.backend import BackendError
-from mcp_servers.tool_errors import as_tool_errors
+from mcp_servers.tool_errors import StrictMCPServer, as_tool_errors
 
 log = logging.getLogger("servetune.mcp.bench")
 
@@ -22,7 +22,7 @@ Tokens = Annotated[int, Field(ge=1, le=1_000_000, description="tokens")]
 
 def build_server(service: BenchService) -> MCPServer:
     """An MCP server whose tools benchmark deployments of ``service``'s backend."""
-    server = MCPServer("servetune-bench", instructions=(
+    server = StrictMCPServer("servetune-bench", instructions=(
         "Benchmark Ready deployments: run_saturation (synthetic closed loop), run_replay "
         "(a real trace at its arrival times), run_sweep (concurrency sweep). Results are "
         "metric summaries; per-request records are stored at records_path."))

@@ -17,7 +17,7 @@ from pydantic import Field
 from domain.config import ServingConfig
 from mcp_servers.cluster import ops
 from mcp_servers.cluster.backend import BackendError, ClusterBackend, DeploymentStatus
-from mcp_servers.tool_errors import as_tool_errors
+from mcp_servers.tool_errors import StrictMCPServer, as_tool_errors
 
 log = logging.getLogger("servetune.mcp.cluster")
 
@@ -27,7 +27,7 @@ Name = Annotated[str, Field(description="deployment name (DNS-1123 label, e.g. '
 
 def build_server(backend: ClusterBackend) -> MCPServer:
     """An MCP server whose tools act on ``backend`` (namespace fixed by the backend)."""
-    server = MCPServer("servetune-cluster", instructions=(
+    server = StrictMCPServer("servetune-cluster", instructions=(
         f"Deploy and inspect SGLang serving deployments in namespace {backend.namespace} "
         f"(backend: {backend.kind}). Deploy a ServingConfig, poll get_status until Ready or "
         "Failed, read get_logs on failure, and always tear_down when done."))

@@ -19,7 +19,7 @@ from pydantic import Field
 from domain.config import ServingConfig
 from domain.lesson import Lesson, Outcome
 from mcp_servers.lessons import ops
-from mcp_servers.tool_errors import as_tool_errors
+from mcp_servers.tool_errors import StrictMCPServer, as_tool_errors
 from memory.embeddings import EmbeddingKind
 from memory.store import LessonStore, StoreUnavailable
 
@@ -58,7 +58,7 @@ def build_server(store: LessonStore, run_id: str | None = None) -> MCPServer:
     Returns:
         The server, with tools query_lessons, list_lessons, add_lesson and check_config.
     """
-    server = MCPServer(SERVER_NAME, instructions=INSTRUCTIONS)
+    server = StrictMCPServer(SERVER_NAME, instructions=INSTRUCTIONS)
 
     @server.tool(annotations=READ_ONLY)
     def query_lessons(
