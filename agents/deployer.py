@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import anyio
 from mcp import Client
 from pydantic import BaseModel
 
@@ -94,8 +95,10 @@ class DeployOutcome(BaseModel):
 class Deployer:
     """Deterministic deployer brain over the cluster MCP server."""
 
-    def __init__(self, cluster: Client) -> None:
+    def __init__(self, cluster: Client, poll_s: float = 2.0) -> None:
+        """Deployer over ``cluster``; ``poll_s`` is the wait between status polls (s)."""
         self.cluster = cluster
+        self.poll_s = poll_s
 
     async def launch(self, name: str, config: ServingConfig,
                      labels: dict[str, str]) -> DeployOutcome:
@@ -111,6 +114,7 @@ class Deployer:
                                                  "config": config.model_dump(mode="json")})
         # The twin answers at once; a real backend is polled until it leaves Pending.
         while st["phase"] not in ("Ready", "Failed", "Terminated"):
+            await anyio.sleep(self.poll_s)
             st = await call(self.cluster, "get_status", {"name": name})
         if st["phase"] == "Ready":
             return DeployOutcome(name=name, ready=True, startup_s=st["startup_s"])

@@ -1,5 +1,7 @@
-"""What every servetune MCP server shares: one way to report anticipated failures to the model,
-and a server class that refuses tool arguments the tool does not declare.
+"""What every servetune MCP server shares: errors the model can read, strict tool arguments.
+
+One way to report anticipated failures to the model, and a server class that refuses tool
+arguments the tool does not declare.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ class StrictMCPServer(MCPServer):
             known = set(schema.get("properties", {}))
             unknown = sorted(set(arguments) - known)
             if unknown:
-                raise ToolError(f"{name} has no argument {', '.join(map(repr, unknown))}; its "
-                                f"arguments are: {', '.join(sorted(known)) or 'none'}")
+                names = ", ".join(map(repr, unknown))
+                raise ToolError(f"Error executing tool {name}: {name} has no argument {names}; "
+                                f"its arguments are: {', '.join(sorted(known)) or 'none'}")
         result: CallToolResult | Any = await super().call_tool(name, arguments, context)
         return result

@@ -294,6 +294,38 @@ def lessons_list(
     console.print(table)
 
 
+@lessons_app.command("export-skill")
+def lessons_export_skill(
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="file to write (default .claude/skills/NAME/SKILL.md)")] = None,
+    name: Annotated[str, typer.Option(help="skill name")] = "servetune-lessons",
+    gpu: Annotated[str | None, typer.Option(help="only lessons that apply to this GPU")] = None,
+    model: Annotated[str | None, typer.Option(help="only lessons for this model")] = None,
+    lessons_dir: Annotated[Path | None, typer.Option("--lessons-dir")] = None,
+) -> None:
+    """Write the lessons as a Claude Code skill file, so chat sessions know them."""
+    from mcp_servers.lessons.ops import export_skill
+
+    settings = _settings()
+    try:
+        store = _open_store(settings, lessons_dir)
+        try:
+            skill = export_skill(store, name=name, gpu=gpu, model=model)
+        finally:
+            store.close()
+    except (ServetuneError, ValueError) as e:
+        _fail(str(e))
+    path = out or Path(skill.path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(skill.content, encoding="utf-8")
+        tmp.replace(path)
+    except OSError as e:
+        _fail(f"cannot write {path}: {e.strerror or e}")
+    console.print(f"wrote {skill.lesson_count} lessons to {path}", highlight=False)
+
+
 @mcp_app.command("lessons")
 def mcp_lessons(lessons_dir: Annotated[Path | None, typer.Option("--lessons-dir")] = None,
                 ) -> None:
@@ -307,12 +339,75 @@ def mcp_lessons(lessons_dir: Annotated[Path | None, typer.Option("--lessons-dir"
         _fail(str(e))
 
 
+BackendOpt = Annotated[str, typer.Option(
+    "--backend", help="twin (simulated SGLang, default) or local (server processes on 127.0.0.1)")]
+NamespaceOpt = Annotated[str, typer.Option(
+    "--namespace", help="the one namespace the server acts in")]
+StateDirOpt = Annotated[Path | None, typer.Option(
+    "--state-dir", help="deployment records shared by the cluster and bench servers (default "
+                        "$SERVETUNE_STATE_DIR or ./.servetune/state)")]
+
+
 @mcp_app.command("cluster")
-def mcp_cluster(namespace: Annotated[str, typer.Option()] = "servetune") -> None:
-    """The cluster server (twin backend) over stdio (for Claude Code)."""
+def mcp_cluster(
+    backend: BackendOpt = "twin",
+    namespace: NamespaceOpt = "servetune",
+    state_dir: StateDirOpt = None,
+    command: Annotated[str | None, typer.Option(
+        "--command", help="local backend: server command with {host}, {port}, {config_json} "
+                          "placeholders (default: `sglang serve` with the config's flags)")] = None,
+    ready_timeout_s: Annotated[float, typer.Option(
+        "--ready-timeout-s", min=1, help="local backend: seconds until a server that is not "
+                                         "Ready counts as Failed")] = 600.0,
+    visible_devices: Annotated[str | None, typer.Option(
+        "--visible-devices", help="local backend: GPU ids, e.g. 0,1,2,3 (tp_size per replica)"
+        )] = None,
+) -> None:
+    """The cluster server ("kubectl": deploy, status, logs, events, teardown) over stdio."""
+    import shlex
+
+    from mcp_servers.cluster.backend import BackendError
     from mcp_servers.cluster.server import main
 
-    main(namespace)
+    settings = _settings()
+    argv = shlex.split(command) if command else None
+    devices = [d.strip() for d in visible_devices.split(",") if d.strip()] \
+        if visible_devices else None
+    try:
+        main(backend, namespace, state_dir or settings.state_dir, argv, ready_timeout_s, devices)
+    except (BackendError, ServetuneError) as e:
+        _fail(str(e))
+
+
+@mcp_app.command("bench")
+def mcp_bench(
+    backend: BackendOpt = "twin",
+    namespace: NamespaceOpt = "servetune",
+    state_dir: StateDirOpt = None,
+    trace_dir: Annotated[list[Path] | None, typer.Option(
+        "--trace-dir", help="folder replays may read traces from (repeatable; default: the "
+                            "shipped data/traces)")] = None,
+    records_dir: Annotated[Path | None, typer.Option(
+        "--records-dir", help="where per-request records go (default STATE_DIR/bench)")] = None,
+    allow_endpoint: Annotated[list[str] | None, typer.Option(
+        "--allow-endpoint", help="base URL that may be benchmarked directly, e.g. "
+                                 "http://127.0.0.1:30000 (repeatable; none by default)")] = None,
+) -> None:
+    """The bench server (saturation, trace replay, concurrency sweep) over stdio."""
+    from mcp_servers.bench.server import main
+    from mcp_servers.cluster.backend import BackendError
+    from servetune.settings import REPO_ROOT
+
+    settings = _settings()
+    traces = trace_dir or [REPO_ROOT / "data" / "traces"]
+    for folder in traces:
+        if not folder.is_dir():
+            _fail(f"--trace-dir {folder}: no such folder")
+    try:
+        main(backend, namespace, state_dir or settings.state_dir, records_dir, traces,
+             allow_endpoint or [])
+    except (BackendError, ServetuneError, ValueError) as e:
+        _fail(str(e))
 
 
 def main() -> None:  # pragma: no cover - console entry for `python -m servetune.cli`

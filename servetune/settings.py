@@ -20,5 +20,13 @@ class Settings(BaseSettings):
     lessons_dir: Path = Field(Path(".servetune/lessons"),
                               description="lesson store shared by all runs (ChromaDB folder)")
     runs_dir: Path = Field(Path("runs"), description="where runs/<run-id>/ folders are made")
+    state_dir: Path = Field(Path(".servetune/state"), description=(
+        "deployment records of the cluster backends, shared by the cluster and bench MCP "
+        "servers (two stdio processes) so bench can reach what cluster deployed"))
+    sglang_source: Path | None = Field(None, description=(
+        "SGLang source tree for the sglang-source server (unpacked wheel or git checkout); "
+        "default: the tree `servetune source fetch` unpacked for the version"))
+    source_cache: Path | None = Field(None, description=(
+        "where `servetune source fetch` unpacks wheels (default ~/.cache/servetune/sglang)"))
     embedding: Literal["auto", "minilm", "hashing"] = Field(
         "auto", description="lesson embedding: MiniLM int8 ONNX when installed, else hashing")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+import yaml
 from mcp import Client, StdioServerParameters
 
 from domain.lesson import Clause, Lesson, Scope
@@ -81,9 +82,11 @@ def test_ops_add_recomputes_id_and_stamps_run(store):
 async def test_tools_are_listed_with_descriptions_and_annotations(store):
     async with Client(build_server(store)) as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
-    assert set(tools) == {"query_lessons", "list_lessons", "add_lesson", "check_config"}
+    assert set(tools) == {"query_lessons", "list_lessons", "add_lesson", "check_config",
+                          "export_skill"}
     assert {n: t.annotations.read_only_hint for n, t in tools.items()} == {
-        "query_lessons": True, "list_lessons": True, "add_lesson": False, "check_config": True}
+        "query_lessons": True, "list_lessons": True, "add_lesson": False, "check_config": True,
+        "export_skill": True}
     assert tools["add_lesson"].annotations.idempotent_hint is True
     assert tools["add_lesson"].annotations.destructive_hint is False
     assert tools["query_lessons"].description.startswith("Search lessons by meaning")
@@ -167,6 +170,10 @@ async def test_check_config_tool(store):
                  "attention_backend 'fa9' is not a choice", id="unknown-backend"),
     pytest.param("add_lesson", {"lesson": {"title": "no scope"}}, "lesson.scope\n  Field required",
                  id="lesson-missing-fields"),
+    pytest.param("export_skill", {"name": "../../etc"}, "name\n  String should match pattern",
+                 id="skill-name-path"),
+    pytest.param("list_lessons", {"gpu": "B200", "namespace": "prod"},
+                 "list_lessons has no argument 'namespace'", id="invented-argument"),
 ])
 async def test_invalid_arguments_are_readable_tool_errors(store, tool, args, message):
     async with Client(build_server(store)) as client:
@@ -177,6 +184,29 @@ async def test_invalid_arguments_are_readable_tool_errors(store, tool, args, mes
     assert text.startswith(f"Error executing tool {tool}: ")
     assert message in text
     assert store.count() == 3
+
+
+async def test_export_skill_tool_renders_rules_then_notes(store):
+    async with Client(build_server(store)) as client:
+        r = await client.call_tool("export_skill", {"gpu": "B200"})
+        empty = await client.call_tool("export_skill", {"name": "h200-only", "gpu": "H100",
+                                                        "model": "llama-3.1-8b"})
+    assert not r.is_error
+    skill = r.structured_content
+    assert skill["path"] == ".claude/skills/servetune-lessons/SKILL.md"
+    assert skill["lesson_count"] == 3
+    text = skill["content"]
+    head, body = text.split("---\n")[1], text.split("---\n", 2)[2]
+    front = yaml.safe_load(head)
+    assert front["name"] == "servetune-lessons"
+    assert "GPU B200" in front["description"] and len(front["description"]) <= 1024
+    rules, notes = body.split("## Notes")
+    assert OOM.with_id().id in rules and "fails when: `tp_size <= 4`" in rules
+    assert "attention_backend == 'fa3'" in rules
+    assert KV.title in notes and KV.title not in rules
+    assert store.count() == 3  # nothing written
+    assert empty.structured_content["lesson_count"] == 0
+    assert "No lessons are stored yet" in empty.structured_content["content"]
 
 
 # -- stdio --------------------------------------------------------------------------------------
@@ -192,7 +222,8 @@ async def test_stdio_round_trip(tmp_path):
         async with Client(params) as client:
             names = sorted(t.name for t in (await client.list_tools()).tools)
             r = await client.call_tool("list_lessons", {"gpu": "H200"})
-    assert names == ["add_lesson", "check_config", "list_lessons", "query_lessons"]
+    assert names == ["add_lesson", "check_config", "export_skill", "list_lessons",
+                     "query_lessons"]
     assert not r.is_error
     assert [x["title"] for x in r.structured_content["items"]] == [KV.title]
     assert r.structured_content["next_start"] is None

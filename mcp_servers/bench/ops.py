@@ -1,27 +1,59 @@
-"""Benchmark operations against twin deployments (virtual time): saturation, replay, sweep.
+"""Benchmark operations: saturation, trace replay and concurrency sweep.
 
-Per-request records are stored as compressed ``.npz`` files under the injected artifacts
-directory; results carry their path, never the records themselves.
+Against a twin deployment (virtual time) or real OpenAI-compatible servers (wall time, over
+HTTP). A run's target is a deployment of the injected cluster backend XOR an explicit endpoint
+URL on the allow-list. A twin deployment (no endpoints in its status) is simulated in a worker
+thread; a deployment whose status lists endpoints (local processes, Kubernetes) and an explicit
+endpoint are loaded over HTTP by :mod:`mcp_servers.bench.http_runner`. Per-request records
+are stored under the injected artifacts directory (:mod:`mcp_servers.bench.records`); results
+carry their path and id, never the records themselves.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
+import anyio.to_thread
 import numpy as np
 from pydantic import BaseModel, Field
 
+from domain.config import ServingConfig
 from domain.errors import TraceInvalid
-from domain.metrics import MetricsSummary, RequestRecord, summarize
+from domain.fit import FitReport
+from domain.metrics import MetricsSummary, Percentiles, RequestRecord, summarize
 from domain.twin.cluster import ReplicaStats, simulate_closed_loop, simulate_open_loop
 from domain.workload import Trace, load_trace
-from mcp_servers.cluster.backend import BackendError, TwinBackend
+from mcp_servers.bench import records as store
+from mcp_servers.bench.endpoints import check_endpoint
+from mcp_servers.bench.http_runner import (
+    MAX_CONCURRENCY,
+    HttpRun,
+    HttpRunner,
+    Snapshot,
+    TickFn,
+    fetch_model_id,
+)
+from mcp_servers.bench.prompts import completion_body, replay_plan, synthetic_template
+from mcp_servers.cluster.backend import BackendError, ClusterBackend
 
-# A saturation run issues at most this many requests (steady state is reached long before; the
-# cap bounds the memory of per-request records: ~1 KB each with their inter-token gaps).
+# A twin saturation run issues at most this many requests (steady state is reached long before;
+# the cap bounds the memory of per-request records: ~1 KB each with their inter-token gaps).
 MAX_SATURATION_REQUESTS = 200_000
+# An HTTP run sends at most this many requests; a replay window must not hold more.
+MAX_HTTP_REQUESTS = 100_000
+# Prompt words an HTTP replay may pre-build (about 6 bytes each in memory).
+MAX_REPLAY_PROMPT_TOKENS = 50_000_000
+FALLBACK_MODEL = "default"
+
+TraceFormat = Literal["auto", "mooncake", "azure", "bailian"]
+ProgressFn = Callable[[float, float | None, str], Awaitable[None]]
+"""``(progress, total or None, message)``, as MCP's ``Context.report_progress`` takes them."""
 
 
 class WorkloadInfo(BaseModel):
@@ -43,13 +75,21 @@ class BenchResult(BaseModel):
     """Summary of one benchmark run plus where its per-request records are."""
 
     bench_id: str
-    deployment: str
-    config_id: str
+    target: Literal["twin", "http"] = Field(
+        "twin", description="twin: virtual time; http: real requests, wall time")
+    deployment: str | None = None
+    endpoint: str | None = Field(None, description="base URL when run against an endpoint")
+    config_id: str | None = None
     workload: WorkloadInfo
     summary: MetricsSummary
-    replicas: list[ReplicaStats]
+    replicas: list[ReplicaStats] = Field(default_factory=list,
+                                         description="twin engine counters (empty for http)")
     records_path: str
     first_error: str | None = Field(None, description="message of the first failed request")
+    wall_s: float | None = Field(None, description="http: wall seconds of the run incl. drain")
+    dispatch_lag_ms: Percentiles | None = Field(
+        None, description="http: actual minus scheduled send time per request, ms")
+    note: str | None = Field(None, description="e.g. why a run stopped sending early")
 
 
 class SweepPoint(BaseModel):
@@ -60,22 +100,104 @@ class SweepPoint(BaseModel):
     tok_s_per_user: float
     ttft_p99_ms: float | None
     itl_p99_ms: float | None
+    errors: int = 0
     bench_id: str
 
 
-def _first_error(records: list[RequestRecord]) -> str | None:
+@dataclass
+class _Target:
+    deployment: str | None
+    endpoint: str | None
+    urls: list[str]  # empty: twin simulation
+    config: ServingConfig | None
+    fit: FitReport | None
+    gpus: int
+
+    @property
+    def label(self) -> str:
+        return self.deployment or "endpoint"
+
+    @property
+    def where(self) -> str:
+        n = len(self.urls)
+        return f"{self.urls[0]}" + (f" (+{n - 1} more replicas)" if n > 1 else "")
+
+
+def _first_error(records: Sequence[RequestRecord]) -> str | None:
     return next((r.error for r in records if r.error is not None), None)
 
 
-class BenchService:
-    """Benchmarks over a twin backend; stores records under ``artifacts_dir``."""
+def _tick(progress: ProgressFn | None, fmt: Callable[[Snapshot], tuple[float, float | None,
+                                                                       str]]) -> TickFn | None:
+    if progress is None:
+        return None
 
-    def __init__(self, backend: TwinBackend, artifacts_dir: Path,
-                 trace_roots: list[Path]) -> None:
+    async def tick(s: Snapshot) -> None:
+        await progress(*fmt(s))
+    return tick
+
+
+def _sat_progress(s: Snapshot) -> tuple[float, float | None, str]:
+    return (s.done, None, f"{s.done} requests ({s.errors} failed), {s.elapsed_s:.0f}/"
+                          f"{s.duration_s:g} s, {s.in_flight} in flight")
+
+
+def _replay_progress(s: Snapshot) -> tuple[float, float | None, str]:
+    return (s.done, s.total, f"{s.done}/{s.total} requests, {s.elapsed_s:.0f} s")
+
+
+class BenchService:
+    """Benchmarks over a cluster backend or allowed endpoints; stores records in ``artifacts``.
+
+    Args:
+        backend: the cluster backend whose deployments may be benchmarked by name.
+        artifacts_dir: where records (``.npz``) and results (``.json``) are written.
+        trace_roots: folders trace files may be read from (paths are confined to them).
+        allowed_endpoints: base URLs that may be loaded directly (default: none).
+        max_requests: cap on the requests of one HTTP run.
+        request_timeout_s: an HTTP request not finished this long after its send fails.
+    """
+
+    def __init__(self, backend: ClusterBackend, artifacts_dir: Path, trace_roots: list[Path],
+                 allowed_endpoints: Sequence[str] = (), *,
+                 max_requests: int = MAX_HTTP_REQUESTS,
+                 request_timeout_s: float = 600.0) -> None:
         self.backend = backend
         self.artifacts = Path(artifacts_dir)
         self.roots = [Path(r).resolve() for r in trace_roots]
+        self.allowed = list(allowed_endpoints)
+        for a in self.allowed:  # fail at startup on a malformed allow-list entry
+            check_endpoint(a, [a])
+        self.max_requests = max_requests
+        self.request_timeout_s = request_timeout_s
         self._traces: dict[tuple[str, str], Trace] = {}
+
+    # -- targets, traces, storage --------------------------------------------------------------
+
+    def _target(self, deployment: str | None, endpoint: str | None,
+                gpus: int | None) -> _Target:
+        if (deployment is None) == (endpoint is None):
+            raise BackendError("give exactly one of deployment (a Ready deployment of this "
+                               "server's cluster) or endpoint (an allowed base URL)")
+        if endpoint is not None:
+            base = check_endpoint(endpoint, self.allowed)
+            return _Target(None, base, [base], None, None, gpus or 1)
+        assert deployment is not None
+        if gpus is not None:
+            raise BackendError("gpus is only for endpoint runs; a deployment's GPUs come from "
+                               "its config")
+        st = self.backend.status(deployment)
+        urls = [u.rstrip("/") for u in getattr(st, "endpoints", None) or []]
+        if st.phase != "Ready":
+            raise BackendError(f"deployment {deployment!r} is not Ready (phase {st.phase}); "
+                               "benchmark only Ready deployments (poll get_status first)")
+        if urls:
+            return _Target(deployment, None, urls, st.config, None, st.config.gpus)
+        if not hasattr(self.backend, "ready_fit"):
+            raise BackendError(f"deployment {deployment!r} is Ready but its status lists no "
+                               "endpoints yet; poll get_status and retry")
+        config, fit = self.backend.ready_fit(deployment)
+        return _Target(deployment, None, [], config, fit, config.gpus)
 
     def _resolve_trace(self, trace: str) -> Path:
         if trace.startswith("-"):
@@ -84,57 +206,11 @@ class BenchService:
             p = (root / trace).resolve()
             if p.is_relative_to(root) and p.is_file():
                 return p
-        roots = ", ".join(str(r) for r in self.roots)
+        roots = ", ".join(str(r) for r in self.roots) or "none configured"
         raise BackendError(f"trace {trace!r} not found inside the allowed trace folders "
                            f"({roots}); give a path relative to one of them")
 
-    def _store(self, bench_id: str, records: list[RequestRecord]) -> str:
-        self.artifacts.mkdir(parents=True, exist_ok=True)
-        ok = [r.error is None for r in records]
-        itl = [r.itl_s for r in records]
-        path = self.artifacts / f"{bench_id}.npz"
-        tmp = path.with_suffix(".tmp.npz")
-        np.savez_compressed(
-            tmp, arrival_s=np.array([r.arrival_s for r in records]),
-            first_token_s=np.array([r.first_token_s for r in records]),
-            finish_s=np.array([r.finish_s for r in records]),
-            input_tokens=np.array([r.input_tokens for r in records]),
-            output_tokens=np.array([r.output_tokens for r in records]),
-            ok=np.array(ok), itl_offsets=np.cumsum([0] + [len(x) for x in itl]),
-            itl_s=np.concatenate(itl) if itl else np.zeros(0))
-        tmp.replace(path)
-        return str(path)
-
-    @staticmethod
-    def _id(deployment: str, kind: str, args: dict, config_id: str) -> str:
-        blob = json.dumps({**args, "config": config_id}, sort_keys=True).encode()
-        return f"{deployment}-{kind}-{hashlib.sha256(blob).hexdigest()[:8]}"
-
-    def saturation(self, deployment: str, isl: int, osl: int, concurrency: int,
-                   duration_s: float) -> BenchResult:
-        """Closed-loop run at ``concurrency`` until ``duration_s`` virtual seconds, then drain.
-
-        Raises:
-            BackendError: deployment not Ready.
-        """
-        config, fit = self.backend.ready_fit(deployment)
-        recs, stats = simulate_closed_loop(config, fit, concurrency, duration_s, isl, osl,
-                                           max_requests=MAX_SATURATION_REQUESTS)
-        capped = len(recs) >= MAX_SATURATION_REQUESTS
-        args = {"isl": isl, "osl": osl, "c": concurrency, "d": duration_s}
-        bid = self._id(deployment, "sat", args, config.config_id())
-        info = WorkloadInfo(kind="saturation", requests=len(recs), isl=isl, osl=osl,
-                            concurrency=concurrency,
-                            description=f"synthetic ISL {isl} / OSL {osl} at concurrency "
-                                        f"{concurrency} for {duration_s:g} s"
-                                        + (f" (clients stopped after {MAX_SATURATION_REQUESTS:,} "
-                                           "requests)" if capped else ""))
-        return BenchResult(bench_id=bid, deployment=deployment, config_id=config.config_id(),
-                           workload=info, summary=summarize(recs, config.gpus),
-                           replicas=stats, records_path=self._store(bid, recs),
-                           first_error=_first_error(recs))
-
-    def load_window(self, trace: str, fmt: str, start_s: float, duration_s: float,
+    def load_window(self, trace: str, fmt: TraceFormat, start_s: float, duration_s: float,
                     time_scale: float) -> tuple[Path, Trace]:
         """The scaled window of a trace (cached per file).
 
@@ -151,40 +227,192 @@ class BenchService:
                                           "holds no request; pick another start_s")
         return path, win.scaled(time_scale)
 
-    def replay(self, deployment: str, trace: str, fmt: str, start_s: float, duration_s: float,
-               time_scale: float, slo_ttft_ms: float | None = None) -> BenchResult:
+    @staticmethod
+    def _id(label: str, kind: str, args: dict[str, Any], salt: str) -> str:
+        blob = json.dumps({**args, "salt": salt}, sort_keys=True).encode()
+        return f"{label}-{kind}-{hashlib.sha256(blob).hexdigest()[:8]}"
+
+    def _bench_id(self, t: _Target, kind: str, args: dict[str, Any]) -> str:
+        if not t.urls:  # the twin is deterministic: same run, same id
+            assert t.config is not None
+            return self._id(t.label, kind, args, t.config.config_id())
+        return self._id(t.label, kind, {**args, "to": t.urls}, str(time.time_ns()))
+
+    def _finish(self, t: _Target, bench_id: str, info: WorkloadInfo,
+                recs: list[RequestRecord], stats: list[ReplicaStats], run: HttpRun | None,
+                slo_ttft_ms: float | None = None) -> BenchResult:
+        lag = None if run is None else Percentiles.of(
+            run.sent_s - np.array([r.arrival_s for r in recs], dtype=float))
+        res = BenchResult(
+            bench_id=bench_id, target="http" if t.urls else "twin", deployment=t.deployment,
+            endpoint=t.endpoint, config_id=t.config.config_id() if t.config else None,
+            workload=info, summary=summarize(recs, t.gpus, slo_ttft_ms=slo_ttft_ms),
+            replicas=stats, records_path=str(self.artifacts / f"{bench_id}.npz"),
+            first_error=_first_error(recs), wall_s=None if run is None else run.wall_s,
+            dispatch_lag_ms=lag, note=None if run is None else run.stopped_early)
+        store.store(self.artifacts, bench_id, recs, None if run is None else run.sent_s,
+                    res.model_dump_json())
+        return res
+
+    async def _model(self, t: _Target) -> str:
+        return await fetch_model_id(t.urls[0]) or FALLBACK_MODEL
+
+    def _runner(self, t: _Target) -> HttpRunner:
+        return HttpRunner(t.urls, request_timeout_s=self.request_timeout_s)
+
+    # -- runs ---------------------------------------------------------------------------------
+
+    async def saturation(self, deployment: str | None, isl: int, osl: int, concurrency: int,
+                         duration_s: float, *, endpoint: str | None = None,
+                         gpus: int | None = None,
+                         progress: ProgressFn | None = None) -> BenchResult:
+        """Closed loop at ``concurrency`` for ``duration_s`` seconds of new load, then drain.
+
+        Twin: virtual seconds; HTTP: wall seconds (the run lasts ``duration_s`` plus the drain).
+
+        Raises:
+            BackendError: target missing, not Ready, not allowed, or concurrency over 4096
+                on HTTP.
+        """
+        t = self._target(deployment, endpoint, gpus)
+        return await self._saturation(t, isl, osl, concurrency, duration_s, progress, None)
+
+    async def _saturation(self, t: _Target, isl: int, osl: int, concurrency: int,
+                          duration_s: float, progress: ProgressFn | None,
+                          tick: TickFn | None) -> BenchResult:
+        args = {"isl": isl, "osl": osl, "c": concurrency, "d": duration_s}
+        bid = self._bench_id(t, "sat", args)
+        what = f"synthetic ISL {isl} / OSL {osl} at concurrency {concurrency}"
+        if not t.urls:
+            assert t.config is not None and t.fit is not None
+            config, fit = t.config, t.fit
+            if progress:
+                await progress(0, 1, f"twin: simulating {what} for {duration_s:g} virtual s")
+            recs, stats = await anyio.to_thread.run_sync(
+                lambda: simulate_closed_loop(config, fit, concurrency, duration_s, isl, osl,
+                                             max_requests=MAX_SATURATION_REQUESTS))
+            capped = len(recs) >= MAX_SATURATION_REQUESTS
+            info = WorkloadInfo(kind="saturation", requests=len(recs), isl=isl, osl=osl,
+                                concurrency=concurrency,
+                                description=f"{what} for {duration_s:g} s" + (
+                                    f" (clients stopped after {MAX_SATURATION_REQUESTS:,} "
+                                    "requests)" if capped else ""))
+            res = self._finish(t, bid, info, recs, stats, None)
+            if progress:
+                await progress(1, 1, f"twin: {len(recs)} requests simulated")
+            return res
+        if concurrency > MAX_CONCURRENCY:
+            raise BackendError(f"concurrency {concurrency} is above the HTTP runner's limit of "
+                               f"{MAX_CONCURRENCY}; use a lower concurrency")
+        model = await self._model(t)
+        marker, text = synthetic_template(isl)
+        pre, post = completion_body(model, text, osl).split(marker.encode())
+        run = await self._runner(t).closed_loop(
+            lambda i: pre + str(i).encode() + post, isl, concurrency, duration_s,
+            self.max_requests, tick or _tick(progress, _sat_progress))
+        capped = len(run.records) >= self.max_requests
+        info = WorkloadInfo(kind="saturation", requests=len(run.records), isl=isl, osl=osl,
+                            concurrency=concurrency,
+                            description=f"{what} for {duration_s:g} s of wall time against "
+                                        f"{t.where}" + (f" (clients stopped after "
+                                                        f"{self.max_requests:,} requests)"
+                                                        if capped else ""))
+        res = self._finish(t, bid, info, run.records, [], run)
+        if progress and tick is None:
+            s = res.summary
+            await progress(s.requests, s.requests, f"done: {s.requests} requests "
+                                                   f"({s.errors} failed) in {run.wall_s:.0f} s")
+        return res
+
+    async def replay(self, deployment: str | None, trace: str, fmt: TraceFormat, start_s: float,
+                     duration_s: float, time_scale: float, slo_ttft_ms: float | None = None,
+                     *, endpoint: str | None = None, gpus: int | None = None,
+                     progress: ProgressFn | None = None) -> BenchResult:
         """Open-loop replay of a trace window at its (scaled) arrival times.
 
         Raises:
-            BackendError: deployment not Ready or trace outside the allowed folders;
-            TraceInvalid: malformed trace or empty window.
+            BackendError: target missing/not Ready/not allowed, trace outside the allowed
+                folders, or (HTTP) a window over the request or prompt-size caps;
+            TraceInvalid: malformed trace; ConfigInvalid: empty window or bad time scale.
         """
-        config, fit = self.backend.ready_fit(deployment)
+        t = self._target(deployment, endpoint, gpus)
         path, win = self.load_window(trace, fmt, start_s, duration_s, time_scale)
-        reqs = [(r.arrival_s, r.input_tokens, r.output_tokens, r.hash_ids, r.block_size)
-                for r in win.requests]
-        recs, stats = simulate_open_loop(config, fit, reqs)
         args = {"t": str(path), "s": start_s, "d": duration_s, "x": time_scale}
-        bid = self._id(deployment, "replay", args, config.config_id())
-        info = WorkloadInfo(kind="replay", requests=len(reqs), trace_file=path.name,
+        bid = self._bench_id(t, "replay", args)
+        n = len(win.requests)
+        info = WorkloadInfo(kind="replay", requests=n, trace_file=path.name,
                             window_start_s=start_s, window_s=duration_s, time_scale=time_scale,
                             description=f"{path.name} window [{start_s:g}, "
-                                        f"{start_s + duration_s:g}) s at {time_scale:g}x")
-        return BenchResult(bench_id=bid, deployment=deployment, config_id=config.config_id(),
-                           workload=info,
-                           summary=summarize(recs, config.gpus, slo_ttft_ms=slo_ttft_ms),
-                           replicas=stats, records_path=self._store(bid, recs),
-                           first_error=_first_error(recs))
+                                        f"{start_s + duration_s:g}) s at {time_scale:g}x"
+                                        + (f" against {t.where}" if t.urls else ""))
+        if not t.urls:
+            assert t.config is not None and t.fit is not None
+            config, fit = t.config, t.fit
+            reqs = [(r.arrival_s, r.input_tokens, r.output_tokens, r.hash_ids, r.block_size)
+                    for r in win.requests]
+            if progress:
+                await progress(0, n, f"twin: simulating {n} requests of {path.name}")
+            recs, stats = await anyio.to_thread.run_sync(
+                lambda: simulate_open_loop(config, fit, reqs))
+            res = self._finish(t, bid, info, recs, stats, None, slo_ttft_ms)
+            if progress:
+                await progress(n, n, f"twin: {n} requests simulated")
+            return res
+        words = sum(r.input_tokens for r in win.requests)
+        if n > self.max_requests or words > MAX_REPLAY_PROMPT_TOKENS:
+            raise BackendError(
+                f"the window holds {n:,} requests with {words:,} prompt tokens; an HTTP replay "
+                f"takes at most {self.max_requests:,} requests and {MAX_REPLAY_PROMPT_TOKENS:,} "
+                "prompt tokens: replay a shorter window (duration_s) in several runs")
+        model = await self._model(t)
+        plan = replay_plan(win.requests, model)
+        if progress:
+            await progress(0, n, f"0/{n} requests: prompts built, starting")
+        run = await self._runner(t).open_loop(plan, _tick(progress, _replay_progress))
+        res = self._finish(t, bid, info, run.records, [], run, slo_ttft_ms)
+        if progress:
+            await progress(n, n, f"done: {n}/{n} requests ({res.summary.errors} failed) in "
+                                 f"{run.wall_s:.0f} s")
+        return res
 
-    def sweep(self, deployment: str, isl: int, osl: int, concurrencies: list[int],
-              duration_s: float) -> list[SweepPoint]:
-        """Saturation runs over ``concurrencies`` (the frontier's points)."""
+    async def sweep(self, deployment: str | None, isl: int, osl: int,
+                    concurrencies: list[int], duration_s: float, *,
+                    endpoint: str | None = None, gpus: int | None = None,
+                    progress: ProgressFn | None = None) -> list[SweepPoint]:
+        """Saturation runs over ``concurrencies`` (the frontier's points), one after another.
+
+        Progress counts points (``k`` of ``len(concurrencies)``, fractional within an HTTP
+        point by elapsed wall time).
+        """
+        t = self._target(deployment, endpoint, gpus)
+        k_total = len(concurrencies)
         points = []
-        for c in concurrencies:
-            r = self.saturation(deployment, isl, osl, c, duration_s)
+        for k, c in enumerate(concurrencies):
+            head = f"point {k + 1}/{k_total} (concurrency {c})"
+            tick = None
+            if progress is not None:
+                await progress(k, k_total, f"{head}: starting")
+
+                async def tick(s: Snapshot, k: int = k, head: str = head) -> None:
+                    frac = min(s.elapsed_s / duration_s, 0.99) if duration_s else 0.0
+                    await progress(k + frac, k_total, f"{head}: {_sat_progress(s)[2]}")
+            r = await self._saturation(t, isl, osl, c, duration_s, None, tick)
             s = r.summary
             points.append(SweepPoint(concurrency=c, output_tok_s_per_gpu=s.output_tok_s_per_gpu,
                                      tok_s_per_user=s.tok_s_per_user,
                                      ttft_p99_ms=s.ttft_ms.p99, itl_p99_ms=s.itl_ms.p99,
-                                     bench_id=r.bench_id))
+                                     errors=s.errors, bench_id=r.bench_id))
+        if progress is not None:
+            await progress(k_total, k_total, f"done: {k_total} points")
         return points
+
+    # -- stored runs --------------------------------------------------------------------------
+
+    def records(self, bench_id: str, start: int = 0, max_items: int = 100,
+                include_itl: bool = False) -> store.RecordPage:
+        """A page of the per-request records of a stored run (see :func:`records.page`)."""
+        return store.page(self.artifacts, bench_id, start, max_items, include_itl)
+
+    def runs(self, start: int = 0, max_items: int = 100) -> store.RunList:
+        """Stored runs, newest first."""
+        return store.runs(self.artifacts, start, max_items)

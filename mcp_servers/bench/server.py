@@ -1,71 +1,194 @@
-"""The bench MCP server: saturation runs, trace replays and concurrency sweeps."""
+"""The bench MCP server: saturation, trace replay, concurrency sweep, stored records.
+
+Runs target a deployment of the cluster backend (the twin simulates it; real deployments are
+loaded over HTTP) or an allowed OpenAI-compatible endpoint. Runs are async tools that report
+progress (``notifications/progress``) at most twice a second and once at the end.
+"""
 
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Literal
+import sys
+from collections.abc import Awaitable, Sequence
+from pathlib import Path
+from typing import Annotated, TypeVar
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
-from mcp_servers.bench.ops import BenchResult, BenchService, SweepPoint
-from mcp_servers.cluster.backend import BackendError
+from mcp_servers.bench import records as store
+from mcp_servers.bench.http_runner import MAX_CONCURRENCY
+from mcp_servers.bench.ops import BenchResult, BenchService, ProgressFn, SweepPoint, TraceFormat
+from mcp_servers.cluster.backend import BackendError, ClusterBackend
 from mcp_servers.tool_errors import StrictMCPServer, as_tool_errors
 
 log = logging.getLogger("servetune.mcp.bench")
+T = TypeVar("T")
 
-Deployment = Annotated[str, Field(description="name of a Ready deployment", min_length=1,
-                                  max_length=52, pattern=r"^[a-z0-9][-a-z0-9]*$")]
+Deployment = Annotated[str | None, Field(
+    description="name of a Ready deployment of the cluster server (give this OR endpoint)",
+    min_length=1, max_length=52, pattern=r"^[a-z0-9][-a-z0-9]*$")]
+Endpoint = Annotated[str | None, Field(
+    description="base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:30000; must be "
+                "on the server's allow-list (give this OR deployment)",
+    min_length=1, max_length=2048)]
+Gpus = Annotated[int | None, Field(
+    ge=1, le=100_000, description="endpoint runs only: GPUs behind the endpoint, for tok/s/GPU "
+                                  "(default 1)")]
 Tokens = Annotated[int, Field(ge=1, le=1_000_000, description="tokens")]
+Concurrency = Annotated[int, Field(
+    ge=1, le=100_000, description=f"clients in flight (HTTP: at most {MAX_CONCURRENCY})")]
+Duration = Annotated[float, Field(
+    gt=0, le=3600, description="seconds of new load: virtual on the twin, wall time over HTTP "
+                               "(the run then drains in-flight requests)")]
+
+RUN = ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False,
+                      openWorldHint=True)
+READ = ToolAnnotations(readOnlyHint=True, idempotentHint=True, openWorldHint=False)
+
+
+def _progress(ctx: Context) -> ProgressFn:
+    async def report(done: float, total: float | None, message: str) -> None:
+        await ctx.report_progress(done, total, message)
+    return report
 
 
 def build_server(service: BenchService) -> MCPServer:
-    """An MCP server whose tools benchmark deployments of ``service``'s backend."""
+    """An MCP server whose tools benchmark deployments of ``service``'s backend or endpoints."""
+    allowed = ", ".join(service.allowed) or "none"
     server = StrictMCPServer("servetune-bench", instructions=(
-        "Benchmark Ready deployments: run_saturation (synthetic closed loop), run_replay "
-        "(a real trace at its arrival times), run_sweep (concurrency sweep). Results are "
-        "metric summaries; per-request records are stored at records_path."))
+        "Benchmark Ready deployments (by name) or allowed OpenAI-compatible endpoints "
+        f"(allowed: {allowed}): run_saturation (synthetic closed loop), run_replay (a real "
+        "trace at its arrival times), run_sweep (concurrency sweep). On the twin, durations "
+        "are virtual seconds; over HTTP they are wall time and runs report progress. Results "
+        "are metric summaries; page through the per-request records with get_records and "
+        "see stored runs with list_runs."))
 
-    def _guard(fn, *args, **kwargs):  # noqa: ANN001, ANN202
+    async def _guard(coro: Awaitable[T]) -> T:
         with as_tool_errors(BackendError):
-            return fn(*args, **kwargs)
+            result = await coro
+        if isinstance(result, BenchResult):
+            s = result.summary
+            log.info("%s: %d requests, %d failed, %.0f output tok/s", result.bench_id,
+                     s.requests, s.errors, s.output_tok_s)
+        return result
 
-    @server.tool(annotations=ToolAnnotations(readOnlyHint=True, idempotentHint=True))
-    def run_saturation(
-        deployment: Deployment, isl: Tokens, osl: Tokens,
-        concurrency: Annotated[int, Field(ge=1, le=100_000, description="clients in flight")],
-        duration_s: Annotated[float, Field(gt=0, le=3600, description="seconds of new load")],
-    ) -> BenchResult:
-        """Closed-loop synthetic load (fixed ISL/OSL) at a fixed concurrency, then drain."""
-        return _guard(service.saturation, deployment, isl, osl, concurrency, duration_s)
+    @server.tool(annotations=RUN)
+    async def run_saturation(isl: Tokens, osl: Tokens, concurrency: Concurrency,
+                             duration_s: Duration, ctx: Context,
+                             deployment: Deployment = None, endpoint: Endpoint = None,
+                             gpus: Gpus = None) -> BenchResult:
+        """Closed-loop synthetic load (fixed ISL/OSL) at a fixed concurrency, then drain.
 
-    @server.tool(annotations=ToolAnnotations(readOnlyHint=True, idempotentHint=True))
-    def run_replay(
-        deployment: Deployment,
+        Target: `deployment` XOR `endpoint`. On the twin, `duration_s` is virtual time and the
+        run is a fast simulation; over HTTP it is wall time and real requests load the server.
+        """
+        return await _guard(service.saturation(deployment, isl, osl, concurrency, duration_s,
+                                               endpoint=endpoint, gpus=gpus,
+                                               progress=_progress(ctx)))
+
+    @server.tool(annotations=RUN)
+    async def run_replay(
         trace: Annotated[str, Field(description="trace file relative to an allowed folder",
                                     min_length=1, max_length=4096)],
         start_s: Annotated[float, Field(ge=0, description="window start in trace time, s")],
-        duration_s: Annotated[float, Field(gt=0, le=86_400, description="window length, s")],
+        duration_s: Annotated[float, Field(gt=0, le=86_400,
+                                           description="window length in trace time, s")],
+        ctx: Context,
         time_scale: Annotated[float, Field(gt=0, le=1000, description="2.0 = twice as fast")]
         = 1.0,
-        format: Literal["auto", "mooncake", "azure", "bailian"] = "auto",
+        format: TraceFormat = "auto",
         slo_ttft_ms: Annotated[float | None, Field(gt=0, description="TTFT SLO for goodput")]
         = None,
+        deployment: Deployment = None, endpoint: Endpoint = None, gpus: Gpus = None,
     ) -> BenchResult:
-        """Replay a window of a real trace with its (scaled) arrival times."""
-        return _guard(service.replay, deployment, trace, format, start_s, duration_s,
-                      time_scale, slo_ttft_ms)
+        """Replay a window of a real trace with its (scaled) arrival times (open loop).
 
-    @server.tool(annotations=ToolAnnotations(readOnlyHint=True, idempotentHint=True))
-    def run_sweep(
-        deployment: Deployment, isl: Tokens, osl: Tokens,
+        Target: `deployment` XOR `endpoint`. Over HTTP the run takes the window's length divided
+        by `time_scale` in wall time; prompts reproduce the trace's shared prefixes (hash ids).
+        """
+        return await _guard(service.replay(deployment, trace, format, start_s, duration_s,
+                                           time_scale, slo_ttft_ms, endpoint=endpoint,
+                                           gpus=gpus, progress=_progress(ctx)))
+
+    @server.tool(annotations=RUN)
+    async def run_sweep(
+        isl: Tokens, osl: Tokens,
         concurrencies: Annotated[list[Annotated[int, Field(ge=1, le=100_000)]],
                                  Field(min_length=1, max_length=32)],
-        duration_s: Annotated[float, Field(gt=0, le=3600)],
+        duration_s: Duration, ctx: Context,
+        deployment: Deployment = None, endpoint: Endpoint = None, gpus: Gpus = None,
     ) -> list[SweepPoint]:
-        """Saturation runs at each concurrency: points of the tok/s/GPU vs tok/s/user frontier."""
-        return _guard(service.sweep, deployment, isl, osl, concurrencies, duration_s)
+        """Saturation runs at each concurrency: points of the tok/s/GPU vs tok/s/user frontier.
+
+        Over HTTP each point takes `duration_s` of wall time plus its drain.
+        """
+        return await _guard(service.sweep(deployment, isl, osl, concurrencies, duration_s,
+                                          endpoint=endpoint, gpus=gpus,
+                                          progress=_progress(ctx)))
+
+    @server.tool(annotations=READ)
+    def get_records(
+        bench_id: Annotated[str, Field(description="id from a run result or list_runs",
+                                       min_length=1, max_length=128)],
+        start: Annotated[int, Field(ge=0, description="index of the first record")] = 0,
+        max_items: Annotated[int, Field(ge=1, le=store.MAX_PAGE, description="page size")]
+        = 100,
+        include_itl: Annotated[bool, Field(description="add every inter-token gap")] = False,
+    ) -> store.RecordPage:
+        """Per-request records of a stored run, paged; continue with `start=next_start`."""
+        with as_tool_errors(BackendError):
+            return service.records(bench_id, start, max_items, include_itl)
+
+    @server.tool(annotations=READ)
+    def list_runs(
+        start: Annotated[int, Field(ge=0, description="index of the first run")] = 0,
+        max_items: Annotated[int, Field(ge=1, le=store.MAX_PAGE, description="page size")]
+        = 100,
+    ) -> store.RunList:
+        """Stored benchmark runs, newest first (id, target, workload, requests, errors)."""
+        return service.runs(start, max_items)
 
     return server
 
+
+def _backend(kind: str, namespace: str, state_dir: Path | None) -> ClusterBackend:
+    if kind == "twin":
+        from mcp_servers.cluster.backend import TwinBackend
+
+        return TwinBackend(namespace, state_dir=state_dir)
+    if kind == "local":
+        if state_dir is None:
+            raise BackendError("the local backend needs a state_dir (the one the cluster server "
+                               "uses)")
+        from mcp_servers.cluster.local import LocalProcessBackend
+
+        return LocalProcessBackend(namespace, state_dir=state_dir)
+    raise BackendError(f"unknown backend kind {kind!r}; use 'twin' or 'local'")
+
+
+def main(backend_kind: str = "twin", namespace: str = "servetune",
+         state_dir: Path | str | None = None, artifacts_dir: Path | str | None = None,
+         trace_roots: Sequence[Path | str] = (),
+         allowed_endpoints: Sequence[str] = ()) -> None:
+    """Run the bench server over stdio (logs go to stderr; stdout is the protocol).
+
+    Args:
+        backend_kind: ``twin`` or ``local``; built over ``state_dir`` like the cluster server's,
+            so deployments made there can be benchmarked here by name.
+        namespace: the namespace of the deployments (must match the cluster server's).
+        state_dir: shared state folder of the cluster backend (required for ``local``).
+        artifacts_dir: where records are stored (default ``<state_dir>/bench``, else
+            ``.servetune/bench``).
+        trace_roots: folders trace files may be read from.
+        allowed_endpoints: base URLs that may be benchmarked directly (e.g.
+            ``http://127.0.0.1``); none by default.
+    """
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO)
+    sdir = Path(state_dir) if state_dir is not None else None
+    if artifacts_dir is None:
+        artifacts_dir = sdir / "bench" if sdir is not None else Path(".servetune") / "bench"
+    service = BenchService(_backend(backend_kind, namespace, sdir), Path(artifacts_dir),
+                           [Path(r) for r in trace_roots], list(allowed_endpoints))
+    build_server(service).run()

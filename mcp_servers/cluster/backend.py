@@ -1,14 +1,33 @@
 """The cluster backend interface and its twin implementation.
 
-A backend owns deployments in ONE namespace, fixed when it is built; tools never take a
-namespace argument. Backends: ``twin`` (here: simulated SGLang servers in virtual time);
-``local`` processes and ``kubernetes`` implement the same protocol in later issues.
+A backend owns deployments in ONE namespace, fixed when it is built (the model never picks it).
+Backends: ``twin`` (here: simulated SGLang servers that answer at once), ``local``
+(:mod:`mcp_servers.cluster.local`: server processes on 127.0.0.1) and, in a later issue,
+``kubernetes``. The protocol is shaped so that the Kubernetes backend maps onto it directly:
+
+- ``deploy``: server-side apply of a Deployment (``replicas``, the SGLang argv from
+  ``config.to_sglang_args()``) and its Service, named ``name``, carrying ``labels`` (at least
+  ``app.kubernetes.io/managed-by=servetune``), after the manifest policy accepted them; returns
+  Pending, and with ``wait_s`` polls until Ready/Failed like :func:`settle`.
+- ``status``: the Deployment's and its pods' conditions: Pending until every pod is Ready;
+  Failed when a container terminated or is in CrashLoopBackOff (``exit_code`` from its last
+  termination state, ``failed_stage`` ``startup`` if the pod was never Ready, else
+  ``serving``, ``message`` its last log line); ``endpoints`` the Ready pods' ``http://IP:port``.
+- ``logs``: pod logs (``read_namespaced_pod_log(timestamps=True)``; the timestamp becomes
+  :attr:`LogLine.t`) of one replica (pod); ``events``: core/v1 Events whose involvedObject is
+  the deployment or its pods, mapped field by field onto :class:`Event`.
+- ``teardown``: delete only objects that carry the managed-by label and the name (never by a
+  selector the model wrote); ``list``: a label selector on managed-by.
+
+No backend reads Secrets, execs into a server, or deletes anything it did not create.
 """
 
 from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Literal, Protocol
 
 from pydantic import BaseModel, Field
@@ -16,8 +35,10 @@ from pydantic import BaseModel, Field
 from domain.config import ServingConfig
 from domain.fit import FitReport
 from domain.twin.startup import Startup, start
+from mcp_servers.cluster.store import RecordStore
 
-Phase = Literal["Ready", "Failed", "Terminated"]
+Phase = Literal["Pending", "Ready", "Failed", "Terminated"]
+SETTLED: tuple[Phase, ...] = ("Ready", "Failed", "Terminated")
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")
 
 
@@ -31,10 +52,39 @@ class DeploymentStatus(BaseModel):
     ready_replicas: int
     config: ServingConfig
     labels: dict[str, str] = Field(default_factory=dict)
-    exit_code: int | None = Field(None, description="engine exit code when Failed")
-    failed_stage: str | None = Field(None, description="startup stage that failed")
-    message: str = Field("", description="last log line (the engine's error when Failed)")
-    startup_s: float = Field(0.0, description="seconds from create to ready (virtual for twin)")
+    endpoints: list[str] = Field(
+        default_factory=list, description="base URLs of the Ready replicas, e.g. "
+        "'http://127.0.0.1:31001' (empty for the twin, which serves no HTTP, and once Failed or "
+        "Terminated)")
+    created_at: float = Field(description="when the deployment was created, epoch seconds")
+    exit_code: int | None = Field(None, description="server exit code when Failed (None if "
+                                  "unknown: it never exited, or another process reaped it)")
+    failed_stage: str | None = Field(None, description="where it failed: an engine startup "
+                                     "stage (twin), 'startup' (before Ready) or 'serving' "
+                                     "(after Ready)")
+    message: str = Field("", description="the engine's error when Failed, else the last log "
+                         "line")
+    startup_s: float = Field(0.0, description="seconds from create to Ready (virtual for the "
+                             "twin; 0 until Ready)")
+
+
+class LogLine(BaseModel):
+    """One server log line."""
+
+    t: float = Field(description="epoch seconds: when the line was written (or, for a backend "
+                     "that cannot tell, when it first read it)")
+    text: str
+
+
+class Event(BaseModel):
+    """What happened to a deployment, in the manner of a Kubernetes Event."""
+
+    t: float = Field(description="epoch seconds")
+    type: Literal["Normal", "Warning"]
+    reason: str = Field(description="Created, Started, Ready, Failed, Unhealthy, Killing, "
+                        "Stopped, ForeignProcess, ...")
+    object: str = Field(description="the deployment's name")
+    message: str
 
 
 class BackendError(Exception):
@@ -47,94 +97,213 @@ class ClusterBackend(Protocol):
     namespace: str
     kind: str
 
-    def deploy(self, name: str, config: ServingConfig,
-               labels: dict[str, str]) -> DeploymentStatus:
-        """Create deployment ``name`` of ``config`` carrying ``labels``."""
+    def deploy(self, name: str, config: ServingConfig, labels: dict[str, str],
+               wait_s: float = 0.0) -> DeploymentStatus:
+        """Create deployment ``name`` of ``config`` carrying ``labels``.
+
+        Waits up to ``wait_s`` seconds for it to leave Pending; a Pending result is polled with
+        ``status``.
+        """
         ...
 
     def status(self, name: str) -> DeploymentStatus:
-        """Current status of ``name``."""
+        """Current status of ``name`` (non-blocking: at most one probe per replica)."""
         ...
 
-    def logs(self, name: str) -> list[str]:
-        """Server log lines of ``name`` (replica 0)."""
+    def logs(self, name: str, replica: int | None = None) -> list[LogLine]:
+        """Server log of one replica of ``name``.
+
+        ``replica`` picks it; by default the first replica that failed, else replica 0.
+        """
+        ...
+
+    def events(self, name: str | None = None) -> list[Event]:
+        """Events of ``name`` (or of every deployment), oldest first."""
         ...
 
     def teardown(self, name: str) -> DeploymentStatus:
-        """Stop ``name`` (only what this backend created)."""
+        """Stop ``name`` (only what this backend created). Idempotent."""
         ...
 
     def list(self) -> list[DeploymentStatus]:
-        """Every deployment this backend created."""
+        """Every deployment this backend created, oldest first."""
         ...
 
 
-class _TwinDeployment:
-    def __init__(self, name: str, config: ServingConfig, labels: dict[str, str],
-                 startup: Startup) -> None:
-        self.name, self.config, self.labels, self.startup = name, config, labels, startup
-        self.terminated = False
-        self.created = time.time()
+def check_name(name: str, namespace: str) -> None:
+    """Refuse a deployment name that is not a DNS-1123 label (so never a flag or a path).
+
+    Raises:
+        BackendError: with the rule.
+    """
+    if not NAME_RE.match(name):
+        raise BackendError(f"deployment name {name!r} must be a DNS-1123 label (lowercase "
+                           "letters, digits, '-', at most 52 characters, starting and ending "
+                           f"with a letter or digit); namespace {namespace}")
+
+
+def refuse_flag_values(config: ServingConfig) -> None:
+    """Refuse a config whose text values start with '-' (they would be read as flags).
+
+    ``ServingConfig`` validation already limits text fields to catalogs; this guards configs
+    built without validation (``model_construct``) before they reach an argv.
+
+    Raises:
+        BackendError: naming the field.
+    """
+    for field, value in config.__dict__.items():
+        if isinstance(value, str) and value.startswith("-"):
+            raise BackendError(f"config.{field} = {value!r} starts with '-' and would be read as "
+                               "a command-line flag; give a catalog value")
+
+
+def settle(backend: ClusterBackend, name: str, wait_s: float,
+           on_poll: Callable[[DeploymentStatus, float], None] | None = None,
+           max_poll_s: float = 1.0) -> DeploymentStatus:
+    """Poll ``status(name)`` until it leaves Pending or ``wait_s`` seconds have passed.
+
+    Polls start 50 ms apart and back off to ``max_poll_s``. ``on_poll(status, elapsed_s)`` is
+    called before each wait (for progress reports).
+    """
+    t0 = time.monotonic()
+    st = backend.status(name)
+    pause = 0.05
+    while st.phase == "Pending" and (left := wait_s - (time.monotonic() - t0)) > 0:
+        if on_poll is not None:
+            on_poll(st, time.monotonic() - t0)
+        time.sleep(min(pause, left))
+        pause = min(pause * 1.5, max_poll_s)
+        st = backend.status(name)
+    return st
+
+
+class _TwinRecord(BaseModel):
+    name: str
+    config: ServingConfig
+    labels: dict[str, str]
+    created_at: float
+    terminated_at: float | None = None
 
 
 class TwinBackend:
-    """Simulated SGLang deployments: startup fails or succeeds exactly as :func:`start` says."""
+    """Simulated SGLang deployments: startup fails or succeeds exactly as :func:`start` says.
+
+    Without ``state_dir`` the records live in memory (the headless study uses this). With it,
+    each record is a JSON file under ``state_dir/twin/<namespace>/``, re-read on every call, so
+    another process over the same folder (the bench server of Claude Code) sees the same
+    deployments; the startup is recomputed from the config (:func:`start` is deterministic).
+    """
 
     kind = "twin"
 
-    def __init__(self, namespace: str = "servetune") -> None:
+    def __init__(self, namespace: str = "servetune", state_dir: Path | None = None) -> None:
         if not NAME_RE.match(namespace):
             raise BackendError(f"namespace {namespace!r} is not a valid DNS-1123 label")
         self.namespace = namespace
-        self._deps: dict[str, _TwinDeployment] = {}
+        root = None if state_dir is None else state_dir / "twin" / namespace
+        self._store = RecordStore(root)
+        self._startups: dict[str, Startup] = {}
 
-    def _get(self, name: str) -> _TwinDeployment:
-        if name not in self._deps:
-            known = ", ".join(sorted(self._deps)) or "none"
+    def _get(self, name: str) -> _TwinRecord:
+        raw = self._store.read(name) if NAME_RE.match(name) else None
+        if raw is None:
+            known = ", ".join(sorted(self._store.names())) or "none"
             raise BackendError(f"no deployment {name!r} in namespace {self.namespace}; "
                                f"existing: {known}. Call list_deployments to see them.")
-        return self._deps[name]
+        return _TwinRecord.model_validate(raw)
 
-    def deploy(self, name: str, config: ServingConfig,
-               labels: dict[str, str]) -> DeploymentStatus:
-        """Create deployment ``name`` (all replicas start identically in the twin).
+    def _startup(self, config: ServingConfig) -> Startup:
+        key = config.model_dump_json()
+        if key not in self._startups:
+            self._startups[key] = start(config)
+        return self._startups[key]
+
+    def deploy(self, name: str, config: ServingConfig, labels: dict[str, str],
+               wait_s: float = 0.0) -> DeploymentStatus:
+        """Create deployment ``name``; all replicas start identically.
+
+        ``wait_s`` is unused: the twin answers Ready or Failed at once.
 
         Raises:
             BackendError: invalid name, or the name is taken by a live deployment.
         """
-        if not NAME_RE.match(name):
-            raise BackendError(f"deployment name {name!r} must be a DNS-1123 label "
-                               "(lowercase letters, digits, '-', at most 52 characters)")
-        old = self._deps.get(name)
-        if old is not None and not old.terminated:
-            raise BackendError(f"deployment {name!r} already exists; tear it down first")
-        self._deps[name] = _TwinDeployment(name, config, dict(labels), start(config))
-        return self.status(name)
+        check_name(name, self.namespace)
+        refuse_flag_values(config)
+        with self._store.locked():
+            old = self._store.read(name)
+            if old is not None and old.get("terminated_at") is None:
+                raise BackendError(f"deployment {name!r} already exists; tear it down first")
+            rec = _TwinRecord(name=name, config=config, labels=dict(labels),
+                              created_at=time.time())
+            self._store.write(name, rec.model_dump(mode="json"))
+        return self._status(rec)
+
+    def _status(self, d: _TwinRecord) -> DeploymentStatus:
+        s = self._startup(d.config)
+        phase: Phase = ("Terminated" if d.terminated_at is not None
+                        else ("Ready" if s.ready else "Failed"))
+        return DeploymentStatus(
+            name=d.name, namespace=self.namespace, phase=phase, replicas=d.config.replicas,
+            ready_replicas=d.config.replicas if phase == "Ready" else 0, config=d.config,
+            labels=d.labels, created_at=d.created_at,
+            exit_code=None if s.ready else s.exit_code,
+            failed_stage=None if s.ready else s.phase, message=s.reason, startup_s=s.startup_s)
 
     def status(self, name: str) -> DeploymentStatus:
         """Current status of ``name``. Raises BackendError if it does not exist."""
-        d = self._get(name)
-        s = d.startup
-        phase: Phase = "Terminated" if d.terminated else ("Ready" if s.ready else "Failed")
-        return DeploymentStatus(
-            name=name, namespace=self.namespace, phase=phase, replicas=d.config.replicas,
-            ready_replicas=d.config.replicas if phase == "Ready" else 0, config=d.config,
-            labels=d.labels, exit_code=None if s.ready else s.exit_code,
-            failed_stage=None if s.ready else s.phase, message=s.reason,
-            startup_s=s.startup_s)
+        return self._status(self._get(name))
 
-    def logs(self, name: str) -> list[str]:
-        """The server log of replica 0 of ``name`` (every twin replica logs the same)."""
-        return list(self._get(name).startup.log)
+    def logs(self, name: str, replica: int | None = None) -> list[LogLine]:
+        """The server log of ``name``, every line stamped with the creation time.
+
+        Every twin replica logs the same.
+
+        Raises:
+            BackendError: unknown name or replica index.
+        """
+        d = self._get(name)
+        if replica is not None and not 0 <= replica < d.config.replicas:
+            raise BackendError(f"{name} has replicas 0..{d.config.replicas - 1}")
+        return [LogLine(t=d.created_at, text=x) for x in self._startup(d.config).log]
+
+    def events(self, name: str | None = None) -> list[Event]:
+        """Created, then Ready or Failed, then Killing after a teardown; oldest first."""
+        recs = [self._get(name)] if name is not None else self._records()
+        out: list[Event] = []
+        for d in recs:
+            s, n = self._startup(d.config), d.config.replicas
+            out.append(Event(t=d.created_at, type="Normal", reason="Created", object=d.name,
+                             message=f"{n} replica(s) of config {d.config.config_id()}"))
+            if s.ready:
+                out.append(Event(t=d.created_at, type="Normal", reason="Ready", object=d.name,
+                                 message=f"{n}/{n} replicas ready after {s.startup_s:.1f} s "
+                                 "(virtual time)"))
+            else:
+                out.append(Event(t=d.created_at, type="Warning", reason="Failed", object=d.name,
+                                 message=f"stage {s.phase}, exit code {s.exit_code}: "
+                                 f"{s.reason}"))
+            if d.terminated_at is not None:
+                out.append(Event(t=d.terminated_at, type="Normal", reason="Killing",
+                                 object=d.name, message=f"stopped {n} replica(s)"))
+        return sorted(out, key=lambda e: e.t)
 
     def teardown(self, name: str) -> DeploymentStatus:
         """Stop ``name``; idempotent. Raises BackendError if it never existed."""
-        self._get(name).terminated = True
-        return self.status(name)
+        with self._store.locked():
+            d = self._get(name)
+            if d.terminated_at is None:
+                d.terminated_at = time.time()
+                self._store.write(name, d.model_dump(mode="json"))
+        return self._status(d)
+
+    def _records(self) -> list[_TwinRecord]:
+        recs = [self._store.read(n) for n in self._store.names()]
+        return sorted((_TwinRecord.model_validate(r) for r in recs if r is not None),
+                      key=lambda d: d.created_at)
 
     def list(self) -> list[DeploymentStatus]:
         """Every deployment this backend created, oldest first."""
-        return [self.status(n) for n in self._deps]
+        return [self._status(d) for d in self._records()]
 
     def ready_fit(self, name: str) -> tuple[ServingConfig, FitReport]:
         """Config and resolved memory layout of a Ready deployment (for the bench server).
@@ -143,7 +312,43 @@ class TwinBackend:
             BackendError: if it is not Ready.
         """
         d = self._get(name)
-        if d.terminated or not d.startup.ready or d.startup.fit is None:
+        s = self._startup(d.config)
+        if d.terminated_at is not None or not s.ready or s.fit is None:
             raise BackendError(f"deployment {name!r} is not Ready; benchmark only Ready "
                                "deployments (check status first)")
-        return d.config, d.startup.fit
+        return d.config, s.fit
+
+
+BACKEND_KINDS = ("twin", "local")
+
+
+def make_backend(kind: str = "twin", namespace: str = "servetune", state_dir: Path | None = None,
+                 command: list[str] | None = None, ready_timeout_s: float = 600.0,
+                 visible_devices: list[str] | None = None) -> ClusterBackend:
+    """The backend ``kind`` over ``state_dir`` (what the cluster and bench servers share).
+
+    Args:
+        kind: ``twin`` or ``local``.
+        namespace: the one namespace the backend acts in.
+        state_dir: where records live; optional for the twin (None: in memory), required for
+            ``local``.
+        command: ``local`` only: server argv template (see
+            :class:`~mcp_servers.cluster.local.LocalProcessBackend`); None: ``sglang serve``.
+        ready_timeout_s: ``local`` only: seconds until a replica that is not Ready is Failed.
+        visible_devices: ``local`` only: GPU ids handed out to replicas.
+
+    Raises:
+        BackendError: unknown kind, or ``local`` without a state_dir.
+    """
+    if kind == "twin":
+        return TwinBackend(namespace, state_dir)
+    if kind == "local":
+        from mcp_servers.cluster.local import LocalProcessBackend  # local imports this module
+
+        if state_dir is None:
+            raise BackendError("the local backend needs a state_dir for its records and logs")
+        return LocalProcessBackend(namespace, state_dir, command=command,
+                                   ready_timeout_s=ready_timeout_s,
+                                   visible_devices=visible_devices)
+    raise BackendError(f"unknown cluster backend {kind!r}; choose one of "
+                       f"{', '.join(BACKEND_KINDS)}")

@@ -1,85 +1,163 @@
-"""The cluster MCP server ("kubectl" for servetune): deploy / status / logs / teardown / list.
+"""The cluster MCP server ("kubectl" for servetune): deploy/status/logs/events/teardown/list.
 
-Confined to the namespace of its backend; never reads Secrets, never execs into pods, and only
-tears down what it created.
+Confined to the namespace of its backend (a tool's optional ``namespace`` argument must name
+it); never reads Secrets, never execs into a server, and only tears down what it created.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: the tools' annotations use `Namespace`, a type built
+# per server (its description names the namespace), which must be evaluated where it is defined.
 import logging
 import sys
-from typing import Annotated
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
 
-from mcp.server.mcpserver import MCPServer
+import anyio.from_thread
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from domain.config import ServingConfig
 from mcp_servers.cluster import ops
-from mcp_servers.cluster.backend import BackendError, ClusterBackend, DeploymentStatus
+from mcp_servers.cluster.backend import (
+    BackendError,
+    ClusterBackend,
+    DeploymentStatus,
+    make_backend,
+    settle,
+)
 from mcp_servers.tool_errors import StrictMCPServer, as_tool_errors
 
 log = logging.getLogger("servetune.mcp.cluster")
+T = TypeVar("T")
 
 Name = Annotated[str, Field(description="deployment name (DNS-1123 label, e.g. 'trial-007')",
                             min_length=1, max_length=52, pattern=r"^[a-z0-9][-a-z0-9]*$")]
+SinceS = Annotated[float | None, Field(description="only entries from the last N seconds",
+                                       gt=0, le=7 * 86400)]
 
 
 def build_server(backend: ClusterBackend) -> MCPServer:
     """An MCP server whose tools act on ``backend`` (namespace fixed by the backend)."""
+    ns = backend.namespace
     server = StrictMCPServer("servetune-cluster", instructions=(
-        f"Deploy and inspect SGLang serving deployments in namespace {backend.namespace} "
-        f"(backend: {backend.kind}). Deploy a ServingConfig, poll get_status until Ready or "
-        "Failed, read get_logs on failure, and always tear_down when done."))
+        f"Deploy and inspect SGLang serving deployments in namespace {ns} (backend: "
+        f"{backend.kind}). deploy a ServingConfig (it waits up to wait_s seconds); while the "
+        "phase is Pending, poll get_status every few seconds until Ready or Failed. On Failed, "
+        "read get_logs (tail 40) and get_events to see why. Benchmark only Ready deployments, "
+        "and always tear_down what you deployed when done."))
+    Namespace = Annotated[str | None, Field(  # noqa: N806 (a type alias local to this server)
+        description=f"optional; this server acts only in namespace {ns!r}: omit it or pass "
+        "exactly that")]
 
-    def _guard(fn, *args, **kwargs):  # noqa: ANN001, ANN202
+    def _guard(namespace: str | None, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        if namespace is not None and namespace != ns:
+            raise ToolError(f"this server is confined to namespace {ns!r}; it cannot act in "
+                            f"{namespace!r}. Omit the namespace argument.")
         with as_tool_errors(BackendError):
             return fn(*args, **kwargs)
 
     @server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False,
-                                             idempotentHint=False))
-    def deploy(name: Name, config: ServingConfig) -> DeploymentStatus:
+                                             idempotentHint=False, openWorldHint=False))
+    def deploy(name: Name, config: ServingConfig, ctx: Context,
+               wait_s: Annotated[float, Field(description="seconds to wait for Ready or "
+                                              "Failed before answering Pending", ge=0,
+                                              le=600)] = 60.0,
+               namespace: Namespace = None) -> DeploymentStatus:
         """Create a deployment of `config` named `name` and start its replicas.
 
-        Returns the status right after startup: phase Ready, or Failed with the engine's error
-        in `message` (read get_logs for the full startup log).
+        Waits up to `wait_s` seconds (reporting progress) and returns the status: Ready (with
+        `endpoints`), Failed with the server's error in `message` (read get_logs for the
+        whole log), or Pending: then poll get_status until it is Ready or Failed. A name in
+        use must be torn down first.
         """
-        st = _guard(ops.deploy, backend, name, config)
+        def progress(st: DeploymentStatus, elapsed: float) -> None:
+            anyio.from_thread.run(ctx.report_progress, elapsed, wait_s,
+                                  f"{st.ready_replicas}/{st.replicas} replicas ready")
+
+        st = _guard(namespace, ops.deploy, backend, name, config)
+        if st.phase == "Pending" and wait_s > 0:
+            st = _guard(namespace, settle, backend, name, wait_s, progress)
         log.info("deployed %s: %s", name, st.phase)
         return st
 
-    @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
-    def get_status(name: Name) -> DeploymentStatus:
-        """Phase (Ready/Failed/Terminated), ready replicas and the last log line of `name`."""
-        return _guard(backend.status, name)
+    @server.tool(annotations=ToolAnnotations(readOnlyHint=True, openWorldHint=False))
+    def get_status(name: Name, namespace: Namespace = None) -> DeploymentStatus:
+        """Phase (Pending/Ready/Failed/Terminated), endpoints and last log line of `name`.
 
-    @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+        Answers at once; while Pending, call it again after a few seconds.
+        """
+        return _guard(namespace, backend.status, name)
+
+    @server.tool(annotations=ToolAnnotations(readOnlyHint=True, openWorldHint=False))
     def get_logs(name: Name,
                  tail: Annotated[int | None, Field(description="only the last N lines", ge=0,
                                                    le=10000)] = None,
+                 since_s: SinceS = None,
                  start: Annotated[int, Field(description="first line of the page", ge=0)] = 0,
                  max_lines: Annotated[int, Field(description="page size", ge=1, le=500)] = 200,
-                 ) -> ops.LogPage:
-        """Server log of replica 0 of `name`, paged; continue with `start=next_start`."""
-        return _guard(ops.logs, backend, name, tail, start, max_lines)
+                 replica: Annotated[int | None, Field(description="replica index; default: "
+                                                      "the first that failed, else 0",
+                                                      ge=0)] = None,
+                 namespace: Namespace = None) -> ops.LogPage:
+        """Server log of one replica of `name`, paged; continue with `start=next_start`.
+
+        `since_s` keeps lines from the last N seconds, then `tail` the last N of those.
+        """
+        return _guard(namespace, ops.logs, backend, name, tail, since_s, start, max_lines,
+                      replica)
+
+    @server.tool(annotations=ToolAnnotations(readOnlyHint=True, openWorldHint=False))
+    def get_events(name: Annotated[str | None, Field(
+                       description="deployment name; omit for every deployment",
+                       min_length=1, max_length=52, pattern=r"^[a-z0-9][-a-z0-9]*$")] = None,
+                   since_s: SinceS = None,
+                   start: Annotated[int, Field(description="first event of the page",
+                                               ge=0)] = 0,
+                   max_items: Annotated[int, Field(description="page size", ge=1,
+                                                   le=500)] = 100,
+                   namespace: Namespace = None) -> ops.EventPage:
+        """Events (Created, Started, Ready, Failed, Killing, ...), oldest first, paged.
+
+        Continue with `start=next_start`. Warnings explain failures and refused actions.
+        """
+        return _guard(namespace, ops.events, backend, name, since_s, start, max_items)
 
     @server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=True,
-                                             idempotentHint=True))
-    def tear_down(name: Name) -> DeploymentStatus:
-        """Stop deployment `name` (only deployments this server created). Idempotent."""
-        return _guard(backend.teardown, name)
+                                             idempotentHint=True, openWorldHint=False))
+    def tear_down(name: Name, namespace: Namespace = None) -> DeploymentStatus:
+        """Stop deployment `name` (only deployments this server's backend created).
 
-    @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
-    def list_deployments() -> list[DeploymentStatus]:
-        """Every deployment created in this namespace, oldest first."""
-        return backend.list()
+        Idempotent; the answer's phase is Terminated.
+        """
+        return _guard(namespace, backend.teardown, name)
+
+    @server.tool(annotations=ToolAnnotations(readOnlyHint=True, openWorldHint=False))
+    def list_deployments(namespace: Namespace = None) -> list[DeploymentStatus]:
+        """Every deployment created in this namespace, oldest first, with its current phase."""
+        return _guard(namespace, backend.list)
 
     return server
 
 
-def main(namespace: str = "servetune") -> None:
-    """Run the cluster server with the twin backend over stdio (logs go to stderr)."""
-    from mcp_servers.cluster.backend import TwinBackend
+def main(backend_kind: str = "twin", namespace: str = "servetune",
+         state_dir: Path | None = None, command: list[str] | None = None,
+         ready_timeout_s: float = 600.0, visible_devices: list[str] | None = None) -> None:
+    """Run the cluster server over stdio (logs go to stderr).
 
+    Args:
+        backend_kind: ``twin`` or ``local``.
+        namespace: the namespace the server is confined to.
+        state_dir: records shared with the bench server (``local`` requires it; the twin keeps
+            them in memory without it).
+        command: ``local`` only: server argv template with ``{host}``, ``{port}``,
+            ``{config_json}``; None runs ``sglang serve`` with the config's flags.
+        ready_timeout_s: ``local`` only: seconds until a replica that is not Ready is Failed.
+        visible_devices: ``local`` only: GPU ids, ``tp_size`` per replica in order.
+    """
     logging.basicConfig(stream=sys.stderr, level=logging.INFO)
-    build_server(TwinBackend(namespace)).run()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per health probe
+    backend = make_backend(backend_kind, namespace, state_dir, command, ready_timeout_s,
+                           visible_devices)
+    build_server(backend).run()

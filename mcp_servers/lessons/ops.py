@@ -7,10 +7,13 @@ the server passes them on to the model.
 
 from __future__ import annotations
 
+import json
+import re
+
 from pydantic import BaseModel, Field
 
 from domain.config import ServingConfig
-from domain.lesson import Lesson, Outcome
+from domain.lesson import FORBIDDING, Lesson, Outcome
 from memory.store import LessonStore
 
 
@@ -141,3 +144,87 @@ def check_config(store: LessonStore, config: ServingConfig) -> CheckResult:
     found = [ForbiddingLesson(id=x.id, title=x.title, condition=x.condition_text(),
                               outcome=x.outcome, fix=x.fix) for x in store.forbidding(config)]
     return CheckResult(allowed=not found, config_id=config.config_id(), forbidding=found)
+
+
+SKILL_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,63}$"
+# Claude Code skill frontmatter limits (docs.claude.com, "Agent Skills"): name <= 64 lowercase
+# letters, digits and hyphens; description <= 1024 characters.
+SKILL_DESCRIPTION_MAX = 1024
+
+
+class SkillFile(BaseModel):
+    """A Claude Code skill (``SKILL.md``) that carries the lessons into any chat session."""
+
+    name: str = Field(description="skill name (frontmatter `name`)")
+    path: str = Field(description="where Claude Code looks for it, relative to the project: "
+                                  ".claude/skills/<name>/SKILL.md")
+    lesson_count: int
+    content: str = Field(description="the SKILL.md text (YAML frontmatter + markdown)")
+
+
+def _scope_text(lesson: Lesson) -> str:
+    s = lesson.scope
+    parts = [s.gpu or "any GPU", s.model or "any model", f"weights {s.quantization or 'any'}",
+             f"{s.engine or 'any engine'} {s.engine_version or 'any version'}"]
+    return ", ".join(parts)
+
+
+def export_skill(store: LessonStore, name: str = "servetune-lessons", gpu: str | None = None,
+                 model: str | None = None, quantization: str | None = None) -> SkillFile:
+    """Render the stored lessons (optionally scoped) as a Claude Code skill file.
+
+    Forbidding lessons (oom, does-not-fit, crash, invalid-flag, unsupported) come first as
+    rules ("do not launch configs where ..."), then the informative ones (improvements,
+    regressions, SLO misses). Each carries its id so a chat can cite it and look it up with
+    the lessons server's ``query_lessons``.
+
+    Args:
+        store: the lesson store.
+        name: skill name (lowercase letters, digits, '-'; at most 64 characters).
+        gpu: only lessons that apply to this GPU (scoped to it or to any GPU).
+        model: only lessons that apply to this model.
+        quantization: only lessons that apply to this checkpoint key.
+
+    Raises:
+        ValueError: a name Claude Code would refuse.
+        StoreUnavailable: the store cannot be read.
+    """
+    if not re.match(SKILL_NAME_PATTERN, name):
+        raise ValueError(f"skill name {name!r}: use lowercase letters, digits and '-', starting "
+                         "with a letter or digit, at most 64 characters")
+    lessons = store.list(gpu=gpu, model=model, quantization=quantization)
+    rules = [x for x in lessons if x.outcome in FORBIDDING]
+    notes = [x for x in lessons if x.outcome not in FORBIDDING]
+    scope = ", ".join(f"{k} {v}" for k, v in (("GPU", gpu), ("model", model),
+                                                ("weights", quantization)) if v) or "all scopes"
+    description = (f"Known SGLang serving failures and findings from servetune trials ({scope}; "
+                   f"{len(rules)} rules, {len(notes)} notes). Use before proposing, launching "
+                   "or debugging an SGLang serving config (tp size, quantization, KV cache "
+                   "dtype, mem fraction, attention backend, speculative decoding, HiCache): "
+                   "configs matching a rule's condition fail to start.")[:SKILL_DESCRIPTION_MAX]
+    out = ["---", f"name: {name}", f"description: {json.dumps(description)}", "---", "",
+           f"# SGLang serving lessons ({scope})", "",
+           "Lessons servetune learned by launching and benchmarking SGLang configs (or by its "
+           "memory-fit arithmetic). A condition is a conjunction over `ServingConfig` fields "
+           "(`tp_size`, `weights`, `kv_cache_dtype`, `mem_fraction_static`, "
+           "`attention_backend`, ...) inside the lesson's scope (GPU, model, weights, engine "
+           "version). Before proposing a config, check it against the rules; with the servetune "
+           "MCP servers connected, `check_config` on the lessons server does this exactly, and "
+           "`query_lessons` finds more by meaning.", ""]
+    if rules:
+        out += ["## Rules: configs that fail", ""]
+    for x in rules:
+        out += [f"- **{x.title}** (`{x.id}`, {x.outcome}"
+                f"{', ' + x.failure_class if x.failure_class else ''})",
+                f"  - scope: {_scope_text(x)}", f"  - fails when: `{x.condition_text()}`",
+                f"  - why: {x.root_cause}", f"  - fix: {x.fix}"]
+    if notes:
+        out += ["", "## Notes: what helped or hurt", ""]
+    for x in notes:
+        out += [f"- **{x.title}** (`{x.id}`, {x.outcome})", f"  - scope: {_scope_text(x)}",
+                f"  - when: `{x.condition_text()}`", f"  - why: {x.root_cause}",
+                f"  - so: {x.fix}"]
+    if not lessons:
+        out += ["No lessons are stored yet for this scope: run `servetune run` first."]
+    return SkillFile(name=name, path=f".claude/skills/{name}/SKILL.md",
+                     lesson_count=len(lessons), content="\n".join(out) + "\n")

@@ -30,7 +30,7 @@ INSTRUCTIONS = (
     "Lessons learned from earlier serving trials: what failed (OOM, crash, invalid flag, "
     "unsupported backend) or helped, for which GPU/model/weights, under which config condition. "
     "Call check_config before launching a config; query_lessons to find what is known about a "
-    "symptom; add_lesson to record a new finding."
+    "symptom; add_lesson to record a new finding; export_skill to carry them into a skill file."
 )
 # Catalog keys look like 'B200', 'glm-5', 'fp8': refuse anything else (no leading '-', no spaces).
 KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,63}$"
@@ -113,6 +113,24 @@ def build_server(store: LessonStore, run_id: str | None = None) -> MCPServer:
         """
         with as_tool_errors(ValueError, StoreUnavailable):
             return ops.check_config(store, config)
+
+    @server.tool(annotations=READ_ONLY)
+    def export_skill(
+        name: Annotated[str, Field(pattern=ops.SKILL_NAME_PATTERN, description=(
+            "skill name: lowercase letters, digits and '-'"))] = "servetune-lessons",
+        gpu: GpuArg = None,
+        model: ModelArg = None,
+        quantization: Annotated[str | None, Field(
+            description="checkpoint key, e.g. 'fp8'", pattern=KEY_PATTERN)] = None,
+    ) -> ops.SkillFile:
+        """Render the lessons (optionally scoped) as a Claude Code skill file (SKILL.md text).
+
+        Nothing is written: save `content` at `path` in the project (or run
+        `servetune lessons export-skill`) so every Claude Code session knows the lessons.
+        """
+        with as_tool_errors(ValueError, StoreUnavailable):
+            return ops.export_skill(store, name=name, gpu=gpu, model=model,
+                                    quantization=quantization)
 
     return server
 

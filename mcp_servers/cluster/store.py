@@ -1,0 +1,102 @@
+"""Deployment records of a cluster backend: in memory, or JSON files shared between processes.
+
+Claude Code runs the cluster and bench MCP servers as two stdio processes; both build a backend
+over the same state folder, so a deployment made by one is seen (and can be torn down) by the
+other. Each record is one JSON file ``<root>/<name>.json``, replaced atomically (write a temporary
+file in the same folder, then :func:`os.replace`), and every read-modify-write holds an exclusive
+``fcntl.flock`` on ``<root>/.lock``, so two processes never lose each other's updates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+class RecordStore:
+    """Named JSON records, in memory (``root=None``) or under ``root`` (created if missing)."""
+
+    def __init__(self, root: Path | None) -> None:
+        self.root = root
+        self._mem: dict[str, dict[str, Any]] = {}
+        self._thread_lock = threading.RLock()
+        self._depth = 0
+        self._lock_fd: int | None = None
+        if root is not None:
+            root.mkdir(parents=True, exist_ok=True)
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the store's lock: a thread lock, plus an ``flock`` across processes.
+
+        Re-entrant within one thread; the file lock is taken by the outermost level only.
+        """
+        with self._thread_lock:
+            if self.root is not None and self._depth == 0:
+                fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                self._lock_fd = fd
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                if self._depth == 0 and self._lock_fd is not None:
+                    fd, self._lock_fd = self._lock_fd, None
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    os.close(fd)
+
+    def read(self, name: str) -> dict[str, Any] | None:
+        """The record ``name``, or None if there is none."""
+        if self.root is None:
+            rec = self._mem.get(name)
+            return json.loads(json.dumps(rec)) if rec is not None else None
+        try:
+            return json.loads((self.root / f"{name}.json").read_text())
+        except FileNotFoundError:
+            return None
+
+    def write(self, name: str, record: dict[str, Any]) -> None:
+        """Store ``record`` as ``name`` (atomically replacing any previous version)."""
+        if self.root is None:
+            self._mem[name] = json.loads(json.dumps(record))
+            return
+        write_atomic(self.root / f"{name}.json", json.dumps(record, indent=1))
+
+    def names(self) -> list[str]:
+        """Names of every stored record (unordered)."""
+        if self.root is None:
+            return list(self._mem)
+        return [p.stem for p in self.root.glob("*.json")]
+
+    def folder(self, name: str) -> Path:
+        """A folder for the files of record ``name`` (logs, configs); created if missing.
+
+        Raises:
+            ValueError: for an in-memory store.
+        """
+        if self.root is None:
+            raise ValueError("an in-memory record store has no folders")
+        path = self.root / name
+        path.mkdir(exist_ok=True)
+        return path
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see the old or the new file, never a part."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
