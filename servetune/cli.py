@@ -35,8 +35,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                        "a cluster.")
 lessons_app = typer.Typer(no_args_is_help=True, help="Query the lesson memory.")
 mcp_app = typer.Typer(no_args_is_help=True, help="Serve an MCP server over stdio.")
+source_app = typer.Typer(no_args_is_help=True, help="The SGLang source tree the sglang-source "
+                                                    "server reads.")
 app.add_typer(lessons_app, name="lessons")
 app.add_typer(mcp_app, name="mcp")
+app.add_typer(source_app, name="source")
 console = Console()
 RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 err_console = Console(stderr=True)
@@ -408,6 +411,88 @@ def mcp_bench(
              allow_endpoint or [])
     except (BackendError, ServetuneError, ValueError) as e:
         _fail(str(e))
+
+
+VersionOpt = Annotated[str, typer.Option("--version", help="SGLang release, e.g. 0.5.23")]
+
+
+@mcp_app.command("sglang-source")
+def mcp_sglang_source(
+    version: VersionOpt = "0.5.23",
+    tree: Annotated[Path | None, typer.Option(
+        "--tree", help="SGLang source: an unpacked wheel, a git checkout, the sglang package "
+                       "folder or a .whl (default $SERVETUNE_SGLANG_SOURCE, else the tree "
+                       "`servetune source fetch` unpacked)")] = None,
+) -> None:
+    """The sglang-source server (flags, where used, constraints, defaults, grep) over stdio."""
+    from mcp_servers.source.server import main
+
+    settings = _settings()
+    try:
+        main(tree or settings.sglang_source, version, settings.source_cache)
+    except ServetuneError as e:
+        _fail(str(e))
+
+
+@source_app.command("fetch")
+def source_fetch(
+    version: VersionOpt = "0.5.23",
+    wheel: Annotated[Path | None, typer.Option(
+        "--wheel", help="unpack this already-downloaded wheel instead of calling pip")] = None,
+) -> None:
+    """Download the SGLang wheel (pip, no dependencies) and unpack it into the cache."""
+    from mcp_servers.source.fetch import default_cache_dir, fetch_wheel
+
+    settings = _settings()
+    cache = settings.source_cache or default_cache_dir()
+    try:
+        root = fetch_wheel(version, cache, wheel=wheel)
+    except ServetuneError as e:
+        _fail(str(e))
+    console.print(f"SGLang {version} source: {root}", highlight=False)
+    console.print("serve it with: servetune mcp sglang-source --version " + version,
+                  highlight=False)
+
+
+MCP_SERVERS = ("cluster", "bench", "lessons", "sglang-source")
+
+
+@mcp_app.command("tools")
+def mcp_tools(
+    names: Annotated[list[str] | None, typer.Argument(
+        help=f"servers to ask (default all: {', '.join(MCP_SERVERS)})")] = None,
+) -> None:
+    """Start each server over stdio, as Claude Code does, and list its tools."""
+    from mcp import Client, StdioServerParameters
+
+    wanted = names or list(MCP_SERVERS)
+    for n in wanted:
+        if n not in MCP_SERVERS:
+            _fail(f"unknown server {n!r}; choose from {', '.join(MCP_SERVERS)}")
+
+    async def ask(name: str) -> list[Any]:
+        params = StdioServerParameters(command=sys.executable,
+                                       args=["-m", "servetune.cli", "mcp", name])
+        async with Client(params) as client:
+            return list((await client.list_tools()).tools)
+
+    for name in wanted:
+        try:
+            tools = asyncio.run(ask(name))
+        except Exception as e:  # noqa: BLE001 - any start-up failure is reported, not raised
+            _fail(f"server {name} did not start over stdio: {e}; run `servetune mcp {name}` "
+                  "to see its error", code=1)
+        table = Table(title=f"servetune mcp {name}: {len(tools)} tools")
+        for col in ("tool", "hints", "description"):
+            table.add_column(col, overflow="fold")
+        for t in tools:
+            a = t.annotations
+            hints = ", ".join(h for h, on in (
+                ("read-only", a and a.read_only_hint), ("destructive", a and a.destructive_hint),
+                ("idempotent", a and a.idempotent_hint), ("open-world", a and a.open_world_hint))
+                if on)
+            table.add_row(t.name, hints, (t.description or "").strip().split("\n")[0])
+        console.print(table)
 
 
 def main() -> None:  # pragma: no cover - console entry for `python -m servetune.cli`

@@ -1,0 +1,247 @@
+"""File operations on a source tree: list a directory, read lines, grep with a time budget.
+
+Plain functions over a :class:`~mcp_servers.source.tree.SourceTree` returning pydantic models
+(the tools' structured output); refused paths and patterns raise
+:class:`~mcp_servers.source.tree.SourceError` with what to do next.
+"""
+
+from __future__ import annotations
+
+import time
+
+import regex
+from pydantic import BaseModel, Field
+
+from mcp_servers.source.tree import (
+    GREP_BUDGET_S,
+    MAX_LINE_CHARS,
+    MAX_PATTERN_CHARS,
+    SourceError,
+    SourceTree,
+    split_lines,
+)
+
+
+class FileEntry(BaseModel):
+    """One file or directory of the tree."""
+
+    path: str = Field(description="path relative to the tree root, e.g. 'sglang/srt/server_args.py'"
+                                  "; directories end with '/'")
+    kind: str = Field(description="'file' or 'dir'")
+    size: int | None = Field(default=None, description="file size in bytes (null for dirs)")
+
+
+class FileListing(BaseModel):
+    """A page of directory entries or glob matches, sorted by path."""
+
+    path: str
+    glob: str | None
+    entries: list[FileEntry]
+    total: int = Field(description="entries over all pages")
+    next_start: int | None = Field(description="pass as start for the next page; null at the end")
+
+
+class FileSlice(BaseModel):
+    """A range of lines of one file."""
+
+    path: str
+    start_line: int = Field(description="1-based number of the first line returned")
+    end_line: int = Field(description="1-based number of the last line returned (inclusive)")
+    total_lines: int
+    text: str = Field(description="the lines; with numbered=true each starts with its number")
+    next_start_line: int | None = Field(description="pass as start_line to read on; null at EOF")
+
+
+class GrepHit(BaseModel):
+    """One matching line."""
+
+    path: str
+    line: int = Field(description="1-based line number of the match start")
+    text: str = Field(description="the line (cut at 2,000 characters)")
+    before: list[str] = Field(default_factory=list, description="context lines before")
+    after: list[str] = Field(default_factory=list, description="context lines after")
+
+
+class GrepResult(BaseModel):
+    """Matching lines in path order, one hit per line."""
+
+    pattern: str
+    hits: list[GrepHit]
+    files_searched: int
+    files_skipped: int = Field(description="files under the glob not searched: binary or larger "
+                                           "than 2 MB")
+    next_start: int | None = Field(description="pass as start for more hits; null when done")
+    elapsed_s: float
+
+
+def list_files(tree: SourceTree, path: str = ".", glob: str | None = None, start: int = 0,
+               max_items: int = 200) -> FileListing:
+    """List the children of directory ``path``, or with ``glob`` every matching file below it.
+
+    Args:
+        tree: the source tree.
+        path: a directory relative to the tree root ('.' for the root).
+        glob: e.g. '*_hook.py' or '**/scheduler*.py', matched against paths relative to ``path``;
+            without it, the immediate children (directories first, with a trailing '/').
+        start: index of the first entry of the page.
+        max_items: page size (>= 1).
+
+    Raises:
+        SourceError: a refused path or glob, or a path that is not a directory.
+    """
+    base = tree.relpath(path)
+    if not (tree.root / base).is_dir():
+        raise SourceError(f"{path!r} is a file; use read_file or outline on it")
+    prefix = "" if base == "." else base + "/"
+    entries: list[FileEntry]
+    if glob:
+        entries = [FileEntry(path=f, kind="file", size=tree.sizes[f])
+                   for f in tree.files_under(base, glob)]
+    else:
+        dirs: dict[str, None] = {}
+        files: list[FileEntry] = []
+        for f in tree.sizes:
+            if not f.startswith(prefix):
+                continue
+            head, sep, _ = f[len(prefix):].partition("/")
+            if sep:
+                dirs[prefix + head + "/"] = None
+            else:
+                files.append(FileEntry(path=f, kind="file", size=tree.sizes[f]))
+        entries = [FileEntry(path=d, kind="dir") for d in dirs] + files
+    page = entries[start:start + max(1, max_items)]
+    nxt = start + len(page) if start + len(page) < len(entries) else None
+    return FileListing(path=base, glob=glob, entries=page, total=len(entries), next_start=nxt)
+
+
+def read_file(tree: SourceTree, path: str, start_line: int = 1, end_line: int | None = None,
+              max_lines: int = 400, numbered: bool = True) -> FileSlice:
+    """Lines ``start_line``..``end_line`` of a text file, at most ``max_lines`` of them.
+
+    Args:
+        tree: the source tree.
+        path: file path relative to the tree root.
+        start_line: 1-based first line.
+        end_line: 1-based last line (inclusive); None reads ``max_lines`` lines.
+        max_lines: page size; continue with ``next_start_line``.
+        numbered: prefix each line with its number (for citing file:line).
+
+    Raises:
+        SourceError: a refused path, a directory, a binary or >16 MB file, or start_line past EOF.
+    """
+    rel = tree.relpath(path)
+    lines = split_lines(tree.text(rel))
+    total = len(lines)
+    if start_line > max(total, 1):
+        raise SourceError(f"{rel} has {total} lines; start_line {start_line} is past the end")
+    last = start_line + max(1, max_lines) - 1
+    if end_line is not None:
+        if end_line < start_line:
+            raise SourceError(f"end_line {end_line} is before start_line {start_line}")
+        last = min(last, end_line)
+    last = min(last, total)
+    out = []
+    for n in range(start_line, last + 1):
+        line = lines[n - 1]
+        if len(line) > MAX_LINE_CHARS:
+            line = line[:MAX_LINE_CHARS] + f" ... [{len(line) - MAX_LINE_CHARS} more chars]"
+        out.append(f"{n:>6}  {line}" if numbered else line)
+    nxt = last + 1 if last < total else None
+    return FileSlice(path=rel, start_line=start_line, end_line=last, total_lines=total,
+                     text="\n".join(out), next_start_line=nxt)
+
+
+def compile_pattern(pattern: str, ignore_case: bool = False) -> regex.Pattern[str]:
+    """Compile a user regex (``regex`` module syntax, MULTILINE).
+
+    Raises:
+        SourceError: empty, longer than 500 characters, or invalid.
+    """
+    if not pattern:
+        raise SourceError("pattern is empty; give a regular expression, e.g. 'def __init__'")
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise SourceError(f"pattern is longer than {MAX_PATTERN_CHARS} characters; search for a "
+                          "distinctive part of it")
+    flags = regex.MULTILINE | (regex.IGNORECASE if ignore_case else 0)
+    try:
+        return regex.compile(pattern, flags)
+    except regex.error as e:
+        raise SourceError(f"invalid regular expression {pattern!r}: {e}; escape literal "
+                          "characters such as ( [ . * with a backslash") from e
+
+
+def _cut(line: str) -> str:
+    line = line.rstrip("\r")
+    return line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] + " ..."
+
+
+def grep(tree: SourceTree, pattern: str, path: str = ".", path_glob: str = "**/*.py",
+         ignore_case: bool = False, context_lines: int = 0, start: int = 0, max_hits: int = 100,
+         budget_s: float = GREP_BUDGET_S) -> GrepResult:
+    """Search file texts for a regex; one hit per matching line, in path then line order.
+
+    Args:
+        tree: the source tree.
+        pattern: a regular expression (Python/``regex`` syntax; ``^``/``$`` match at lines).
+        path: directory (or file) to search under, relative to the tree root.
+        path_glob: which files under ``path``, e.g. '**/*.py' (default) or '**/*'.
+        ignore_case: case-insensitive matching.
+        context_lines: lines of context before and after each hit (0..10).
+        start: number of hits to skip (paging; pass next_start).
+        max_hits: page size.
+        budget_s: wall-clock limit for the whole search in seconds.
+
+    Raises:
+        SourceError: bad pattern, path or glob, or the search ran past ``budget_s`` (a pattern
+            with nested quantifiers such as '(a+)+$' backtracks catastrophically).
+    """
+    t0 = time.perf_counter()
+    rx = compile_pattern(pattern, ignore_case)
+    candidates = tree.files_under(path, path_glob)
+    context_lines = max(0, min(context_lines, 10))
+    want = start + max(1, max_hits)
+    hits: list[GrepHit] = []
+    searched = skipped = 0
+    more = False
+    deadline = t0 + budget_s
+    for rel in candidates:
+        text = tree.texts.get(rel)
+        if text is None:
+            skipped += 1
+            continue
+        searched += 1
+        split: list[str] | None = None
+        last_line, line_no, scan = -1, 1, 0
+        try:
+            for m in rx.finditer(text, timeout=max(deadline - time.perf_counter(), 1e-3)):
+                pos = m.start()
+                line_no += text.count("\n", scan, pos)
+                scan = pos
+                if line_no == last_line:
+                    continue
+                last_line = line_no
+                if len(hits) >= want:
+                    more = True
+                    break
+                if len(hits) < start:
+                    hits.append(GrepHit(path=rel, line=line_no, text=""))
+                    continue
+                lo = text.rfind("\n", 0, pos) + 1
+                hi = text.find("\n", pos)
+                hit = GrepHit(path=rel, line=line_no, text=_cut(text[lo:None if hi < 0 else hi]))
+                if context_lines:
+                    split = split if split is not None else split_lines(text)
+                    i = line_no - 1
+                    hit.before = [_cut(x) for x in split[max(0, i - context_lines):i]]
+                    hit.after = [_cut(x) for x in split[i + 1:i + 1 + context_lines]]
+                hits.append(hit)
+        except TimeoutError as e:
+            raise SourceError(
+                f"the search for {pattern!r} ran past its {budget_s:g} s budget (in {rel}, after "
+                f"{searched} of {len(candidates)} files); simplify the pattern (nested quantifiers "
+                "like '(a+)+' backtrack catastrophically) or narrow path/path_glob") from e
+        if more:
+            break
+    return GrepResult(pattern=pattern, hits=hits[start:], files_searched=searched,
+                      files_skipped=skipped, next_start=want if more else None,
+                      elapsed_s=round(time.perf_counter() - t0, 4))

@@ -1,0 +1,140 @@
+"""What a Claude Code user gets: `.mcp.json` starts the four servers over stdio, every tool the
+`.claude/agents/` subagents name exists on the server they name, and the CLI around them
+(`servetune mcp tools`, `servetune source fetch`, `servetune lessons export-skill`) works.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import anyio
+import pytest
+import yaml
+from mcp import Client, StdioServerParameters
+
+pytestmark = pytest.mark.anyio
+REPO = Path(__file__).resolve().parent.parent
+VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """Claude Code's `${VAR}` / `${VAR:-default}` expansion in .mcp.json."""
+    return VAR.sub(lambda m: env.get(m.group(1), m.group(2) or ""), text)
+
+
+def isolated_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SERVETUNE_")}
+    env.update(SERVETUNE_STATE_DIR=str(tmp_path / "state"),
+               SERVETUNE_LESSONS_DIR=str(tmp_path / "lessons"), SERVETUNE_EMBEDDING="hashing",
+               SERVETUNE_SOURCE_CACHE=str(tmp_path / "no-source-yet"))
+    return env
+
+
+def mcp_config() -> dict[str, dict]:
+    return json.loads((REPO / ".mcp.json").read_text())["mcpServers"]
+
+
+def agents() -> dict[str, dict]:
+    out = {}
+    for path in sorted((REPO / ".claude" / "agents").glob("*.md")):
+        front = yaml.safe_load(path.read_text().split("---\n")[1])
+        out[path.stem] = front
+    return out
+
+
+@pytest.fixture(scope="module")
+def server_tools(tmp_path_factory) -> dict[str, set[str]]:
+    """Tools of each .mcp.json server, listed over stdio as Claude Code starts them."""
+    tmp = tmp_path_factory.mktemp("claude")
+    env = isolated_env(tmp)
+
+    async def list_all() -> dict[str, set[str]]:
+        found = {}
+        for name, spec in mcp_config().items():
+            command = expand(spec["command"], {})
+            args = [expand(a, {}) for a in spec["args"]]
+            assert command == ".venv/bin/servetune", command  # the README's install location
+            params = StdioServerParameters(command=sys.executable, cwd=str(tmp), env=env,
+                                           args=["-m", "servetune.cli", *args])
+            with anyio.fail_after(60):
+                async with Client(params) as client:
+                    found[name] = {t.name for t in (await client.list_tools()).tools}
+        return found
+
+    return anyio.run(list_all)
+
+
+def test_mcp_json_registers_the_four_servers_and_each_lists_its_tools(server_tools):
+    assert set(server_tools) == {"servetune-cluster", "servetune-bench", "servetune-lessons",
+                                 "sglang-source"}
+    assert {"deploy", "get_status", "get_logs", "get_events", "tear_down",
+            "list_deployments"} <= server_tools["servetune-cluster"]
+    assert {"run_saturation", "run_replay", "run_sweep"} <= server_tools["servetune-bench"]
+    assert {"check_config", "query_lessons", "export_skill"} <= server_tools["servetune-lessons"]
+    assert {"where_used", "constraints", "explain_default"} <= server_tools["sglang-source"]
+
+
+def test_subagents_name_only_tools_that_exist(server_tools):
+    found = agents()
+    assert {"planner", "source-researcher", "deployer", "analyst"} <= set(found)
+    for stem, front in found.items():
+        assert front["name"].startswith("servetune-") and len(front["description"]) > 40, stem
+        tools = [t.strip() for t in front["tools"].split(",")]
+        mcp_tools = [t for t in tools if t.startswith("mcp__")]
+        assert mcp_tools, f"{stem} uses no servetune server"
+        for t in mcp_tools:
+            _, server, tool = t.split("__", 2)
+            assert tool in server_tools[server], f"{stem}: {t} does not exist"
+    # each specialist only gets what its job needs
+    assert not any("tear_down" in t or "deploy" in t for t in found["planner"]["tools"].split(","))
+    assert not any("cluster" in t for t in found["analyst"]["tools"].split(","))
+
+
+def run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "servetune.cli", *args], cwd=tmp_path,
+                          env=isolated_env(tmp_path), capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_mcp_tools_command_lists_a_server(tmp_path):
+    r = run_cli(tmp_path, "mcp", "tools", "lessons")
+    assert r.returncode == 0, r.stderr
+    assert "servetune mcp lessons: 5 tools" in r.stdout and "check_config" in r.stdout
+    bad = run_cli(tmp_path, "mcp", "tools", "kubectl")
+    assert bad.returncode == 2 and "unknown server 'kubectl'" in bad.stderr
+
+
+def test_source_fetch_unpacks_a_wheel_and_refuses_option_like_versions(tmp_path):
+    wheel = tmp_path / "sglang-0.0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("sglang/__init__.py", "")
+        z.writestr("sglang/srt/server_args.py", "class ServerArgs:\n    tp_size: int = 1\n")
+    r = run_cli(tmp_path, "source", "fetch", "--version", "0.0.1", "--wheel", str(wheel))
+    assert r.returncode == 0, r.stderr
+    root = tmp_path / "no-source-yet" / "sglang-0.0.1"
+    assert (root / "sglang" / "srt" / "server_args.py").is_file()
+    assert str(root) in r.stdout.replace("\n", "")
+    bad = run_cli(tmp_path, "source", "fetch", "--version", "--index-url=http://evil")
+    assert bad.returncode == 2 and "not a release number" in bad.stderr
+
+
+def test_lessons_export_skill_writes_a_skill_file(tmp_path):
+    r = run_cli(tmp_path, "lessons", "export-skill")
+    assert r.returncode == 0, r.stderr
+    skill = tmp_path / ".claude" / "skills" / "servetune-lessons" / "SKILL.md"
+    front = yaml.safe_load(skill.read_text().split("---\n")[1])
+    assert front["name"] == "servetune-lessons"
+    assert "No lessons are stored yet" in skill.read_text()
+    bad = run_cli(tmp_path, "lessons", "export-skill", "--name", "Bad Name")
+    assert bad.returncode == 2 and "skill name" in bad.stderr

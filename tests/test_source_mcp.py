@@ -1,0 +1,691 @@
+"""The sglang-source MCP server: a small SGLang-like tree built here, every tool through
+mcp.Client, hardening (path traversal, symlink escape, option-like arguments, catastrophic
+regex), fetch/unpack with a stand-in pip, one stdio round trip, and the real 0.5.23 wheel when it
+is on disk ($SERVETUNE_SGLANG_WHEEL or /tmp/sglwhl/sglang-*.whl).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+import zipfile
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters
+
+from mcp_servers.source import analysis
+from mcp_servers.source import outline as outline_ops
+from mcp_servers.source.fetch import (
+    check_version,
+    default_cache_dir,
+    fetch_wheel,
+    pip_download_argv,
+    unpack_wheel,
+)
+from mcp_servers.source.files import grep, list_files, read_file
+from mcp_servers.source.flags import extract_flags
+from mcp_servers.source.server import build_server, open_tree
+from mcp_servers.source.tree import SourceError, SourceTree
+
+pytestmark = pytest.mark.anyio
+REPO_ROOT = Path(__file__).resolve().parent.parent
+FETCH_HINT = "servetune source fetch --version 0.5.23"
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+# -- a small SGLang-like tree -------------------------------------------------------------------
+
+FILES = {
+    "sglang/__init__.py": "",
+    "sglang/_version.py": "__version__ = version = '0.0.1'\n",
+    "sglang/srt/__init__.py": "",
+    "sglang/srt/arg_groups/__init__.py": "",
+    "sglang/srt/arg_groups/choices.py": """\
+        ATTENTION_BACKEND_CHOICES = ["fa3", "triton"]
+        EVICTION_CHOICES = ["lru"] + ["lfu"]
+        """,
+    "sglang/srt/arg_groups/fields/__init__.py": "",
+    "sglang/srt/arg_groups/fields/schedule.py": """\
+        \"\"\"Config fields of the schedule namespace.\"\"\"
+        import argparse
+        from typing import List, Literal, Optional
+
+        import msgspec
+
+        from sglang.srt.arg_groups.arg_utils import A, Arg, Derived
+        from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, EVICTION_CHOICES
+
+        KIB = 1024
+
+
+        class Schedule(msgspec.Struct):
+            \"\"\"Namespace schedule.\"\"\"
+
+            _NS_PATH = "schedule"
+            max_running_requests: A[Optional[int], "The maximum number of running requests."] = None
+            mem_fraction_static: A[
+                Optional[float],
+                Arg(help="Fraction of GPU memory for weights and KV cache.", resolvable=True),
+            ] = None
+            schedule_policy: A[Literal["fcfs", "lpm"], "The scheduling policy."] = "fcfs"
+            attention_backend: A[
+                Optional[str], Arg(help="Attention kernels.", choices=ATTENTION_BACKEND_CHOICES)
+            ] = None
+            eviction_policy: A[str, Arg(help="Eviction.", choices=EVICTION_CHOICES)] = "lru"
+            chunked_prefill_size: A[int, Arg(help="Chunk size.", aliases=["--chunk-size"])] = (
+                8 * KIB
+            )
+            enable_metrics: A[bool, "Enable metrics."] = False
+            enable_tf32: A[
+                Optional[bool], Arg(help="TF32 matmuls.", action=argparse.BooleanOptionalAction)
+            ] = None
+            tp_size: A[
+                int, Arg(help="Tensor parallel size.", cli_name="--tensor-parallel-size",
+                         aliases=["--tp-size"])
+            ] = 1
+            lora_paths: A[Optional[List[str]], "LoRA adapters."] = None
+            watermark: A[float, Arg(help="Watermark.", fallback=0.5)] = None
+            disable_cuda_graph: A[bool, Arg(no_cli=True)] = False
+            sampling_backend: A[Optional[str], Arg(no_cli=True)] = "flashinfer"
+            gpu_id: A[int, Derived(doc="set at run time")] = 0
+            _private_state: A[bool, Arg(no_cli=True)] = False
+        """,
+    "sglang/srt/arg_groups/memory_hook.py": """\
+        import logging
+        import warnings
+
+        logger = logging.getLogger(__name__)
+
+
+        def handle_gpu_memory_settings(server_args, gpu_mem):
+            cfg = server_args
+            if cfg.mem_fraction_static is None:
+                if gpu_mem > 60 * 1024:
+                    reserved = 10 * 1024
+                else:
+                    reserved = 4 * 1024
+                mem_fraction_static = round((gpu_mem - reserved) / gpu_mem, 3)
+                declare_resolution(server_args, "memory", mem_fraction_static=mem_fraction_static)
+            assert 0 < cfg.mem_fraction_static < 1, "--mem-fraction-static must be in (0, 1)"
+            if cfg.max_running_requests is not None and cfg.max_running_requests < 1:
+                raise ValueError("max_running_requests must be >= 1")
+            if cfg.max_running_requests is None:
+                server_args.max_running_requests = 256
+                logger.warning("max_running_requests is unset; using %d", 256)
+            if cfg.enable_tf32 and gpu_mem < 1000:
+                warnings.warn("TF32 on a small GPU")
+            if gpu_mem < 10:
+                raise RuntimeError("GPU too small")
+        """,
+    "sglang/srt/server_args.py": """\
+        class ServerArgs:
+            \"\"\"Raw server configuration.\"\"\"
+
+            @staticmethod
+            def add_cli_args(parser):
+                sampling_choices = _sampling_choices()
+                parser.add_argument(
+                    "--sampling-backend",
+                    type=str,
+                    choices=sampling_choices,
+                    default=_declared_default("sampling_backend"),
+                    help="Choose the kernels for sampling layers.",
+                )
+                parser.add_argument(
+                    "--disable-cuda-graph",
+                    action=DeprecatedStoreTrueAction,
+                    help="Deprecated. Use --cuda-graph-backend=disabled instead.",
+                )
+        """,
+    "sglang/srt/managers/__init__.py": "",
+    "sglang/srt/managers/scheduler.py": """\
+        \"\"\"A scheduler that manages a GPU worker.\"\"\"
+
+
+        class Scheduler:
+            \"\"\"Schedules batches.\"\"\"
+
+            def __init__(self, server_args):
+                self.max_running_requests = server_args.max_running_requests
+                self.policy = getattr(server_args, "schedule_policy")
+                self.running = []
+
+            async def run(self, n: int = 1) -> None:
+                \"\"\"Run one step.\"\"\"
+                # max_running_requests caps the running batch
+                if len(self.running) >= self.max_running_requests:
+                    return
+
+
+        def helper(x, *, max_running_requests=None):
+            return {"max_running_requests": max_running_requests, "x": x}
+        """,
+    "sglang/srt/long_line.py": "X = '" + "a" * 5000 + "b'\n",
+    "sglang-0.0.1.dist-info/METADATA": "Name: sglang\nVersion: 0.0.1\n",
+}
+
+
+def build_tree(root: Path) -> Path:
+    """Write the small tree under root/tree plus things outside it (a secret, a directory)."""
+    tree = root / "tree"
+    for rel, text in FILES.items():
+        p = tree / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(textwrap.dedent(text))
+    (tree / "sglang/srt/rust.so").write_bytes(b"\x7fELF\x00\x01\x02" * 100)
+    (tree / "sglang/srt/latin1.py").write_bytes(b"# caf\xe9 = 'coffee'\nX = 1\n")
+    (root / "secret.txt").write_text("TOP SECRET max_running_requests\n")
+    (root / "outside").mkdir()
+    (root / "outside/evil.py").write_text("max_running_requests = 'outside'\n")
+    (tree / "sglang/srt/link_out.txt").symlink_to(root / "secret.txt")
+    (tree / "sglang/srt/dir_out").symlink_to(root / "outside", target_is_directory=True)
+    (tree / "sglang/srt/link_in.py").symlink_to(tree / "sglang/srt/managers/scheduler.py")
+    return tree
+
+
+@pytest.fixture
+def mini(tmp_path) -> SourceTree:
+    return SourceTree(build_tree(tmp_path))
+
+
+# -- tree operations ----------------------------------------------------------------------------
+
+def test_tree_root_forms_and_version(tmp_path):
+    tree = build_tree(tmp_path)
+    wheel_like = SourceTree(tree)
+    assert (wheel_like.root, wheel_like.version) == (tree.resolve(), "0.0.1")
+    checkout = tmp_path / "checkout"
+    shutil.copytree(tree / "sglang", checkout / "python/sglang", symlinks=True)
+    opened = SourceTree(checkout)
+    assert (opened.root, opened.kind) == ((checkout / "python").resolve(), "git checkout")
+    assert "sglang/srt/managers/scheduler.py" in opened.texts
+    pkg = SourceTree(tree / "sglang")
+    assert pkg.kind == "package dir" and pkg.root == tree.resolve()
+    assert all(p.startswith("sglang/") for p in pkg.sizes)  # the dist-info is outside the scope
+    with pytest.raises(SourceError, match="is not an SGLang source tree"):
+        SourceTree(tmp_path / "outside")
+    with pytest.raises(SourceError, match="servetune source fetch"):
+        SourceTree(tmp_path / "missing")
+
+
+def test_index_skips_links_out_binaries_and_decodes_non_utf8(mini):
+    assert "sglang/srt/link_out.txt" not in mini.sizes
+    assert not any(p.startswith("sglang/srt/dir_out") for p in mini.sizes)
+    assert "sglang/srt/link_in.py" in mini.texts  # a link that stays inside is part of the tree
+    assert "sglang/srt/rust.so" in mini.sizes and "sglang/srt/rust.so" not in mini.texts
+    assert mini.texts["sglang/srt/latin1.py"].startswith("# caf\ufffd")
+
+
+@pytest.mark.parametrize("path", [
+    pytest.param("../secret.txt", id="dotdot"),
+    pytest.param("sglang/../../secret.txt", id="dotdot-inside"),
+    pytest.param("/etc/passwd", id="absolute"),
+    pytest.param("-rf", id="option-like"),
+    pytest.param("sglang/srt/link_out.txt", id="file-symlink-escape"),
+    pytest.param("sglang/srt/dir_out/evil.py", id="dir-symlink-escape"),
+])
+def test_paths_outside_the_tree_are_refused(mini, path):
+    with pytest.raises(SourceError):
+        read_file(mini, path)
+
+
+def test_list_files_children_glob_and_paging(mini):
+    top = list_files(mini, ".")
+    assert [e.path for e in top.entries] == ["sglang-0.0.1.dist-info/", "sglang/"]
+    srt = list_files(mini, "sglang/srt")
+    names = [e.path for e in srt.entries]
+    assert names[:3] == ["sglang/srt/arg_groups/", "sglang/srt/managers/", "sglang/srt/__init__.py"]
+    assert "sglang/srt/link_out.txt" not in names and "sglang/srt/dir_out/" not in names
+    hooks = list_files(mini, "sglang", glob="**/*_hook.py")
+    assert [e.path for e in hooks.entries] == ["sglang/srt/arg_groups/memory_hook.py"]
+    page = list_files(mini, "sglang/srt", glob="**/*.py", max_items=2)
+    assert (len(page.entries), page.next_start) == (2, 2) and page.total > 2
+    with pytest.raises(SourceError, match="is a file"):
+        list_files(mini, "sglang/srt/server_args.py")
+    t0 = time.perf_counter()
+    assert list_files(mini, ".", glob="*a" * 40 + "b").total == 0  # no backtracking blow-up
+    assert list_files(mini, ".", glob="**/" * 50 + "scheduler.py").total == 1
+    assert time.perf_counter() - t0 < 1
+
+
+def test_read_file_ranges_and_paging(mini):
+    first = read_file(mini, "sglang/srt/managers/scheduler.py", max_lines=3)
+    assert (first.start_line, first.end_line, first.next_start_line) == (1, 3, 4)
+    assert first.text.splitlines()[0] == '     1  """A scheduler that manages a GPU worker."""'
+    mid = read_file(mini, "sglang/srt/managers/scheduler.py", start_line=8, end_line=8,
+                    numbered=False)
+    assert mid.text == "        self.max_running_requests = server_args.max_running_requests"
+    last = read_file(mini, "sglang/srt/managers/scheduler.py", start_line=first.total_lines)
+    assert last.next_start_line is None
+    with pytest.raises(SourceError, match="past the end"):
+        read_file(mini, "sglang/srt/managers/scheduler.py", start_line=999)
+    with pytest.raises(SourceError, match="binary"):
+        read_file(mini, "sglang/srt/rust.so")
+
+
+def test_grep_regex_glob_context_paging(mini):
+    r = grep(mini, r"self\.max_running_requests", path="sglang", context_lines=1)
+    assert [(h.path, h.line) for h in r.hits] == [
+        ("sglang/srt/link_in.py", 8), ("sglang/srt/link_in.py", 15),
+        ("sglang/srt/managers/scheduler.py", 8), ("sglang/srt/managers/scheduler.py", 15)]
+    assert r.hits[2].before == ["    def __init__(self, server_args):"]
+    assert r.next_start is None and r.files_skipped == 0
+    assert not any("secret" in h.path or "dir_out" in h.path
+                   for h in grep(mini, "max_running_requests", path_glob="**/*").hits)
+    one = grep(mini, "MAX_RUNNING", ignore_case=True, max_hits=1)
+    two = grep(mini, "MAX_RUNNING", ignore_case=True, max_hits=1, start=one.next_start)
+    assert one.next_start == 1 and two.hits[0].line != one.hits[0].line or \
+        two.hits[0].path != one.hits[0].path
+    so = grep(mini, "ELF", path_glob="**/*.so")
+    assert (so.hits, so.files_skipped) == ([], 1)
+    with pytest.raises(SourceError, match="invalid regular expression"):
+        grep(mini, "(unclosed")
+
+
+def test_catastrophic_regex_is_bounded(mini):
+    t0 = time.perf_counter()
+    with pytest.raises(SourceError, match="ran past its 0.3 s budget"):
+        grep(mini, r"(a+)+$", path_glob="**/long_line.py", budget_s=0.3)
+    assert time.perf_counter() - t0 < 2
+
+
+# -- flags and analysis -------------------------------------------------------------------------
+
+def test_flag_inventory_from_fields_and_add_argument(mini):
+    inv = extract_flags(mini)
+    by = {f.flags[0]: f for f in inv.flags}
+    assert list(by) == [
+        "--max-running-requests", "--mem-fraction-static", "--schedule-policy",
+        "--attention-backend", "--eviction-policy", "--chunked-prefill-size", "--enable-metrics",
+        "--enable-tf32", "--tensor-parallel-size", "--lora-paths", "--watermark",
+        "--sampling-backend", "--disable-cuda-graph"]
+    m = by["--max-running-requests"]
+    assert (m.dest, m.type, m.value_type, m.default, m.help, m.namespace, m.source) == (
+        "max_running_requests", "Optional[int]", "int", None,
+        "The maximum number of running requests.", "Schedule",
+        "sglang/srt/arg_groups/fields/schedule.py:17")
+    assert by["--schedule-policy"].choices == ["fcfs", "lpm"]
+    assert by["--attention-backend"].choices == ["fa3", "triton"]
+    assert by["--eviction-policy"].choices == ["lru", "lfu"]
+    assert (by["--chunked-prefill-size"].default, by["--chunked-prefill-size"].flags) == (
+        8192, ["--chunked-prefill-size", "--chunk-size"])
+    assert (by["--enable-metrics"].action, by["--enable-metrics"].default) == ("store_true", False)
+    assert by["--enable-tf32"].flags == ["--enable-tf32", "--no-enable-tf32"]
+    assert by["--tensor-parallel-size"].dest == "tp_size"
+    assert (by["--lora-paths"].nargs, by["--lora-paths"].value_type) == ("+", "str")
+    assert by["--mem-fraction-static"].resolvable and by["--watermark"].fallback == 0.5
+    sb = by["--sampling-backend"]
+    assert (sb.default, sb.choices, sb.choices_source, sb.namespace) == (
+        "flashinfer", None, "sampling_choices", "add_argument")
+    dc = by["--disable-cuda-graph"]
+    assert (dc.deprecated, dc.default, dc.action) == (True, False, "DeprecatedStoreTrueAction")
+    assert inv.fields["disable_cuda_graph"].no_cli and "gpu_id" in inv.fields
+    assert "_private_state" not in inv.fields
+    assert inv.dest_of("--tp-size") == inv.dest_of("tp_size") == "tp_size"
+    with pytest.raises(SourceError, match="did you mean: max_running_requests"):
+        inv.dest_of("max_running_request")
+    with pytest.raises(SourceError, match="is not a flag name"):
+        inv.dest_of("-x")
+
+
+def test_where_used_classifies_lines(mini):
+    inv = extract_flags(mini)
+    r = analysis.where_used(mini, inv, "--max-running-requests")
+    got = {(h.path, h.line, h.kind) for h in r.hits}
+    sched = "sglang/srt/managers/scheduler.py"
+    assert {(sched, 8, "write"), (sched, 15, "read"), (sched, 19, "keyword"),
+            (sched, 20, "string"),
+            ("sglang/srt/arg_groups/fields/schedule.py", 17, "declaration"),
+            ("sglang/srt/arg_groups/memory_hook.py", 20, "write"),
+            ("sglang/srt/arg_groups/memory_hook.py", 17, "read"),
+            ("sglang/srt/arg_groups/memory_hook.py", 18, "string")} <= got
+    assert (sched, 14, "comment") not in got and r.counts["comment"] == 2
+    assert not any("secret" in h.path or "outside" in h.path for h in r.hits)
+    only = analysis.where_used(mini, inv, "max_running_requests", kinds=["comment"])
+    assert {h.line for h in only.hits} == {14} and only.total == 2
+    mfs = analysis.where_used(mini, inv, "mem_fraction_static")
+    # one hit per line, the strongest kind: line 16 both reads it and spells the CLI flag
+    assert [(h.line, h.kind) for h in mfs.hits if h.path.endswith("memory_hook.py")] == [
+        (9, "read"), (14, "keyword"), (15, "keyword"), (16, "read")]
+    cli = analysis.where_used(mini, inv, "disable_cuda_graph", kinds=["cli-string"])
+    assert [(h.path, h.line) for h in cli.hits] == [("sglang/srt/server_args.py", 15)]
+
+
+def test_constraints_finds_asserts_raises_warnings(mini):
+    inv = extract_flags(mini)
+    hook = "sglang/srt/arg_groups/memory_hook.py"
+    mfs = analysis.constraints(mini, inv, "mem_fraction_static")
+    assert [(c.path, c.line, c.kind) for c in mfs.items] == [(hook, 16, "assert")]
+    assert mfs.items[0].condition == "0 < cfg.mem_fraction_static < 1"
+    assert mfs.items[0].message == "'--mem-fraction-static must be in (0, 1)'"
+    mrr = analysis.constraints(mini, inv, "max_running_requests")
+    assert [(c.line, c.kind, c.function) for c in mrr.items] == [
+        (18, "raise", "handle_gpu_memory_settings"),
+        (21, "warning", "handle_gpu_memory_settings")]
+    assert mrr.items[0].condition == ("cfg.max_running_requests is not None and "
+                                      "cfg.max_running_requests < 1")
+    assert mrr.items[0].phase == "startup"
+    tf32 = analysis.constraints(mini, inv, "--enable-tf32")
+    assert [(c.line, c.kind) for c in tf32.items] == [(23, "warning")]
+    assert analysis.constraints(mini, inv, "enable_metrics").items == []
+
+
+def test_explain_default_shows_resolution_sites(mini):
+    inv = extract_flags(mini)
+    hook = "sglang/srt/arg_groups/memory_hook.py"
+    mfs = analysis.explain_default(mini, inv, "mem_fraction_static")
+    assert (mfs.declared_default, mfs.declared_at, mfs.resolvable) == (
+        None, "sglang/srt/arg_groups/fields/schedule.py:18", True)
+    assert [(a.path, a.line, a.kind, a.conditions) for a in mfs.assignments] == [
+        (hook, 14, "local", ["cfg.mem_fraction_static is None"]),
+        (hook, 15, "declare", ["cfg.mem_fraction_static is None"])]
+    assert mfs.assignments[0].value == "round((gpu_mem - reserved) / gpu_mem, 3)"
+    mrr = analysis.explain_default(mini, inv, "max_running_requests")
+    assert [(a.path, a.line, a.kind, a.phase) for a in mrr.assignments] == [
+        (hook, 20, "attribute", "startup"),
+        ("sglang/srt/link_in.py", 8, "attribute", "runtime"),
+        ("sglang/srt/managers/scheduler.py", 8, "attribute", "runtime")]
+    assert mrr.assignments[0].function == "handle_gpu_memory_settings"
+    assert mrr.assignments[2].function == "Scheduler.__init__"
+    assert "1 start-up resolution site(s)" in mrr.summary
+    assert "fallback 0.5" in analysis.explain_default(mini, inv, "watermark").summary
+
+
+def test_outline(mini):
+    o = outline_ops.outline(mini, "sglang/srt/managers/scheduler.py")
+    assert o.doc == "A scheduler that manages a GPU worker."
+    assert [(i.kind, i.name, i.line, i.is_async) for i in o.items] == [
+        ("class", "Scheduler", 4, False), ("method", "Scheduler.__init__", 7, False),
+        ("method", "Scheduler.run", 12, True), ("function", "helper", 19, False)]
+    assert o.items[2].signature == "(self, n: int=1) -> None"
+    assert o.items[2].doc == "Run one step."
+    with pytest.raises(SourceError, match="not a Python module"):
+        outline_ops.outline(mini, "sglang-0.0.1.dist-info/METADATA")
+
+
+# -- tools through mcp.Client -------------------------------------------------------------------
+
+async def call(client: Client, tool: str, args: dict):
+    r = await client.call_tool(tool, args)
+    return r
+
+
+async def test_tools_listed_with_annotations(mini):
+    async with Client(build_server(mini)) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+    assert set(tools) == {"source_info", "list_files", "read_file", "grep", "outline",
+                          "list_flags", "get_flag", "where_used", "constraints",
+                          "explain_default"}
+    for t in tools.values():
+        a = t.annotations
+        assert (a.read_only_hint, a.idempotent_hint, a.open_world_hint) == (True, True, False)
+        assert t.description and t.output_schema
+
+
+async def test_every_tool_through_client(mini):
+    async with Client(build_server(mini, version="0.0.1")) as client:
+        info = (await call(client, "source_info", {})).structured_content
+        assert (info["configured"], info["version"], info["flags"], info["note"]) == (
+            True, "0.0.1", 13, "ok")
+        ls = (await call(client, "list_files", {"path": "sglang/srt/arg_groups",
+                                               "glob": "*.py"})).structured_content
+        assert [e["path"].rsplit("/", 1)[1] for e in ls["entries"]] == [
+            "__init__.py", "choices.py", "memory_hook.py"]
+        rf = (await call(client, "read_file", {"path": "sglang/srt/server_args.py",
+                                               "start_line": 5, "max_lines": 2}))
+        assert rf.structured_content["next_start_line"] == 7
+        assert "parser):" in rf.structured_content["text"]
+        g = (await call(client, "grep", {"pattern": r"def \w+\(", "path": "sglang/srt/managers",
+                                         "max_hits": 2})).structured_content
+        assert [h["line"] for h in g["hits"]] == [7, 12] and g["next_start"] == 2
+        o = (await call(client, "outline", {"path": "sglang/srt/managers/scheduler.py"}))
+        assert o.structured_content["total"] == 4
+        lf = (await call(client, "list_flags", {"name_contains": "tensor-parallel"}))
+        assert [f["dest"] for f in lf.structured_content["flags"]] == ["tp_size"]
+        ns = (await call(client, "list_flags", {"namespace": "add_argument"})).structured_content
+        assert [f["dest"] for f in ns["flags"]] == ["sampling_backend", "disable_cuda_graph"]
+        gf = (await call(client, "get_flag", {"flag": "--disable-cuda-graph"})).structured_content
+        assert gf["entries"][0]["deprecated"] is True and gf["field"]["no_cli"] is True
+        nf = (await call(client, "get_flag", {"flag": "gpu_id"})).structured_content
+        assert (nf["entries"], nf["field"]["namespace"]) == ([], "Schedule")
+        wu = (await call(client, "where_used", {"flag": "max_running_requests",
+                                                "kinds": ["read"]})).structured_content
+        assert {(h["path"], h["line"]) for h in wu["hits"]} >= {
+            ("sglang/srt/managers/scheduler.py", 15)}
+        c = (await call(client, "constraints", {"flag": "mem_fraction_static"}))
+        assert c.structured_content["items"][0]["kind"] == "assert"
+        e = (await call(client, "explain_default", {"flag": "--mem-fraction-static"}))
+        assert e.structured_content["assignments"][1]["kind"] == "declare"
+
+
+@pytest.mark.parametrize(("tool", "args", "message"), [
+    pytest.param("read_file", {"path": "../secret.txt"}, "climbs out", id="traversal"),
+    pytest.param("read_file", {"path": "sglang/srt/link_out.txt"}, "leads outside",
+                 id="symlink-escape"),
+    pytest.param("list_files", {"path": "sglang/srt/dir_out"}, "leads outside",
+                 id="dir-symlink-escape"),
+    pytest.param("outline", {"path": "/etc/passwd"}, "is absolute", id="absolute"),
+    pytest.param("read_file", {"path": "--help"}, "starts with '-'", id="path-option"),
+    pytest.param("grep", {"pattern": "x", "path": "-r"}, "starts with '-'", id="grep-path-option"),
+    pytest.param("grep", {"pattern": "x", "path_glob": "-*"}, "starts with '-'",
+                 id="glob-option"),
+    pytest.param("list_files", {"glob": "../*"}, "climbs out", id="glob-traversal"),
+    pytest.param("get_flag", {"flag": "-rf"}, "String should match pattern", id="flag-option"),
+    pytest.param("where_used", {"flag": "--max-running-request"}, "did you mean",
+                 id="unknown-flag"),
+    pytest.param("grep", {"pattern": "("}, "invalid regular expression", id="bad-regex"),
+    pytest.param("grep", {"pattern": r"(a+)+$", "path_glob": "**/long_line.py"},
+                 "ran past its 2 s budget", id="catastrophic-regex"),
+    pytest.param("read_file", {"path": "sglang", "max_lines": 5}, "is a directory", id="dir"),
+    pytest.param("list_files", {"path": ".", "recursive": True}, "has no argument 'recursive'",
+                 id="invented-argument"),
+])
+async def test_refusals_are_tool_errors(mini, tool, args, message):
+    async with Client(build_server(mini)) as client:
+        r = await client.call_tool(tool, args)
+    assert r.is_error
+    assert message in r.content[0].text
+
+
+async def test_server_without_tree_answers_with_fetch_command():
+    async with Client(build_server(None, version="0.5.23")) as client:
+        info = (await client.call_tool("source_info", {})).structured_content
+        assert info["configured"] is False and info["fetch_command"] == FETCH_HINT
+        assert FETCH_HINT in info["note"]
+        for tool, args in [("list_files", {}), ("read_file", {"path": "x.py"}),
+                           ("grep", {"pattern": "x"}), ("outline", {"path": "x.py"}),
+                           ("list_flags", {}), ("get_flag", {"flag": "tp_size"}),
+                           ("where_used", {"flag": "tp_size"}),
+                           ("constraints", {"flag": "tp_size"}),
+                           ("explain_default", {"flag": "tp_size"})]:
+            r = await client.call_tool(tool, args)
+            assert r.is_error and FETCH_HINT in r.content[0].text, tool
+
+
+async def test_stdio_round_trip(tmp_path):
+    tree = build_tree(tmp_path)
+    params = StdioServerParameters(
+        command=sys.executable, cwd=str(REPO_ROOT),
+        args=["-c", f"from mcp_servers.source.server import main; main({str(tree)!r})"])
+    with anyio.fail_after(60):
+        async with Client(params) as client:
+            names = sorted(t.name for t in (await client.list_tools()).tools)
+            r = await client.call_tool("where_used", {"flag": "max_running_requests"})
+    assert len(names) == 10
+    assert ("sglang/srt/managers/scheduler.py", 15, "read") in {
+        (h["path"], h["line"], h["kind"]) for h in r.structured_content["hits"]}
+
+
+# -- fetch --------------------------------------------------------------------------------------
+
+def make_wheel(path: Path, members: dict[str, str]) -> Path:
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, text in members.items():
+            zf.writestr(name, text)
+    return path
+
+
+@pytest.mark.parametrize("version", ["-i http://evil", "--index-url=x", "0.5.23; rm -rf /",
+                                     "latest", "0.5.23 --pre", "", "../0.5"])
+def test_bad_versions_are_refused(version, tmp_path):
+    with pytest.raises(SourceError, match="not a release number"):
+        check_version(version)
+    with pytest.raises(SourceError):
+        fetch_wheel(version, tmp_path, run=lambda *a, **k: pytest.fail("pip must not run"))
+
+
+def test_fetch_runs_pip_once_and_unpacks(tmp_path):
+    calls = []
+
+    def fake_pip(argv, **kwargs):
+        calls.append(argv)
+        dest = Path(argv[argv.index("--dest") + 1])
+        make_wheel(dest / "sglang-0.0.1-cp311-cp311-manylinux_2_34_x86_64.whl",
+                   {"sglang/__init__.py": "", "sglang/srt/server_args.py": "X = 1\n",
+                    "sglang-0.0.1.dist-info/METADATA": "Version: 0.0.1\n"})
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    root = fetch_wheel("0.0.1", tmp_path / "cache", run=fake_pip)
+    assert root == tmp_path / "cache" / "sglang-0.0.1"
+    assert calls == [pip_download_argv("0.0.1", Path(calls[0][calls[0].index("--dest") + 1]))]
+    assert calls[0][:7] == [sys.executable, "-m", "pip", "download", "sglang==0.0.1",
+                            "--no-deps", "--only-binary=:all:"]
+    assert SourceTree(root).version == "0.0.1"
+    assert fetch_wheel("0.0.1", tmp_path / "cache", run=fake_pip) == root and len(calls) == 1
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["sglang-0.0.1"]
+
+
+def test_fetch_reports_pip_failure(tmp_path):
+    def failing(argv, **kwargs):
+        return subprocess.CompletedProcess(argv, 1, "", "ERROR: No matching distribution found "
+                                                        "for sglang==9.9.9")
+
+    with pytest.raises(SourceError, match="(?s)No matching distribution.*--wheel"):
+        fetch_wheel("9.9.9", tmp_path, run=failing)
+    assert not (tmp_path / "sglang-9.9.9").exists()
+
+
+def test_unpack_refuses_escaping_members(tmp_path):
+    evil = make_wheel(tmp_path / "sglang-0.0.2-py3-none-any.whl",
+                      {"sglang/__init__.py": "", "../../evil.py": "boom"})
+    with pytest.raises(SourceError, match="escapes the tree"):
+        fetch_wheel("0.0.2", tmp_path / "cache", wheel=evil)
+    assert not (tmp_path / "cache" / "sglang-0.0.2").exists()
+    assert list((tmp_path / "cache").iterdir()) == []  # no staging directory left behind
+    assert not (tmp_path / "evil.py").exists()
+    other = make_wheel(tmp_path / "other-1.0-py3-none-any.whl", {"other/__init__.py": ""})
+    with pytest.raises(SourceError, match="no sglang/ package"):
+        unpack_wheel(other, tmp_path / "x")
+    with pytest.raises(SourceError, match="not the sglang 0.0.3 wheel"):
+        fetch_wheel("0.0.3", tmp_path / "cache", wheel=other)
+
+
+def test_default_cache_dir_and_open_tree(tmp_path, monkeypatch):
+    assert default_cache_dir({"SERVETUNE_SOURCE_CACHE": "/c"}) == Path("/c")
+    assert default_cache_dir({"XDG_CACHE_HOME": "/x"}) == Path("/x/servetune/sglang")
+    assert default_cache_dir({}) == Path.home() / ".cache/servetune/sglang"
+    cache = tmp_path / "cache"
+    assert open_tree(None, "0.0.1", cache) is None
+    whl = make_wheel(tmp_path / "sglang-0.0.1-py3-none-any.whl",
+                     {"sglang/__init__.py": "", "sglang/_version.py": "__version__ = '0.0.1'\n"})
+    opened = open_tree(whl, "0.0.1", cache)
+    assert opened is not None and opened.root == (cache / "sglang-0.0.1").resolve()
+    assert open_tree(None, "0.0.1", cache).root == opened.root  # found in the cache now
+    with pytest.raises(SourceError, match="starts with '-'"):
+        open_tree("-x", "0.0.1", cache)
+
+
+# -- the real SGLang 0.5.23 wheel (skipped when it is not on disk) ------------------------------
+
+def _real_wheel() -> Path | None:
+    env = os.environ.get("SERVETUNE_SGLANG_WHEEL")
+    if env and Path(env).is_file():
+        return Path(env)
+    found = sorted(Path("/tmp/sglwhl").glob("sglang-0.5.23-*.whl"))
+    return found[0] if found else None
+
+
+def _fetched_tree() -> Path | None:
+    """The tree `servetune source fetch --version 0.5.23` unpacked, if a user ran it."""
+    tree = default_cache_dir() / "sglang-0.5.23"
+    return tree if (tree / "sglang" / "srt").is_dir() else None
+
+
+REAL_WHEEL = _real_wheel()
+FETCHED_TREE = _fetched_tree()
+real = pytest.mark.skipif(REAL_WHEEL is None and FETCHED_TREE is None,
+                          reason="no sglang 0.5.23 wheel or fetched tree on disk (run "
+                                 "`servetune source fetch --version 0.5.23` or set "
+                                 "SERVETUNE_SGLANG_WHEEL)")
+
+
+@pytest.fixture(scope="session")
+def real_tree(tmp_path_factory) -> SourceTree:
+    if REAL_WHEEL is None:
+        assert FETCHED_TREE is not None
+        return SourceTree(FETCHED_TREE)
+    root = fetch_wheel("0.5.23", tmp_path_factory.mktemp("sglang-cache"), wheel=REAL_WHEEL)
+    return SourceTree(root)
+
+
+@pytest.fixture(scope="session")
+def real_inventory(real_tree):
+    return extract_flags(real_tree)
+
+
+@real
+def test_real_inventory_matches_argparse_ground_truth(real_inventory):
+    truth = json.loads((REPO_ROOT / "domain/data/sglang-0.5.23-flags.json").read_text())["flags"]
+    mine = {tuple(f.flags): f for f in real_inventory.flags}
+    gt = {tuple(f["flags"]): f for f in truth}
+    assert len(real_inventory.flags) == len(truth) == 531
+    assert set(mine) == set(gt)
+    assert all(mine[k].dest == gt[k]["dest"] for k in gt)
+    defaults = sum(mine[k].default == gt[k]["default"] for k in gt)
+    choices = sum(sorted(map(str, mine[k].choices or [])) == sorted(map(str, gt[k]["choices"]
+                                                                         or [])) for k in gt)
+    print(f"defaults match {defaults}/531, choices match {choices}/531")
+    assert defaults == 531
+    assert choices >= 526  # the rest are computed at run time (kept as choices_source)
+
+
+@real
+async def test_real_where_used_is_fast_over_mcp(real_tree, real_inventory):
+    async with Client(build_server(real_tree, inventory=real_inventory)) as client:
+        t0 = time.perf_counter()
+        r = await client.call_tool("where_used", {"flag": "max_running_requests",
+                                                  "max_hits": 2000})
+        elapsed = time.perf_counter() - t0
+    assert not r.is_error and elapsed < 2.0, elapsed
+    hits = r.structured_content["hits"]
+    assert any(h["path"].startswith("sglang/srt/managers/scheduler") and h["kind"] == "read"
+               for h in hits)
+    assert any(h["kind"] == "declaration" and h["path"].endswith("fields/schedule.py")
+               for h in hits)
+
+
+@real
+@pytest.mark.parametrize("flag", ["mem_fraction_static", "max_running_requests",
+                                  "speculative_algorithm"])
+def test_real_constraints_and_defaults(real_tree, real_inventory, flag):
+    c = analysis.constraints(real_tree, real_inventory, flag, max_items=500)
+    e = analysis.explain_default(real_tree, real_inventory, flag, max_items=500)
+    assert c.total > 0 and e.total > 0
+    assert any(a.phase == "startup" for a in e.assignments)
+    if flag == "mem_fraction_static":
+        assert any(a.path.endswith("arg_groups/memory_hook.py") and a.kind == "declare"
+                   and "cfg.mem_fraction_static is None" in a.conditions for a in e.assignments)
+    if flag == "max_running_requests":
+        assert any(a.path.endswith("speculative_hook.py") and a.value == "48"
+                   for a in e.assignments)
