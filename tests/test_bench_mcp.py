@@ -37,10 +37,6 @@ TTFT_MS, ITL_MS = 20.0, 5.0
 LOCAL = ["http://127.0.0.1"]
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 def config(**kw):
     c = dict(model="glm-5", gpu="B200", tp_size=8, replicas=1, weights="nvfp4",

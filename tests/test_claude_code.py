@@ -23,10 +23,6 @@ REPO = Path(__file__).resolve().parent.parent
 VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 def expand(text: str, env: dict[str, str]) -> str:
     """Claude Code's `${VAR}` / `${VAR:-default}` expansion in .mcp.json."""

@@ -33,10 +33,6 @@ STUB = str(REPO / "tests" / "fixtures" / "openai_stub.py")
 NS = "local-test"
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 def config(**kw):
     c = dict(model="glm-5", gpu="B200", tp_size=8, replicas=1, weights="nvfp4")

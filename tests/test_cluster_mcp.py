@@ -29,10 +29,6 @@ REPO = Path(__file__).resolve().parent.parent
 TOOLS = {"deploy", "get_status", "get_logs", "get_events", "tear_down", "list_deployments"}
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 def config(**kw):
     c = dict(model="glm-5", gpu="B200", tp_size=8, replicas=1, weights="nvfp4",

@@ -19,10 +19,6 @@ pytestmark = pytest.mark.anyio
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 def lesson(title: str, gpu: str | None, field: str, op: str, value: object, outcome: str,
            **extra: object) -> Lesson:

@@ -39,10 +39,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 FETCH_HINT = "servetune source fetch --version 0.5.23"
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 # -- a small SGLang-like tree -------------------------------------------------------------------
 
