@@ -35,6 +35,9 @@ TRACES = REPO / "data" / "traces"
 STUB = REPO / "tests" / "fixtures" / "openai_stub.py"
 TTFT_MS, ITL_MS = 20.0, 5.0
 LOCAL = ["http://127.0.0.1"]
+# Timing bounds catch scheduling errors (requests sent late, serially or all at once), not
+# fidelity: they hold on a loaded 2-core machine. Measured bias and lag belong in benchmarks/.
+SLACK_MS = 40.0
 
 
 
@@ -244,10 +247,10 @@ async def test_http_saturation_measures_stub_timing(tmp_path, stub):
     assert s["output_tokens"] == 16 * s["completed"]  # from the usage chunk
     assert s["input_tokens"] == 32 * s["completed"]  # the stub counts prompt words
     # client-side TTFT = stub's sleep + connect/parse overhead on both sides
-    assert TTFT_MS <= s["ttft_ms"]["p50"] <= TTFT_MS + 10, s["ttft_ms"]
-    assert abs(s["itl_ms"]["mean"] - ITL_MS) < 1.5, s["itl_ms"]
+    assert TTFT_MS <= s["ttft_ms"]["p50"] <= TTFT_MS + SLACK_MS, s["ttft_ms"]
+    assert abs(s["itl_ms"]["mean"] - ITL_MS) < 4, s["itl_ms"]
     assert s["output_tok_s_per_gpu"] == pytest.approx(s["output_tok_s"] / 2)
-    assert 1.5 <= res["wall_s"] < 3
+    assert 1.5 <= res["wall_s"] < 6
     rec = np.load(res["records_path"])
     assert rec["ok"].all() and len(rec["sent_s"]) == s["requests"]
     assert rec["itl_offsets"][-1] == 15 * s["completed"]
@@ -284,10 +287,10 @@ async def test_http_replay_keeps_schedule_and_prefixes(tmp_path, stub):
     # dispatch lag = actual - scheduled send (measured ~1 ms p50 on 2 idle cores; the bounds
     # leave room for a loaded test machine)
     lags = [x["dispatch_lag_ms"] for x in recs]
-    assert min(lags) >= 0 and max(lags) < 100
-    assert res["dispatch_lag_ms"]["p50"] < 5, res["dispatch_lag_ms"]
+    assert min(lags) >= 0 and max(lags) < 500
+    assert res["dispatch_lag_ms"]["p50"] < SLACK_MS, res["dispatch_lag_ms"]
     # TTFT counts from the scheduled time, so a late send or a late arrival shows here too
-    assert TTFT_MS <= s["ttft_ms"]["p50"] <= TTFT_MS + 12, s["ttft_ms"]
+    assert TTFT_MS <= s["ttft_ms"]["p50"] <= TTFT_MS + SLACK_MS, s["ttft_ms"]
     assert s["goodput_req_s"] > 0
     assert prog.events[-1][1:3] == (40, 40) and prog.events[-1][3].startswith("done: 40/40")
     assert all(e[2] == 40 for e in prog.events)
@@ -391,7 +394,7 @@ async def test_connection_refused_is_recorded_per_request(tmp_path):
     assert s["completed"] == 0 and s["errors"] == s["requests"] >= 32
     assert "cannot connect to" in res["first_error"] and "111" in res["first_error"]
     assert res["note"].startswith("stopped sending after the first")
-    assert res["wall_s"] < 2  # the dead endpoint was not hammered for 5 s
+    assert res["wall_s"] < 4  # the dead endpoint was not hammered for 5 s
     rec = np.load(res["records_path"])
     assert not rec["ok"].any() and str(rec["error"][0]) == res["first_error"]
 
