@@ -129,11 +129,15 @@ async def test_twin_saturation_replay_sweep(tmp_path):
         rec = np.load(res["records_path"])
         assert len(rec["arrival_s"]) == s["requests"]
         assert rec["itl_offsets"][-1] == len(rec["itl_s"]) == s["completed"] * 63
-        assert [(p, t) for _, p, t, _ in prog.events] == [(0, 1), (1, 1)]  # start and end
+        # start, then each replica simulated (sent from the simulating thread)
+        assert [(p, t) for _, p, t, _ in prog.events] == [(0, 2), (1, 2), (2, 2)]
         assert prog.events[0][3].startswith("twin: simulating")
+        assert prog.events[-1][3] == "twin: 2/2 replicas simulated"
+        prog = Progress()
         r = await b.call_tool("run_replay", {
             "deployment": "d1", "trace": "mooncake_fast25_conversation_trace.jsonl",
-            "start_s": 0, "duration_s": 60, "time_scale": 1.0, "slo_ttft_ms": 5000})
+            "start_s": 0, "duration_s": 60, "time_scale": 1.0, "slo_ttft_ms": 5000},
+            progress_callback=prog)
         assert not r.is_error, r.content
         res = r.structured_content
         # trace timestamps (ms) below 60,000 ms: counted from the file itself
@@ -141,6 +145,9 @@ async def test_twin_saturation_replay_sweep(tmp_path):
         expect = sum(1 for ln in lines if int(ln.split('"timestamp": ')[1].split(",")[0]) < 60000)
         assert res["workload"]["requests"] == res["summary"]["requests"] == expect
         assert res["summary"]["goodput_req_s"] is not None
+        done = [p for _, p, _, _ in prog.events]
+        assert done[0] == 0 and done == sorted(set(done)) and done[-1] == expect + 2
+        assert prog.events[-1][3] == f"twin: {expect}/{expect} requests routed, replicas drained"
         prog = Progress()
         r = await b.call_tool("run_sweep", {"deployment": "d1", "isl": 256, "osl": 32,
                                             "concurrencies": [2, 8], "duration_s": 2},

@@ -25,7 +25,7 @@ one by one) whatever the policy: synthetic prompts share no prefix and clients a
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -43,6 +43,9 @@ CACHE_THRESHOLD = 0.3
 BALANCE_ABS_THRESHOLD = 64
 BALANCE_REL_THRESHOLD = 1.5
 ROUTER_SEED = 0
+# Progress callbacks of the simulations: (done, total), called from the simulating thread.
+SimProgress = Callable[[int, int], None]
+PROGRESS_EVERY = 1000  # requests routed between two open-loop progress calls
 
 
 class ReplicaStats(BaseModel):
@@ -152,7 +155,7 @@ class Router:
 
 
 def simulate_open_loop(config: ServingConfig, report: FitReport,
-                       requests: Sequence[Any]
+                       requests: Sequence[Any], progress: SimProgress | None = None
                        ) -> tuple[list[RequestRecord], list[ReplicaStats]]:
     """Replay requests at their arrival times on the replicas of ``config`` behind its router.
 
@@ -162,6 +165,8 @@ def simulate_open_loop(config: ServingConfig, report: FitReport,
         requests: sorted by arrival; each ``(arrival_s, input_tokens, output_tokens)`` or
             ``(arrival_s, input_tokens, output_tokens, hash_ids, block_tokens)`` (prefix blocks
             for the radix cache and the cache-aware router).
+        progress: called as ``progress(done, total)`` every ``PROGRESS_EVERY`` requests routed
+            and once per replica drained (``total`` = requests + replicas).
 
     Returns:
         Records in the order of ``requests`` and one ReplicaStats per replica.
@@ -174,7 +179,10 @@ def simulate_open_loop(config: ServingConfig, report: FitReport,
     router = Router(config.router_policy, R)
     where: list[tuple[int, int]] = []
     sent = [0] * R
-    for req in requests:
+    total = len(requests) + R
+    for n, req in enumerate(requests):
+        if progress is not None and n and n % PROGRESS_EVERY == 0:
+            progress(n, total)
         arrival, inp, out = req[0], req[1], req[2]
         hashes, block = (req[3], req[4]) if len(req) > 3 else ((), 0)
         path = index.path(hashes) if block and (lim.radix_cache or router.needs_load) else []
@@ -193,11 +201,14 @@ def simulate_open_loop(config: ServingConfig, report: FitReport,
         e.advance(float("inf"))
         per.append(e.records())
         stats.append(_stats(i, sent[i], e.stats))
+        if progress is not None:
+            progress(len(requests) + i + 1, total)
     return [per[i][j] for i, j in where], stats
 
 
 def simulate_closed_loop(config: ServingConfig, report: FitReport, concurrency: int,
-                         duration_s: float, isl: int, osl: int, max_requests: int = 0
+                         duration_s: float, isl: int, osl: int, max_requests: int = 0,
+                         progress: SimProgress | None = None
                          ) -> tuple[list[RequestRecord], list[ReplicaStats]]:
     """Closed-loop saturation: ``concurrency`` clients spread over the replicas.
 
@@ -210,6 +221,7 @@ def simulate_closed_loop(config: ServingConfig, report: FitReport, concurrency: 
         osl: output tokens per request.
         max_requests: stop sending after this many requests in all (0 = no cap); each replica
             gets its share.
+        progress: called as ``progress(replicas done, replicas)`` after each replica.
 
     Raises:
         ValueError: if concurrency < 1.
@@ -230,4 +242,6 @@ def simulate_closed_loop(config: ServingConfig, report: FitReport, concurrency: 
         recs = eng.run(closed_loop=(share, duration_s, isl, osl), max_requests=cap)
         records += recs
         stats.append(_stats(i, len(recs), eng.stats))
+        if progress is not None:
+            progress(i + 1, R)
     return records, stats

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import anyio.from_thread
 import anyio.to_thread
 import numpy as np
 from pydantic import BaseModel, Field
@@ -135,6 +136,26 @@ def _tick(progress: ProgressFn | None, fmt: Callable[[Snapshot], tuple[float, fl
     async def tick(s: Snapshot) -> None:
         await progress(*fmt(s))
     return tick
+
+
+def _from_thread(progress: ProgressFn | None, message: Callable[[int, int], str],
+                 min_interval_s: float = 0.5) -> Callable[[int, int], None] | None:
+    """A progress callback for a simulation running in a worker thread (at most 2 per s).
+
+    The MCP notification is sent on the event loop (``anyio.from_thread.run``) while the
+    simulation waits; the final count is always sent.
+    """
+    if progress is None:
+        return None
+    last = [0.0]
+
+    def step(done: int, total: int) -> None:
+        now = time.monotonic()
+        if done < total and now - last[0] < min_interval_s:
+            return
+        last[0] = now
+        anyio.from_thread.run(progress, done, total, message(done, total))
+    return step
 
 
 def _sat_progress(s: Snapshot) -> tuple[float, float | None, str]:
@@ -287,20 +308,20 @@ class BenchService:
             assert t.config is not None and t.fit is not None
             config, fit = t.config, t.fit
             if progress:
-                await progress(0, 1, f"twin: simulating {what} for {duration_s:g} virtual s")
+                await progress(0, config.replicas,
+                               f"twin: simulating {what} for {duration_s:g} virtual s")
+            step = _from_thread(progress, lambda d, n: f"twin: {d}/{n} replicas simulated")
             recs, stats = await anyio.to_thread.run_sync(
                 lambda: simulate_closed_loop(config, fit, concurrency, duration_s, isl, osl,
-                                             max_requests=MAX_SATURATION_REQUESTS))
+                                             max_requests=MAX_SATURATION_REQUESTS,
+                                             progress=step))
             capped = len(recs) >= MAX_SATURATION_REQUESTS
             info = WorkloadInfo(kind="saturation", requests=len(recs), isl=isl, osl=osl,
                                 concurrency=concurrency,
                                 description=f"{what} for {duration_s:g} s" + (
                                     f" (clients stopped after {MAX_SATURATION_REQUESTS:,} "
                                     "requests)" if capped else ""))
-            res = self._finish(t, bid, info, recs, stats, None)
-            if progress:
-                await progress(1, 1, f"twin: {len(recs)} requests simulated")
-            return res
+            return self._finish(t, bid, info, recs, stats, None)
         if concurrency > MAX_CONCURRENCY:
             raise BackendError(f"concurrency {concurrency} is above the HTTP runner's limit of "
                                f"{MAX_CONCURRENCY}; use a lower concurrency")
@@ -350,14 +371,15 @@ class BenchService:
             config, fit = t.config, t.fit
             reqs = [(r.arrival_s, r.input_tokens, r.output_tokens, r.hash_ids, r.block_size)
                     for r in win.requests]
-            if progress:
-                await progress(0, n, f"twin: simulating {n} requests of {path.name}")
+            if progress:  # then (routed + replicas drained) of (n + replicas), from the thread
+                await progress(0, n + config.replicas,
+                               f"twin: simulating {n} requests of {path.name}")
+            step = _from_thread(progress, lambda d, total: f"twin: {min(d, n)}/{n} requests "
+                                                           "routed" + (", replicas drained"
+                                                                       if d == total else ""))
             recs, stats = await anyio.to_thread.run_sync(
-                lambda: simulate_open_loop(config, fit, reqs))
-            res = self._finish(t, bid, info, recs, stats, None, slo_ttft_ms)
-            if progress:
-                await progress(n, n, f"twin: {n} requests simulated")
-            return res
+                lambda: simulate_open_loop(config, fit, reqs, progress=step))
+            return self._finish(t, bid, info, recs, stats, None, slo_ttft_ms)
         words = sum(r.input_tokens for r in win.requests)
         if n > self.max_requests or words > MAX_REPLAY_PROMPT_TOKENS:
             raise BackendError(
