@@ -187,8 +187,8 @@ class Lesson(BaseModel):
     condition: list[Clause] = Field(description="all clauses must hold (conjunction)")
     outcome: Outcome
     failure_class: str | None = Field(None, description="e.g. OOM_WEIGHTS, INVALID_BACKEND")
-    root_cause: str
-    fix: str
+    root_cause: str = Field(max_length=5_000)
+    fix: str = Field(max_length=2_000)
     evidence: str = Field(max_length=20_000,
                           description="log lines, arithmetic, or metrics that prove it")
     source: Literal["trial", "estimate", "research", "user"] = "trial"

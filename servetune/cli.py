@@ -380,6 +380,8 @@ def mcp_cluster(
         main(backend, namespace, state_dir or settings.state_dir, argv, ready_timeout_s, devices)
     except (BackendError, ServetuneError) as e:
         _fail(str(e))
+    except OSError as e:
+        _fail(f"cannot use the state folder {state_dir or settings.state_dir}: {e.strerror or e}")
 
 
 @mcp_app.command("bench")
@@ -411,6 +413,9 @@ def mcp_bench(
              allow_endpoint or [])
     except (BackendError, ServetuneError, ValueError) as e:
         _fail(str(e))
+    except OSError as e:
+        _fail(f"cannot use the state or records folder: {e.strerror or e} "
+              f"({e.filename or state_dir or settings.state_dir})")
 
 
 VersionOpt = Annotated[str, typer.Option("--version", help="SGLang release, e.g. 0.5.23")]

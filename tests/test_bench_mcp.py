@@ -236,6 +236,13 @@ async def test_get_records_paging_and_list_runs(tmp_path):
         for bad, needle in [("../records/x", "not a run id"), ("nope-sat-1", "list_runs")]:
             r = await b.call_tool("get_records", {"bench_id": bad})
             assert r.is_error and needle in r.content[0].text
+        # a damaged records file and a foreign result file: clear errors, nothing hidden
+        (tmp_path / "records" / "junk-sat-1.npz").write_bytes(b"not a zip")
+        (tmp_path / "records" / "junk-sat-1.json").write_text("{")
+        r = await b.call_tool("get_records", {"bench_id": "junk-sat-1"})
+        assert r.is_error and "damaged or incomplete" in r.content[0].text
+        runs = (await b.call_tool("list_runs", {})).structured_content
+        assert (runs["total"], runs["skipped_files"]) == (1, ["junk-sat-1.json"])
 
 
 # --------------------------------------------------------------------------- HTTP against the stub

@@ -159,8 +159,10 @@ def _from_thread(progress: ProgressFn | None, message: Callable[[int, int], str]
 
 
 def _sat_progress(s: Snapshot) -> tuple[float, float | None, str]:
-    return (s.done, None, f"{s.done} requests ({s.errors} failed), {s.elapsed_s:.0f}/"
-                          f"{s.duration_s:g} s, {s.in_flight} in flight")
+    clock = (f"{s.elapsed_s:.0f}/{s.duration_s:g} s" if s.elapsed_s <= s.duration_s else
+             f"draining {s.in_flight} after {s.duration_s:g} s ({s.elapsed_s:.0f} s)")
+    return (s.done, None, f"{s.done} requests ({s.errors} failed), {clock}, "
+                          f"{s.in_flight} in flight")
 
 
 def _replay_progress(s: Snapshot) -> tuple[float, float | None, str]:

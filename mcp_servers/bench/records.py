@@ -16,6 +16,7 @@ import json
 import math
 import os
 import re
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -75,6 +76,8 @@ class RunList(BaseModel):
     start: int
     next_start: int | None
     runs: list[RunInfo]
+    skipped_files: list[str] = Field(default_factory=list, description=(
+        "result files in the records folder that could not be read (damaged or foreign)"))
 
 
 def _ms(x: float) -> float | None:
@@ -126,7 +129,17 @@ def page(artifacts: Path, bench_id: str, start: int = 0, max_items: int = 100,
         BackendError: malformed or unknown ``bench_id``.
     """
     max_items = max(1, min(max_items, MAX_PAGE))
-    with np.load(_path(artifacts, bench_id), allow_pickle=False) as z:
+    path = _path(artifacts, bench_id)
+    try:
+        return _page(path, bench_id, start, max_items, include_itl)
+    except (OSError, ValueError, KeyError, IndexError, zipfile.BadZipFile) as e:
+        raise BackendError(f"the records of run {bench_id!r} ({path.name}) are damaged or "
+                           f"incomplete ({type(e).__name__}: {e}); rerun the benchmark") from e
+
+
+def _page(path: Path, bench_id: str, start: int, max_items: int,
+          include_itl: bool) -> RecordPage:
+    with np.load(path, allow_pickle=False) as z:
         arrival = z["arrival_s"]
         n = len(arrival)
         sent = z["sent_s"] if "sent_s" in z.files else arrival
@@ -157,8 +170,8 @@ def runs(artifacts: Path, start: int = 0, max_items: int = 100) -> RunList:
     metas = sorted(artifacts.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True) \
         if artifacts.is_dir() else []
     metas = [p for p in metas if not p.name.endswith(".tmp.json")]
-    out = []
-    for p in metas[start:start + max_items]:
+    out, damaged = [], []
+    for p in metas:
         try:
             r = json.loads(p.read_text())
             wl, s = r["workload"], r["summary"]
@@ -168,6 +181,7 @@ def runs(artifacts: Path, start: int = 0, max_items: int = 100) -> RunList:
                                errors=s["errors"], output_tok_s=s["output_tok_s"],
                                created=p.stat().st_mtime))
         except (OSError, ValueError, KeyError, TypeError):
-            continue  # a foreign or damaged file: not a run
-    nxt = start + max_items if start + max_items < len(metas) else None
-    return RunList(total=len(metas), start=start, next_start=nxt, runs=out)
+            damaged.append(p.name)  # a foreign or damaged file: not a run
+    nxt = start + max_items if start + max_items < len(out) else None
+    return RunList(total=len(out), start=start, next_start=nxt,
+                   runs=out[start:start + max_items], skipped_files=damaged)

@@ -41,7 +41,8 @@ Concurrency = Annotated[int, Field(
     ge=1, le=100_000, description=f"clients in flight (HTTP: at most {MAX_CONCURRENCY})")]
 Duration = Annotated[float, Field(
     gt=0, le=3600, description="seconds of new load: virtual on the twin, wall time over HTTP "
-                               "(the run then drains in-flight requests)")]
+                               "(the run then drains in-flight requests; an HTTP request not "
+                               "finished 600 s after its send counts as failed)")]
 
 RUN = ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False,
                       openWorldHint=True)
@@ -186,6 +187,7 @@ def main(backend_kind: str = "twin", namespace: str = "servetune",
             ``http://127.0.0.1``); none by default.
     """
     logging.basicConfig(stream=sys.stderr, level=logging.INFO)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per benchmark request
     sdir = Path(state_dir) if state_dir is not None else None
     if artifacts_dir is None:
         artifacts_dir = sdir / "bench" if sdir is not None else Path(".servetune") / "bench"

@@ -162,6 +162,12 @@ class SkillFile(BaseModel):
     content: str = Field(description="the SKILL.md text (YAML frontmatter + markdown)")
 
 
+def _one_line(text: str, limit: int = 600) -> str:
+    """``text`` on one line (a newline in a lesson must not start new markdown), cut at limit."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[:limit - 1] + "…"
+
+
 def _scope_text(lesson: Lesson) -> str:
     s = lesson.scope
     parts = [s.gpu or "any GPU", s.model or "any model", f"weights {s.quantization or 'any'}",
@@ -214,16 +220,16 @@ def export_skill(store: LessonStore, name: str = "servetune-lessons", gpu: str |
     if rules:
         out += ["## Rules: configs that fail", ""]
     for x in rules:
-        out += [f"- **{x.title}** (`{x.id}`, {x.outcome}"
+        out += [f"- **{_one_line(x.title)}** (`{x.id}`, {x.outcome}"
                 f"{', ' + x.failure_class if x.failure_class else ''})",
                 f"  - scope: {_scope_text(x)}", f"  - fails when: `{x.condition_text()}`",
-                f"  - why: {x.root_cause}", f"  - fix: {x.fix}"]
+                f"  - why: {_one_line(x.root_cause)}", f"  - fix: {_one_line(x.fix)}"]
     if notes:
         out += ["", "## Notes: what helped or hurt", ""]
     for x in notes:
-        out += [f"- **{x.title}** (`{x.id}`, {x.outcome})", f"  - scope: {_scope_text(x)}",
-                f"  - when: `{x.condition_text()}`", f"  - why: {x.root_cause}",
-                f"  - so: {x.fix}"]
+        out += [f"- **{_one_line(x.title)}** (`{x.id}`, {x.outcome})",
+                f"  - scope: {_scope_text(x)}", f"  - when: `{x.condition_text()}`",
+                f"  - why: {_one_line(x.root_cause)}", f"  - so: {_one_line(x.fix)}"]
     if not lessons:
         out += ["No lessons are stored yet for this scope: run `servetune run` first."]
     return SkillFile(name=name, path=f".claude/skills/{name}/SKILL.md",
