@@ -2,12 +2,15 @@
 
 Through mcp.Client (in memory and over stdio): Ready, a failed startup, a crash while serving,
 Pending then polled, logs by time and tail, events, teardown that stops the whole process group
-by PID (and never a recycled PID), records shared with a second backend instance.
+by PID (and never a recycled PID), records shared with a second backend instance; a corrupt or
+tampered record (reported, torn down from the pid files, moved aside), log paths confined to the
+deployment's folder, GPUs allocated across deployments, settings refused at construction.
 Every test tears down what it started (the ``local`` fixture's finalizer).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -23,6 +26,7 @@ from mcp import Client, StdioServerParameters
 from agents.deployer import classify
 from domain.config import ServingConfig
 from mcp_servers.cluster import ops
+from mcp_servers.cluster.backend import BackendError, CorruptRecord
 from mcp_servers.cluster.local import LocalProcessBackend
 from mcp_servers.cluster.procs import group_members, proc_stat, running
 from mcp_servers.cluster.server import build_server as cluster_server
@@ -268,6 +272,7 @@ async def test_a_recycled_pid_is_never_signalled(local):
     backend = local()
     assert ops.deploy(backend, "victim", ServingConfig(**config()), wait_s=20).phase == "Ready"
     (real,) = backend.processes("victim")
+    ticks = proc_stat(real).start_ticks
     foreign = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                                start_new_session=True)
     try:
@@ -281,10 +286,13 @@ async def test_a_recycled_pid_is_never_signalled(local):
         assert foreign.poll() is None  # still running
         warn = [e for e in backend.events("victim") if e.reason == "ForeignProcess"]
         assert warn and warn[0].type == "Warning" and str(foreign.pid) in warn[0].message
+        # the replica's pid file still named the real server: it was stopped all the same
+        assert not running(real, ticks)
     finally:
         foreign.kill()
         foreign.wait()
-        os.killpg(real, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(real, signal.SIGKILL)
         deadline = time.monotonic() + 5
         while not gone(real) and time.monotonic() < deadline:
             backend.list()  # reaps the real server once the kill has landed
@@ -326,3 +334,160 @@ async def test_local_server_over_stdio_and_a_second_process(tmp_path):
         for d in here.list():
             if d.phase != "Terminated":
                 here.teardown(d.name)
+
+
+async def test_corrupt_record_is_reported_and_teardown_still_stops_it(local):
+    backend = local()
+    for n in ("ok", "bad"):
+        assert ops.deploy(backend, n, ServingConfig(**config()), wait_s=20).phase == "Ready"
+    (pid,) = backend.processes("bad")
+    path = backend._store.root / "bad.json"
+    path.write_text(path.read_text()[:100])  # truncated mid-write by hand
+    async with Client(cluster_server(backend)) as c:
+        listed = await c.call_tool("list_deployments", {})
+        assert not listed.is_error, listed.content
+        assert [d["name"] for d in listed.structured_content["result"]] == ["ok"]
+        ev = (await c.call_tool("get_events", {})).structured_content["events"]
+        warn = [e for e in ev if e["reason"] == "CorruptRecord"]
+        assert len(warn) == 1 and warn[0]["type"] == "Warning" and warn[0]["object"] == "bad"
+        assert str(path) in warn[0]["message"] and "tear_down('bad')" in warn[0]["message"]
+        for tool, args in [("get_status", {"name": "bad"}), ("get_logs", {"name": "bad"}),
+                           ("get_events", {"name": "bad"}),
+                           ("deploy", {"name": "bad", "config": config()})]:
+            r = await c.call_tool(tool, args)
+            assert r.is_error and str(path) in r.content[0].text, (tool, r.content)
+            assert "not valid JSON" in r.content[0].text and "tear_down" in r.content[0].text
+        assert running(pid, proc_stat(pid).start_ticks)  # nothing was stopped by the errors
+        down = await c.call_tool("tear_down", {"name": "bad"})
+        assert not down.is_error, down.content
+        st = down.structured_content
+        assert st["phase"] == "Terminated" and st["message"].startswith("torn down at ")
+        assert gone(pid)  # stopped from its pid file
+        (aside,) = backend._store.root.glob("bad.json.*.corrupt")
+        assert len(aside.read_text()) == 100  # kept as it was, for a post-mortem
+        reasons = [e.reason for e in backend.events("bad")]
+        assert reasons[0] == "CorruptRecord" and reasons[-1] == "Stopped"
+        again = await c.call_tool("tear_down", {"name": "bad"})  # idempotent
+        assert again.structured_content["phase"] == "Terminated"
+        r = await c.call_tool("deploy", {"name": "bad", "config": config(), "wait_s": 20})
+        assert r.structured_content["phase"] == "Ready", r.content
+        reasons = [e.reason for e in backend.events("bad")]  # the earlier run's are kept
+        assert reasons[0] == "CorruptRecord" and reasons[-2:] == ["Started", "Ready"]
+
+
+@pytest.mark.parametrize("tamper, needle", [
+    (lambda rec: rec["replicas"][0].update(pid=0), "replicas.0.pid"),
+    (lambda rec: rec["replicas"][0].update(start_ticks="soon"), "start_ticks"),
+    (lambda rec: rec.pop("config"), "config"),
+    (lambda rec: rec.update(name="other"), "names deployment 'other'"),
+    (lambda rec: rec["replicas"][0].update(url="http://example.com:80"), "loopback"),
+    (lambda rec: rec.update(health_path="@evil.example/"), "health_path"),
+    (lambda rec: [rec.clear(), rec.update({"x": [1] * 3})], "invalid fields"),
+], ids=["pid-zero", "ticks-type", "no-config", "other-name", "remote-url", "health-path",
+        "garbage"])
+def test_wrong_fields_are_a_corrupt_record_and_the_pid_file_still_stops_it(local, tamper,
+                                                                          needle):
+    backend = local()
+    assert ops.deploy(backend, "t", ServingConfig(**config()), wait_s=20).phase == "Ready"
+    (pid,) = backend.processes("t")
+    path = backend._store.root / "t.json"
+    rec = json.loads(path.read_text())
+    tamper(rec)
+    path.write_text(json.dumps(rec))
+    with pytest.raises(CorruptRecord, match=needle):
+        backend.status("t")
+    assert backend.list() == []
+    assert [e.reason for e in backend.events()] == ["CorruptRecord"]
+    assert backend.teardown("t").phase == "Terminated" and gone(pid)
+
+
+def test_a_list_record_and_a_record_without_pid_files_or_config(local):
+    backend = local()
+    assert ops.deploy(backend, "t", ServingConfig(**config()), wait_s=20).phase == "Ready"
+    (pid,) = backend.processes("t")
+    folder = backend._store.root / "t"
+    (folder / "config.json").write_text("{")
+    (backend._store.root / "t.json").write_text("[1, 2]")
+    with pytest.raises(CorruptRecord, match="JSON list, not an object"):
+        backend.status("t")
+    with pytest.raises(BackendError, match="moved aside to .*corrupt.*can be deployed again"):
+        backend.teardown("t")
+    assert gone(pid) and backend.list() == [] and not list(folder.glob("*.pid"))
+    assert ops.deploy(backend, "t", ServingConfig(**config()), wait_s=20).phase == "Ready"
+
+
+async def test_log_path_is_confined_to_the_deployment_folder(local):
+    backend = local()
+    assert ops.deploy(backend, "lp", ServingConfig(**config()), wait_s=20).phase == "Ready"
+    path = backend._store.root / "lp.json"
+    good = path.read_text()
+    rec = json.loads(good)
+    rec["replicas"][0]["log"] = "../../../../../../etc/passwd"
+    path.write_text(json.dumps(rec))
+    async with Client(cluster_server(backend)) as c:
+        r = await c.call_tool("get_logs", {"name": "lp"})
+        assert r.is_error and "plain file name" in r.content[0].text
+        assert "root:" not in r.content[0].text
+        # a symlink planted in the folder is refused as well
+        path.write_text(good)
+        log = backend._store.root / "lp" / "replica-0.log"
+        log.unlink()
+        log.symlink_to("/etc/passwd")
+        r = await c.call_tool("get_logs", {"name": "lp"})
+        assert r.is_error and "outside the deployment's folder" in r.content[0].text
+        st = (await c.call_tool("get_status", {"name": "lp"})).structured_content
+        assert st["message"].startswith("(log unreadable: ") and "root:" not in st["message"]
+
+
+async def test_visible_devices_are_allocated_across_deployments(local):
+    pre = ("import os\n"
+           "print('devices', os.environ['CUDA_VISIBLE_DEVICES'], flush=True)")
+    a = local(stub(pre=pre), visible_devices=["0", "1"])
+    b = local(stub(pre=pre), visible_devices=["0", "1"])  # a second server, same state
+    one = ServingConfig(**config(tp_size=1))
+    assert ops.deploy(a, "g1", one, wait_s=20).phase == "Ready"
+    assert ops.deploy(b, "g2", one, wait_s=20).phase == "Ready"
+    assert a.logs("g1")[0].text == "devices 0" and a.logs("g2")[0].text == "devices 1"
+    with pytest.raises(BackendError, match=r"only 0 of the 2 visible devices are free .*"
+                       r"GPU 0 by 'g1'; GPU 1 by 'g2'.*Tear down"):
+        ops.deploy(a, "g3", one)
+    started = [e.message for e in a.events("g2") if e.reason == "Started"]
+    assert "CUDA_VISIBLE_DEVICES=1" in started[0]
+    a.teardown("g1")
+    assert ops.deploy(b, "g3", one, wait_s=20).phase == "Ready"
+    assert b.logs("g3")[0].text == "devices 0"
+    # a Failed deployment holds its GPUs until it is torn down
+    a.teardown("g2")
+    bad = local(stub("--fail", "boom", pre=pre), visible_devices=["0", "1"])
+    assert ops.deploy(bad, "f1", one, wait_s=20).phase == "Failed"
+    with pytest.raises(BackendError, match="GPU 0 by 'g3'; GPU 1 by 'f1'"):
+        ops.deploy(a, "g4", one)
+
+
+@pytest.mark.parametrize("kw, needle", [
+    ({"visible_devices": ["0", "0"]}, "listed twice"),
+    ({"visible_devices": ["0", "00"]}, "listed twice"),
+    ({"visible_devices": ["-1"]}, "neither a non-negative GPU index"),
+    ({"visible_devices": ["cuda:0"]}, "neither a non-negative GPU index"),
+    ({"visible_devices": []}, "empty"),
+    ({"command": ["srv", "--port", "{nope}"]}, r"unknown placeholder \{nope\}.*\{host\}, "
+                                               r"\{port\} and \{config_json\}"),
+    ({"health_path": "@evil/"}, "health_path"),
+], ids=["dup", "dup-int", "negative", "word", "empty", "placeholder", "health-path"])
+def test_bad_settings_are_refused_at_construction(tmp_path, kw, needle):
+    with pytest.raises(BackendError, match=needle):
+        LocalProcessBackend(NS, tmp_path, **{"command": stub(), **kw})
+    ok = LocalProcessBackend(NS, tmp_path, command=stub(),
+                             visible_devices=["1", "GPU-5c0e4e1a-8a4f-11ee-b9d1-0242ac120002"])
+    assert ok.visible_devices == ["1", "GPU-5c0e4e1a-8a4f-11ee-b9d1-0242ac120002"]
+
+
+def test_teardown_message_and_redeploy_keeps_earlier_events(local):
+    backend = local()
+    assert ops.deploy(backend, "re", ServingConfig(**config()), wait_s=20).phase == "Ready"
+    st = backend.teardown("re")
+    assert st.message.startswith("torn down at ") and st.message.endswith(
+        "; last log line: The server is fired up and ready to roll!")
+    assert ops.deploy(backend, "re", ServingConfig(**config()), wait_s=20).phase == "Ready"
+    assert [e.reason for e in backend.events("re")] == [
+        "Created", "Started", "Ready", "Killing", "Stopped", "Created", "Started", "Ready"]

@@ -229,3 +229,55 @@ async def test_cluster_server_over_stdio(tmp_path):
         r = await c.call_tool("tear_down", {"name": "s1"})
         assert r.structured_content["phase"] == "Terminated"
     assert TwinBackend("stdio-ns", tmp_path).status("s1").phase == "Terminated"
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("{not json", "not valid JSON"),
+    ('{"name": "b", "config": 5, "labels": {}}', "invalid fields: config"),
+    ('"b"', "JSON str, not an object"),
+    ("\xff garbage", "not valid JSON"),
+], ids=["truncated", "wrong-type", "not-object", "not-utf8"])
+async def test_a_corrupt_twin_record_is_reported_not_fatal(tmp_path, text, needle):
+    backend = TwinBackend("team-a", state_dir=tmp_path)
+    ops.deploy(backend, "a", ServingConfig(**config()))
+    ops.deploy(backend, "b", ServingConfig(**config()))
+    path = tmp_path / "twin" / "team-a" / "b.json"
+    path.write_bytes(text.encode("latin-1"))
+    async with Client(cluster_server(backend)) as c:
+        listed = await c.call_tool("list_deployments", {})
+        assert not listed.is_error, listed.content
+        assert [d["name"] for d in listed.structured_content["result"]] == ["a"]
+        ev = await c.call_tool("get_events", {})
+        assert not ev.is_error, ev.content
+        warn = [e for e in ev.structured_content["events"] if e["reason"] == "CorruptRecord"]
+        assert len(warn) == 1 and warn[0]["object"] == "b" and str(path) in warn[0]["message"]
+        assert needle in warn[0]["message"]
+        for tool, args in [("get_status", {"name": "b"}), ("get_logs", {"name": "b"}),
+                           ("get_events", {"name": "b"}),
+                           ("deploy", {"name": "b", "config": config()})]:
+            r = await c.call_tool(tool, args)
+            assert r.is_error and str(path) in r.content[0].text, (tool, r.content)
+            assert needle in r.content[0].text and "tear_down('b')" in r.content[0].text
+        assert (await c.call_tool("get_status", {"name": "a"})).structured_content[
+            "phase"] == "Ready"
+        r = await c.call_tool("tear_down", {"name": "b"})
+        assert r.is_error and "moved aside" in r.content[0].text
+        assert "can be deployed again" in r.content[0].text
+        assert not path.exists() and len(list(path.parent.glob("b.json.*.corrupt"))) == 1
+        r = await c.call_tool("deploy", {"name": "b", "config": config()})
+        assert r.structured_content["phase"] == "Ready"
+        ev = (await c.call_tool("get_events", {})).structured_content["events"]
+        assert not [e for e in ev if e["reason"] == "CorruptRecord"]
+
+
+def test_twin_teardown_message_and_redeploy_keeps_earlier_events(tmp_path):
+    backend = TwinBackend("team-a", state_dir=tmp_path)
+    ops.deploy(backend, "d", ServingConfig(**config()))
+    st = backend.teardown("d")
+    assert st.message.startswith("torn down at ") and st.message.endswith(
+        "; last log line: The server is fired up and ready to roll!")
+    ops.deploy(backend, "d", ServingConfig(**config(attention_backend="fa3")))
+    assert [e.reason for e in backend.events("d")] == [
+        "Created", "Ready", "Killing", "Created", "Failed"]
+    assert [e.reason for e in TwinBackend("team-a", state_dir=tmp_path).events()] == [
+        "Created", "Ready", "Killing", "Created", "Failed"]

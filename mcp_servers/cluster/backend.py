@@ -20,22 +20,33 @@ Backends: ``twin`` (here: simulated SGLang servers that answer at once), ``local
   selector the model wrote); ``list``: a label selector on managed-by.
 
 No backend reads Secrets, execs into a server, or deletes anything it did not create.
+
+A record file that cannot be used (not JSON, wrong types, missing fields) never breaks the
+server: ``list`` skips it (logging a warning), ``events()`` reports it as a Warning event with
+reason ``CorruptRecord`` naming the file, and a call naming that deployment raises
+:class:`CorruptRecord` (a :class:`BackendError`) saying to ``teardown`` it, which stops what it
+can, moves the file aside (``*.corrupt``) and frees the name.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from domain.config import ServingConfig
 from domain.fit import FitReport
 from domain.twin.startup import Startup, start
-from mcp_servers.cluster.store import RecordStore
+from mcp_servers.cluster.store import RecordStore, UnreadableRecord
+
+log = logging.getLogger("servetune.cluster")
+M = TypeVar("M", bound=BaseModel)
 
 Phase = Literal["Pending", "Ready", "Failed", "Terminated"]
 SETTLED: tuple[Phase, ...] = ("Ready", "Failed", "Terminated")
@@ -89,6 +100,78 @@ class Event(BaseModel):
 
 class BackendError(Exception):
     """A backend operation was refused or failed; the message says what to do next."""
+
+
+class CorruptRecord(BackendError):
+    """The record file of a deployment cannot be used (bad JSON, wrong types, missing fields)."""
+
+    def __init__(self, name: str, path: Path | None, reason: str) -> None:
+        super().__init__(
+            f"the record of deployment {name!r} is unreadable: {path or name}: {reason}. Call "
+            f"tear_down({name!r}): it stops whatever the deployment started that can still be "
+            "identified, moves the file aside (*.corrupt) and frees the name for a new deploy.")
+        self.name, self.path, self.reason = name, path, reason
+
+    def event(self) -> Event:
+        """A Warning event (reason CorruptRecord) for this record, stamped with its mtime."""
+        try:
+            t = self.path.stat().st_mtime if self.path is not None else time.time()
+        except OSError:
+            t = time.time()
+        return Event(t=t, type="Warning", reason="CorruptRecord", object=self.name,
+                     message=str(self))
+
+
+def read_record(store: RecordStore, name: str, model: type[M]) -> M | None:
+    """Record ``name`` of ``store`` validated as ``model``; None if there is none.
+
+    Raises:
+        CorruptRecord: the file is not JSON, fails ``model``'s validation, or names another
+            deployment.
+    """
+    try:
+        raw = store.read(name)
+    except UnreadableRecord as e:
+        raise CorruptRecord(name, e.path, e.reason) from e
+    if raw is None:
+        return None
+    try:
+        rec = model.model_validate(raw)
+    except ValidationError as e:
+        errs = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'record'}: {err['msg']}"
+                         for err in e.errors()[:3])
+        more = f" (+{e.error_count() - 3} more)" if e.error_count() > 3 else ""
+        raise CorruptRecord(name, store.path(name), f"invalid fields: {errs}{more}") from e
+    if getattr(rec, "name", name) != name:
+        raise CorruptRecord(name, store.path(name),
+                            f"it names deployment {getattr(rec, 'name', '')!r}, not {name!r}")
+    return rec
+
+
+def scan_records(store: RecordStore, model: type[M]) -> tuple[list[M], list[CorruptRecord]]:
+    """Every usable record of ``store`` (by ``created_at``) and the errors of the others."""
+    good: list[M] = []
+    bad: list[CorruptRecord] = []
+    for name in store.names():
+        if not NAME_RE.match(name):
+            bad.append(CorruptRecord(name, store.path(name), "the file name is not a "
+                                     "deployment name (DNS-1123 label); remove the file"))
+            continue
+        try:
+            rec = read_record(store, name, model)
+        except CorruptRecord as e:
+            bad.append(e)
+            continue
+        if rec is not None:
+            good.append(rec)
+    for err in bad:
+        log.warning("skipping a deployment record: %s", err)
+    return sorted(good, key=lambda d: getattr(d, "created_at", 0.0)), bad
+
+
+def when(t: float) -> str:
+    """Epoch seconds as an ISO-8601 UTC time, to the second."""
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
 
 
 class ClusterBackend(Protocol):
@@ -183,6 +266,7 @@ class _TwinRecord(BaseModel):
     labels: dict[str, str]
     created_at: float
     terminated_at: float | None = None
+    history: list[Event] = []  # events of earlier deployments of this name
 
 
 class TwinBackend:
@@ -205,12 +289,12 @@ class TwinBackend:
         self._startups: dict[str, Startup] = {}
 
     def _get(self, name: str) -> _TwinRecord:
-        raw = self._store.read(name) if NAME_RE.match(name) else None
-        if raw is None:
+        rec = read_record(self._store, name, _TwinRecord) if NAME_RE.match(name) else None
+        if rec is None:
             known = ", ".join(sorted(self._store.names())) or "none"
             raise BackendError(f"no deployment {name!r} in namespace {self.namespace}; "
                                f"existing: {known}. Call list_deployments to see them.")
-        return _TwinRecord.model_validate(raw)
+        return rec
 
     def _startup(self, config: ServingConfig) -> Startup:
         key = config.model_dump_json()
@@ -230,11 +314,12 @@ class TwinBackend:
         check_name(name, self.namespace)
         refuse_flag_values(config)
         with self._store.locked():
-            old = self._store.read(name)
-            if old is not None and old.get("terminated_at") is None:
+            old = read_record(self._store, name, _TwinRecord)
+            if old is not None and old.terminated_at is None:
                 raise BackendError(f"deployment {name!r} already exists; tear it down first")
+            history = [] if old is None else self._events_of(old)[-MAX_HISTORY:]
             rec = _TwinRecord(name=name, config=config, labels=dict(labels),
-                              created_at=time.time())
+                              created_at=time.time(), history=history)
             self._store.write(name, rec.model_dump(mode="json"))
         return self._status(rec)
 
@@ -242,12 +327,16 @@ class TwinBackend:
         s = self._startup(d.config)
         phase: Phase = ("Terminated" if d.terminated_at is not None
                         else ("Ready" if s.ready else "Failed"))
+        message = s.reason
+        if d.terminated_at is not None:
+            message = (f"torn down at {when(d.terminated_at)}; last log line: "
+                       f"{s.log[-1] if s.log else ''}")
         return DeploymentStatus(
             name=d.name, namespace=self.namespace, phase=phase, replicas=d.config.replicas,
             ready_replicas=d.config.replicas if phase == "Ready" else 0, config=d.config,
             labels=d.labels, created_at=d.created_at,
             exit_code=None if s.ready else s.exit_code,
-            failed_stage=None if s.ready else s.phase, message=s.reason, startup_s=s.startup_s)
+            failed_stage=None if s.ready else s.phase, message=message, startup_s=s.startup_s)
 
     def status(self, name: str) -> DeploymentStatus:
         """Current status of ``name``. Raises BackendError if it does not exist."""
@@ -267,43 +356,69 @@ class TwinBackend:
         return [LogLine(t=d.created_at, text=x) for x in self._startup(d.config).log]
 
     def events(self, name: str | None = None) -> list[Event]:
-        """Created, then Ready or Failed, then Killing after a teardown; oldest first."""
-        recs = [self._get(name)] if name is not None else self._records()
-        out: list[Event] = []
+        """Created, then Ready or Failed, then Killing after a teardown; oldest first.
+
+        Earlier deployments of a name keep their events. Without ``name``, an unreadable
+        record adds a Warning event (reason CorruptRecord) naming its file.
+        """
+        bad: list[CorruptRecord] = []
+        if name is not None:
+            recs = [self._get(name)]
+        else:
+            recs, bad = scan_records(self._store, _TwinRecord)
+        out = [e.event() for e in bad]
         for d in recs:
-            s, n = self._startup(d.config), d.config.replicas
-            out.append(Event(t=d.created_at, type="Normal", reason="Created", object=d.name,
-                             message=f"{n} replica(s) of config {d.config.config_id()}"))
-            if s.ready:
-                out.append(Event(t=d.created_at, type="Normal", reason="Ready", object=d.name,
-                                 message=f"{n}/{n} replicas ready after {s.startup_s:.1f} s "
-                                 "(virtual time)"))
-            else:
-                out.append(Event(t=d.created_at, type="Warning", reason="Failed", object=d.name,
-                                 message=f"stage {s.phase}, exit code {s.exit_code}: "
-                                 f"{s.reason}"))
-            if d.terminated_at is not None:
-                out.append(Event(t=d.terminated_at, type="Normal", reason="Killing",
-                                 object=d.name, message=f"stopped {n} replica(s)"))
+            out += self._events_of(d)
         return sorted(out, key=lambda e: e.t)
 
+    def _events_of(self, d: _TwinRecord) -> list[Event]:
+        s, n = self._startup(d.config), d.config.replicas
+        out = list(d.history)
+        out.append(Event(t=d.created_at, type="Normal", reason="Created", object=d.name,
+                         message=f"{n} replica(s) of config {d.config.config_id()}"))
+        if s.ready:
+            out.append(Event(t=d.created_at, type="Normal", reason="Ready", object=d.name,
+                             message=f"{n}/{n} replicas ready after {s.startup_s:.1f} s "
+                             "(virtual time)"))
+        else:
+            out.append(Event(t=d.created_at, type="Warning", reason="Failed", object=d.name,
+                             message=f"stage {s.phase}, exit code {s.exit_code}: "
+                             f"{s.reason}"))
+        if d.terminated_at is not None:
+            out.append(Event(t=d.terminated_at, type="Normal", reason="Killing",
+                             object=d.name, message=f"stopped {n} replica(s)"))
+        return out
+
     def teardown(self, name: str) -> DeploymentStatus:
-        """Stop ``name``; idempotent. Raises BackendError if it never existed."""
+        """Stop ``name``; idempotent.
+
+        An unreadable record is moved aside (the twin runs no processes), freeing the name.
+
+        Raises:
+            BackendError: it never existed; or its record was unreadable (the message says it
+                was moved aside: there is no status to report).
+        """
         with self._store.locked():
-            d = self._get(name)
+            try:
+                d = self._get(name)
+            except CorruptRecord as e:
+                dest = self._store.set_aside(name)
+                log.warning("moved the unreadable record %s aside to %s", e.path, dest)
+                raise BackendError(
+                    f"the record of deployment {name!r} was unreadable ({e.path}: {e.reason}); "
+                    f"it was moved aside to {dest}. The twin runs no processes, so nothing "
+                    f"else was left running; {name!r} can be deployed again.") from e
             if d.terminated_at is None:
                 d.terminated_at = time.time()
                 self._store.write(name, d.model_dump(mode="json"))
         return self._status(d)
 
-    def _records(self) -> list[_TwinRecord]:
-        recs = [self._store.read(n) for n in self._store.names()]
-        return sorted((_TwinRecord.model_validate(r) for r in recs if r is not None),
-                      key=lambda d: d.created_at)
-
     def list(self) -> list[DeploymentStatus]:
-        """Every deployment this backend created, oldest first."""
-        return [self._status(d) for d in self._records()]
+        """Every deployment this backend created, oldest first.
+
+        Unreadable records are skipped (logged; ``events()`` reports them).
+        """
+        return [self._status(d) for d in scan_records(self._store, _TwinRecord)[0]]
 
     def ready_fit(self, name: str) -> tuple[ServingConfig, FitReport]:
         """Config and resolved memory layout of a Ready deployment (for the bench server).
@@ -320,6 +435,7 @@ class TwinBackend:
 
 
 BACKEND_KINDS = ("twin", "local")
+MAX_HISTORY = 1000  # events kept of earlier deployments of one name
 
 
 def make_backend(kind: str = "twin", namespace: str = "servetune", state_dir: Path | None = None,

@@ -3,8 +3,18 @@
 ``deploy`` starts ``config.replicas`` processes, each on a free port, in a new session (so each
 leads its own process group), with stdout and stderr written to a log file under the state
 folder. The argv is ``command`` with ``{host}``, ``{port}`` and ``{config_json}`` replaced in
-every element (no shell ever parses it), or, without a command, the real SGLang server:
-``config.to_sglang_args() + ['--host', host, '--port', port]``.
+every element (no shell ever parses it; ``{config_json}`` is the path of a JSON file holding the
+ServingConfig; any other ``{word}`` is refused when the backend is built), or, without a command,
+the real SGLang server: ``config.to_sglang_args() + ['--host', host, '--port', port]``.
+
+With ``visible_devices``, each replica gets ``tp_size`` GPUs in ``CUDA_VISIBLE_DEVICES``, taken
+from the devices that no deployment of this state folder holds: a deployment holds its GPUs
+until it is torn down (a Failed one too: its processes may linger). A deploy needing more free
+GPUs than remain is refused, naming who holds them.
+
+Server processes are not children that die with the MCP server: local deployments keep
+running after the cluster server exits, until ``teardown``; a new server (or backend) over the
+same state folder sees them and can tear them down.
 
 A replica is Ready when ``GET http://host:port{health_path}`` answers 200, and Failed when its
 process exits (stage ``startup`` before Ready, ``serving`` after; the message is its last
@@ -16,7 +26,14 @@ non-empty log line) or when no replica answered within ``ready_timeout_s``.
 are never looked up or killed by name.
 
 Records (:mod:`mcp_servers.cluster.store`) live under ``state_dir/local/<namespace>/``, so another
-process over the same folder sees the deployments and can tear them down. Exit codes are known
+process over the same folder sees the deployments and can tear them down. Beside each record,
+the deployment's folder ``<name>/`` holds ``config.json``, the logs ``replica-<i>.log`` and a
+small ``replica-<i>.pid`` per replica (PID, start time, port, GPUs), written atomically when the
+replica starts: if the record becomes unreadable, ``teardown`` still stops the replicas from
+these files (only a PID whose start time matches), moves the record aside (``*.corrupt``) and
+leaves a Terminated record in its place. Paths are never taken from a record: a replica's log
+is a plain file name, resolved inside the deployment's folder (else refused). Redeploying a
+torn-down name keeps the earlier runs' events. Exit codes are known
 to the process that started a server (it reaps it); others report None. Log lines carry the
 time a reader first saw them on disk (the log file's mtime at that read), so ``since_s`` is as
 precise as the polling.
@@ -24,8 +41,11 @@ precise as the polling.
 
 from __future__ import annotations
 
+import builtins
 import ipaddress
+import logging
 import os
+import re
 import shlex
 import subprocess
 import threading
@@ -33,40 +53,84 @@ import time
 from pathlib import Path
 
 import httpx
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from domain.config import ServingConfig
 from mcp_servers.cluster import logfile
 from mcp_servers.cluster.backend import (
+    MAX_HISTORY,
     NAME_RE,
     BackendError,
+    CorruptRecord,
     DeploymentStatus,
     Event,
     LogLine,
     Phase,
     check_name,
+    read_record,
     refuse_flag_values,
+    scan_records,
     settle,
+    when,
 )
 from mcp_servers.cluster.procs import free_ports, proc_stat, running, stop_groups
 from mcp_servers.cluster.store import RecordStore, write_atomic
 
 MAX_MARKS = 1000  # per replica; beyond, every other mark is dropped
+PLACEHOLDERS = ("{host}", "{port}", "{config_json}")
+PLACEHOLDER_RE = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
+HEALTH_PATH_RE = re.compile(r"^/[A-Za-z0-9._~/-]*$")
+DEVICE_RE = re.compile(r"^(GPU|MIG)-[0-9A-Za-z/-]+$")
+LOG_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+log = logging.getLogger("servetune.cluster.local")
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class _Replica(BaseModel):
-    index: int
-    pid: int
+    index: int = Field(ge=0)
+    pid: int = Field(ge=2)  # never 0 or 1 (os.killpg(0) would be our own group)
     start_ticks: int  # /proc/PID/stat field 22: tells this process from a later one with its PID
-    port: int
+    port: int = Field(ge=1, le=65535)
     url: str  # base URL, e.g. http://127.0.0.1:31001
     argv: list[str]
     log: str  # file name in the deployment's folder
     started_at: float
+    devices: list[str] = []  # its CUDA_VISIBLE_DEVICES (empty: the environment's)
     ready_at: float | None = None
     exited_at: float | None = None
     exit_code: int | None = None
     marks: list[logfile.Mark] = []  # stamps of the log's lines (see logfile)
+
+    @field_validator("log")
+    @classmethod
+    def _plain_file_name(cls, v: str) -> str:
+        if not LOG_NAME_RE.match(v) or ".." in v:
+            raise ValueError(f"log {v!r} must be a plain file name in the deployment's folder")
+        return v
+
+    @field_validator("url")
+    @classmethod
+    def _loopback_url(cls, v: str) -> str:
+        try:
+            u = httpx.URL(v)
+        except (httpx.InvalidURL, TypeError) as e:
+            raise ValueError(f"url {v!r} is not a URL") from e
+        if u.scheme != "http" or not _loopback(u.host) or u.userinfo or u.path not in ("", "/") \
+                or u.query or u.fragment:
+            raise ValueError(f"url {v!r} must be http://<loopback host>:<port>")
+        return v
+
+
+class _PidFile(_Replica):
+    """``<name>/replica-<i>.pid``: a replica as started, for a teardown without the record."""
+
+    created_at: float
 
 
 class _Record(BaseModel):
@@ -74,12 +138,66 @@ class _Record(BaseModel):
     config: ServingConfig
     labels: dict[str, str]
     created_at: float
-    replicas: list[_Replica]
+    replicas: list[_Replica] = Field(min_length=1)
     health_path: str = "/health"  # the deploying backend's settings, which every reader uses
     ready_timeout_s: float = 600.0
     events: list[Event] = []
     gave_up_at: float | None = None
     terminated_at: float | None = None
+
+    @field_validator("health_path")
+    @classmethod
+    def _path_only(cls, v: str) -> str:
+        if not HEALTH_PATH_RE.match(v):
+            raise ValueError(f"health_path {v!r} must be a plain URL path like /health")
+        return v
+
+    @model_validator(mode="after")
+    def _indexed(self) -> _Record:
+        if [r.index for r in self.replicas] != list(range(len(self.replicas))):
+            raise ValueError("replica indices must be 0, 1, ... in order")
+        return self
+
+
+def check_devices(devices: list[str] | None) -> list[str] | None:
+    """``visible_devices`` normalized (``"01"`` -> ``"1"``); None stays None.
+
+    Raises:
+        BackendError: an empty list, a value that is neither a GPU index nor a GPU UUID, or a
+            device listed twice.
+    """
+    if devices is None:
+        return None
+    if not devices:
+        raise BackendError("visible_devices is empty: give GPU ids (e.g. 0,1) or none at all to "
+                           "keep the environment's CUDA_VISIBLE_DEVICES")
+    out: list[str] = []
+    for d in devices:
+        v = str(d).strip()
+        if v.isascii() and v.isdigit():
+            v = str(int(v))
+        elif not DEVICE_RE.match(v):
+            raise BackendError(f"visible device {d!r} is neither a non-negative GPU index (0, 1, "
+                               "...) nor a GPU UUID (GPU-...); give e.g. 0,1,2,3")
+        if v in out:
+            raise BackendError(f"visible device {v!r} is listed twice; list each GPU once")
+        out.append(v)
+    return out
+
+
+def check_command(command: list[str] | None) -> None:
+    """Refuse an argv template with a ``{word}`` placeholder other than the known ones.
+
+    Raises:
+        BackendError: naming the unknown placeholder and the valid ones.
+    """
+    for arg in command or []:
+        for ph in PLACEHOLDER_RE.findall(arg):
+            if ph not in PLACEHOLDERS:
+                raise BackendError(
+                    f"command argument {arg!r} has the unknown placeholder {ph}; the valid ones "
+                    "are {host}, {port} and {config_json} (the path of a JSON file holding the "
+                    "ServingConfig)")
 
 
 class LocalProcessBackend:
@@ -96,35 +214,36 @@ class LocalProcessBackend:
         Args:
             namespace: DNS-1123 label; records go to ``state_dir/local/<namespace>/``.
             state_dir: folder shared by every server process of one user.
-            command: server argv template (``{host}``, ``{port}``, ``{config_json}``), or None
-                for ``sglang serve`` with the config's flags.
+            command: server argv template (``{host}``, ``{port}``, ``{config_json}``: the path
+                of a JSON file with the ServingConfig), or None for ``sglang serve`` with the
+                config's flags.
             host: loopback address the servers bind.
             ready_timeout_s: a deployment with a replica not Ready after this long is Failed.
             health_path: path that answers 200 once a server is ready.
             stop_grace_s: seconds between SIGTERM and SIGKILL at teardown.
-            visible_devices: GPU ids; replica ``i`` gets ``CUDA_VISIBLE_DEVICES`` =
-                ids ``[i*tp_size, (i+1)*tp_size)``. None: the environment's, unchanged.
+            visible_devices: GPU indices or UUIDs (``GPU-...``); each replica gets
+                ``tp_size`` of those no live deployment of the state folder holds, as
+                ``CUDA_VISIBLE_DEVICES``. None: the environment's, unchanged.
 
         Raises:
-            BackendError: bad namespace, empty command, non-loopback host, bad health path.
+            BackendError: bad namespace, empty command or unknown ``{placeholder}``,
+                non-loopback host, bad health path, bad or duplicate visible devices.
         """
         if not NAME_RE.match(namespace):
             raise BackendError(f"namespace {namespace!r} is not a valid DNS-1123 label")
         if command is not None and not command:
             raise BackendError("command must name a program (or be None for sglang serve)")
-        try:
-            loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            loopback = False
-        if not loopback:
+        check_command(command)
+        if not _loopback(host):
             raise BackendError(f"host {host!r}: the local backend only binds loopback addresses")
-        if not health_path.startswith("/"):
-            raise BackendError(f"health_path {health_path!r} must start with '/'")
+        if not HEALTH_PATH_RE.match(health_path):
+            raise BackendError(f"health_path {health_path!r} must be a URL path starting with "
+                               "'/' (letters, digits, '._~/-')")
         self.namespace = namespace
         self.command = list(command) if command is not None else None
         self.host, self.health_path = host, health_path
         self.ready_timeout_s, self.stop_grace_s = ready_timeout_s, stop_grace_s
-        self.visible_devices = visible_devices
+        self.visible_devices = check_devices(visible_devices)
         self._store = RecordStore(state_dir / "local" / namespace)
         # servers this process started, by (pid, start ticks): only a parent can reap a child
         # and learn its exit code; Popen caches the code once reaped.
@@ -134,20 +253,88 @@ class LocalProcessBackend:
     # ----- records ---------------------------------------------------------------------------
 
     def _get(self, name: str) -> _Record:
-        raw = self._store.read(name) if NAME_RE.match(name) else None
-        if raw is None:
+        """Record ``name``. Raises BackendError if there is none, CorruptRecord if unusable."""
+        rec = read_record(self._store, name, _Record) if NAME_RE.match(name) else None
+        if rec is None:
             known = ", ".join(sorted(self._store.names())) or "none"
             raise BackendError(f"no deployment {name!r} in namespace {self.namespace}; "
                                f"existing: {known}. Call list_deployments to see them.")
-        return _Record.model_validate(raw)
+        return rec
 
     def _put(self, rec: _Record) -> None:
         self._store.write(rec.name, rec.model_dump(mode="json"))
 
-    def _records(self) -> list[_Record]:
-        recs = [self._store.read(n) for n in self._store.names()]
-        return sorted((_Record.model_validate(r) for r in recs if r is not None),
-                      key=lambda d: d.created_at)
+    def _folder(self, name: str) -> Path:
+        assert self._store.root is not None
+        return self._store.root / name
+
+    def _pid_files(self, name: str) -> list[_PidFile]:
+        """The replicas' pid files of ``name`` that parse (others are logged and skipped)."""
+        folder = self._folder(name)
+        out: dict[int, _PidFile] = {}
+        if not folder.is_dir():
+            return []
+        for path in sorted(folder.glob("replica-*.pid")):
+            try:
+                pf = _PidFile.model_validate_json(path.read_bytes())
+            except (OSError, ValueError, ValidationError) as e:
+                log.warning("ignoring unreadable pid file %s: %s", path, e)
+                continue
+            out.setdefault(pf.index, pf)
+        return [out[i] for i in sorted(out)]
+
+    def _drop_pid_files(self, name: str) -> None:
+        folder = self._folder(name)
+        if folder.is_dir():
+            for path in folder.glob("replica-*.pid"):
+                path.unlink(missing_ok=True)
+
+    def _held(self) -> dict[str, str]:
+        """GPU -> the deployment holding it (every deployment not torn down yet).
+
+        A deployment with an unreadable record holds the GPUs of its pid files whose process
+        still runs.
+        """
+        held: dict[str, str] = {}
+        for name in self._store.names():
+            if not NAME_RE.match(name):
+                continue
+            try:
+                rec = read_record(self._store, name, _Record)
+            except CorruptRecord:
+                for pf in self._pid_files(name):
+                    if running(pf.pid, pf.start_ticks):
+                        for d in pf.devices:
+                            held[d] = f"{name} (unreadable record)"
+                continue
+            if rec is not None and rec.terminated_at is None:
+                for r in rec.replicas:
+                    for d in r.devices:
+                        held[d] = name
+        return held
+
+    def _allocate(self, name: str, config: ServingConfig) -> list[list[str]]:
+        """GPUs for each replica of ``config`` (empty lists without visible_devices).
+
+        Call with the store locked.
+
+        Raises:
+            BackendError: fewer free visible devices than ``config.gpus``.
+        """
+        if self.visible_devices is None:
+            return [[] for _ in range(config.replicas)]
+        held = self._held()
+        free = [d for d in self.visible_devices if d not in held]
+        if len(free) < config.gpus:
+            mine = [d for d in self.visible_devices if d in held]
+            who = "; ".join(f"GPU {d} by {held[d]!r}" for d in mine) or "none"
+            raise BackendError(
+                f"{name} needs {config.gpus} GPUs (tp_size x replicas) but only {len(free)} of "
+                f"the {len(self.visible_devices)} visible devices are free "
+                f"({', '.join(free) or 'none'}); held: {who}. Tear down a deployment you no "
+                "longer need (tear_down frees its GPUs), then deploy again.")
+        tp = config.tp_size
+        return [free[i * tp:(i + 1) * tp] for i in range(config.replicas)]
 
     # ----- processes -------------------------------------------------------------------------
 
@@ -166,12 +353,10 @@ class LocalProcessBackend:
             out.append(arg)
         return out
 
-    def _env(self, config: ServingConfig, index: int) -> dict[str, str] | None:
+    def _env(self, devices: list[str]) -> dict[str, str] | None:
         if self.visible_devices is None:
             return None
-        tp = config.tp_size
-        ids = self.visible_devices[index * tp:(index + 1) * tp]
-        return {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(ids)}
+        return {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(devices)}
 
     def _exit_of(self, r: _Replica) -> tuple[bool, int | None]:
         """(has exited, exit code if this process started it)."""
@@ -196,10 +381,28 @@ class LocalProcessBackend:
         return r.status_code == 200
 
     def _log_path(self, name: str, r: _Replica) -> Path:
-        return self._store.folder(name) / r.log
+        """The log file of ``r``, confined to the deployment's folder.
+
+        Raises:
+            BackendError: the file resolves outside the folder (a symlink) or is not a
+                regular file.
+        """
+        folder = self._store.folder(name).resolve()
+        path = (folder / r.log).resolve()
+        if path.parent != folder:
+            raise BackendError(f"the log of replica {r.index} of {name!r} ({r.log!r}) resolves "
+                               f"to {path}, outside the deployment's folder {folder}; refusing "
+                               "to read it")
+        if path.exists() and not path.is_file():
+            raise BackendError(f"the log of replica {r.index} of {name!r} ({path}) is not a "
+                               "regular file; refusing to read it")
+        return path
 
     def _last_line(self, name: str, r: _Replica) -> str:
-        return logfile.last_line(self._log_path(name, r))
+        try:
+            return logfile.last_line(self._log_path(name, r))
+        except (BackendError, OSError) as e:
+            return f"(log unreadable: {e})"
 
     # ----- protocol --------------------------------------------------------------------------
 
@@ -220,16 +423,19 @@ class LocalProcessBackend:
                                f"backend has {len(self.visible_devices)} visible devices")
         self._reap()
         with self._store.locked():
-            old = self._store.read(name)
-            if old is not None and old.get("terminated_at") is None:
+            old = read_record(self._store, name, _Record)  # CorruptRecord: tear it down first
+            if old is not None and old.terminated_at is None:
                 raise BackendError(f"deployment {name!r} already exists; tear it down first")
+            devices = self._allocate(name, config)
             folder = self._store.folder(name)
+            self._drop_pid_files(name)  # of an earlier run, torn down
             config_json = folder / "config.json"
             write_atomic(config_json, config.model_dump_json(indent=1))
             created = time.time()
-            events = [Event(t=created, type="Normal", reason="Created", object=name,
-                            message=f"{config.replicas} replica(s) of config "
-                            f"{config.config_id()}")]
+            prior = old.events[-MAX_HISTORY:] if old is not None else []
+            events = [*prior, Event(t=created, type="Normal", reason="Created", object=name,
+                                    message=f"{config.replicas} replica(s) of config "
+                                    f"{config.config_id()}")]
             ports = free_ports(config.replicas, self.host)
             argvs = [self._argv(config, port, config_json) for port in ports]
             replicas: list[_Replica] = []
@@ -239,17 +445,22 @@ class LocalProcessBackend:
                     with open(folder / log, "wb") as out:
                         p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                              stderr=subprocess.STDOUT, start_new_session=True,
-                                             env=self._env(config, i))
+                                             env=self._env(devices[i]))
                     st = proc_stat(p.pid)  # a child stays in /proc (zombie) until reaped
                     ticks = st.start_ticks if st is not None else -1
                     with self._children_lock:
                         self._children[(p.pid, ticks)] = p
                     now = time.time()
-                    replicas.append(_Replica(index=i, pid=p.pid, start_ticks=ticks, port=port,
-                                             url=self._url(port), argv=argv, log=log,
-                                             started_at=now))
+                    rep = _Replica(index=i, pid=p.pid, start_ticks=ticks, port=port,
+                                   url=self._url(port), argv=argv, log=log, started_at=now,
+                                   devices=devices[i])
+                    replicas.append(rep)
+                    write_atomic(folder / f"replica-{i}.pid", _PidFile(
+                        **rep.model_dump(), created_at=created).model_dump_json())
+                    gpus = (f", CUDA_VISIBLE_DEVICES={','.join(devices[i])}"
+                            if self.visible_devices is not None else "")
                     events.append(Event(t=now, type="Normal", reason="Started", object=name,
-                                        message=f"replica {i}: pid {p.pid}, "
+                                        message=f"replica {i}: pid {p.pid}{gpus}, "
                                         f"{self._url(port)}: {shlex.join(argv)[:400]}"))
             except OSError as e:
                 self._stop(replicas)
@@ -290,7 +501,11 @@ class LocalProcessBackend:
             elif (r.exited_at is None and r.ready_at is None and
                   self._healthy(r.url + rec.health_path)):
                 ready.add(r.index)
-            if (mark := logfile.growth(self._log_path(rec.name, r), r.marks)) is not None:
+            try:
+                mark = logfile.growth(self._log_path(rec.name, r), r.marks)
+            except (BackendError, OSError):
+                mark = None
+            if mark is not None:
                 marks[r.index] = mark
         now = time.time()
         timed_out = (rec.gave_up_at is None and not exits and
@@ -338,7 +553,9 @@ class LocalProcessBackend:
         exit_code, stage, startup_s = None, None, 0.0
         phase: Phase
         if rec.terminated_at is not None:
-            phase, message = "Terminated", "torn down"
+            phase = "Terminated"
+            message = (f"torn down at {when(rec.terminated_at)}; last log line: "
+                       f"{self._last_line(rec.name, self._first_failed(rec))}")
             live_ready = []
         elif exited:
             first = min(exited, key=lambda r: r.exited_at or 0.0)
@@ -379,10 +596,7 @@ class LocalProcessBackend:
                 raise BackendError(f"{name} has replicas 0..{len(rec.replicas) - 1}")
             r = rec.replicas[replica]
         else:
-            # a replica that failed before any teardown (teardown stamps the others)
-            exited = [x for x in rec.replicas if x.exited_at is not None and
-                      (rec.terminated_at is None or x.exited_at < rec.terminated_at)]
-            r = min(exited, key=lambda x: x.exited_at or 0.0) if exited else rec.replicas[0]
+            r = self._first_failed(rec)
         out, mark = logfile.lines(self._log_path(name, r), r.marks)
         if mark is not None:  # persist it, so every reader stamps these lines alike
             with self._store.locked():
@@ -394,25 +608,52 @@ class LocalProcessBackend:
                     self._put(fresh)
         return out
 
+    @staticmethod
+    def _first_failed(rec: _Record) -> _Replica:
+        """The first replica that failed before any teardown (which stamps the others), or 0."""
+        exited = [x for x in rec.replicas if x.exited_at is not None and
+                  (rec.terminated_at is None or x.exited_at < rec.terminated_at)]
+        return min(exited, key=lambda x: x.exited_at or 0.0) if exited else rec.replicas[0]
+
     def events(self, name: str | None = None) -> list[Event]:
-        """Recorded events of ``name`` (or of every deployment), oldest first."""
-        recs = [self._get(name)] if name is not None else self._records()
-        return sorted((e for rec in recs for e in rec.events), key=lambda e: e.t)
+        """Recorded events of ``name`` (or of every deployment), oldest first.
+
+        Events of earlier deployments of a name are kept. Without ``name``, each unreadable
+        record adds a Warning event (reason CorruptRecord) naming its file.
+        """
+        if name is not None:
+            return sorted(self._get(name).events, key=lambda e: e.t)
+        recs, bad = scan_records(self._store, _Record)
+        return sorted([*(e for rec in recs for e in rec.events), *(b.event() for b in bad)],
+                      key=lambda e: e.t)
 
     def teardown(self, name: str) -> DeploymentStatus:
         """Stop every replica of ``name`` (SIGTERM, SIGKILL after ``stop_grace_s``); idempotent.
 
         Only process groups whose leader still has the recorded PID and start time are
-        signalled; a recycled PID gets a ForeignProcess event instead.
+        signalled; a recycled PID gets a ForeignProcess event instead. The replicas' pid files
+        are stopped as well (same check), should the record name other PIDs.
+
+        If the record is unreadable, the replicas are stopped from their pid files instead (same
+        PID and start-time check), the record is moved aside (``*.corrupt``) and, when the
+        deployment's ``config.json`` is intact, a Terminated record takes its place.
 
         Raises:
-            BackendError: unknown name.
+            BackendError: unknown name; or an unreadable record without an intact config.json
+                (the message says what was stopped and where the record went).
         """
         self._reap()
-        rec = self._get(name)
+        try:
+            rec = self._get(name)
+        except CorruptRecord as e:
+            return self._teardown_corrupt(name, e)
         if rec.terminated_at is not None:
             return self._status(rec)
-        events = self._stop(rec.replicas, name)
+        # the pid files too: a record edited by hand may name other PIDs than were started
+        known = {(r.pid, r.start_ticks) for r in rec.replicas}
+        extra = [pf for pf in self._pid_files(name) if pf.created_at == rec.created_at and
+                 (pf.pid, pf.start_ticks) not in known]
+        events = self._stop([*rec.replicas, *extra], name)
         with self._store.locked():
             fresh = self._get(name)
             if fresh.terminated_at is None and fresh.created_at == rec.created_at:
@@ -428,7 +669,48 @@ class LocalProcessBackend:
                                           message=f"{len(fresh.replicas)} replica(s) stopped"))
                 fresh.terminated_at = now
                 self._put(fresh)
+                self._drop_pid_files(name)
         return self._status(self._get(name))
+
+    def _teardown_corrupt(self, name: str, err: CorruptRecord) -> DeploymentStatus:
+        """Teardown of a deployment whose record is unreadable; see :meth:`teardown`."""
+        pids = self._pid_files(name)
+        t0 = time.time()
+        stopped = self._stop(list(pids), name)
+        with self._store.locked():
+            try:
+                read_record(self._store, name, _Record)
+            except CorruptRecord:
+                dest = self._store.set_aside(name)
+            else:  # another process replaced the record meanwhile: a normal teardown
+                return self.teardown(name)
+            now = time.time()
+            what = (f"the record {err.path} was unreadable ({err.reason}); moved aside to "
+                    f"{dest}; stopped the replicas of its {len(pids)} pid file(s)")
+            log.warning("teardown of %s: %s", name, what)
+            try:
+                config = ServingConfig.model_validate_json(
+                    (self._folder(name) / "config.json").read_bytes())
+            except (OSError, ValueError, ValidationError):
+                config = None
+            if config is None or not pids:
+                self._drop_pid_files(name)
+                raise BackendError(f"{what}; no intact config.json or pid file was left to "
+                                   f"report a status from. {name!r} can be deployed again.")
+            replicas = [_Replica(**{**pf.model_dump(exclude={"created_at"}),
+                                    "index": i, "exited_at": now})
+                        for i, pf in enumerate(pids)]
+            rec = _Record(name=name, config=config, labels={},
+                          created_at=min(pf.created_at for pf in pids), replicas=replicas,
+                          health_path=self.health_path, ready_timeout_s=self.ready_timeout_s,
+                          events=[Event(t=t0, type="Warning", reason="CorruptRecord",
+                                        object=name, message=what), *stopped,
+                                  Event(t=now, type="Normal", reason="Stopped", object=name,
+                                        message=f"{len(replicas)} replica(s) stopped")],
+                          terminated_at=now)
+            self._put(rec)
+            self._drop_pid_files(name)
+        return self._status(rec)
 
     def _stop(self, replicas: list[_Replica], name: str = "") -> list[Event]:
         """Stop the replicas' process groups (see :func:`stop_groups`); events of what was done."""
@@ -454,9 +736,18 @@ class LocalProcessBackend:
         return events
 
     def list(self) -> list[DeploymentStatus]:
-        """Every deployment in the namespace, oldest first (each looked at once)."""
-        return [self.status(rec.name) for rec in self._records()]
+        """Every deployment in the namespace, oldest first (each looked at once).
 
-    def processes(self, name: str) -> list[int]:
+        Unreadable records are skipped (logged; ``events()`` reports them).
+        """
+        out = []
+        for rec in scan_records(self._store, _Record)[0]:
+            try:
+                out.append(self.status(rec.name))
+            except CorruptRecord as e:  # broke between the scan and the look
+                log.warning("skipping a deployment record: %s", e)
+        return out
+
+    def processes(self, name: str) -> builtins.list[int]:
         """PIDs of the replicas of ``name`` as started (for operators and tests)."""
         return [r.pid for r in self._get(name).replicas]

@@ -2,6 +2,9 @@
 
 Confined to the namespace of its backend (a tool's optional ``namespace`` argument must name
 it); never reads Secrets, never execs into a server, and only tears down what it created.
+Deployments outlive the server: with the ``local`` backend the server processes keep running
+after this MCP server exits, until ``tear_down`` (a new server over the same state folder sees
+them and can tear them down).
 """
 
 # No `from __future__ import annotations`: the tools' annotations use `Namespace`, a type built
@@ -19,6 +22,7 @@ from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from domain.config import ServingConfig
+from domain.errors import ServetuneError
 from mcp_servers.cluster import ops
 from mcp_servers.cluster.backend import (
     BackendError,
@@ -46,7 +50,10 @@ def build_server(backend: ClusterBackend) -> MCPServer:
         f"{backend.kind}). deploy a ServingConfig (it waits up to wait_s seconds); while the "
         "phase is Pending, poll get_status every few seconds until Ready or Failed. On Failed, "
         "read get_logs (tail 40) and get_events to see why. Benchmark only Ready deployments, "
-        "and always tear_down what you deployed when done."))
+        "and always tear_down what you deployed when done: deployments keep running (and "
+        "holding GPUs) after this server exits, until tear_down. A deployment whose record "
+        "file is unreadable is left out of list_deployments and reported by get_events as a "
+        "CorruptRecord warning; tear_down that name to stop it and free the name."))
     Namespace = Annotated[str | None, Field(  # noqa: N806 (a type alias local to this server)
         description=f"optional; this server acts only in namespace {ns!r}: omit it or pass "
         "exactly that")]
@@ -56,7 +63,14 @@ def build_server(backend: ClusterBackend) -> MCPServer:
             raise ToolError(f"this server is confined to namespace {ns!r}; it cannot act in "
                             f"{namespace!r}. Omit the namespace argument.")
         with as_tool_errors(BackendError):
-            return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            except (BackendError, ServetuneError, ToolError):
+                raise
+            except Exception as e:  # a bug or a broken state folder: say so, do not hide it
+                log.exception("%s failed", getattr(fn, "__name__", fn))
+                raise ToolError(f"unexpected {type(e).__name__}: {e} (details in the cluster "
+                                "server's log; the state folder may be damaged)") from e
 
     @server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False,
                                              idempotentHint=False, openWorldHint=False))
@@ -135,7 +149,12 @@ def build_server(backend: ClusterBackend) -> MCPServer:
 
     @server.tool(annotations=ToolAnnotations(readOnlyHint=True, openWorldHint=False))
     def list_deployments(namespace: Namespace = None) -> list[DeploymentStatus]:
-        """Every deployment created in this namespace, oldest first, with its current phase."""
+        """Every deployment created in this namespace, oldest first, with its current phase.
+
+        A deployment whose record file is unreadable is left out; get_events (without a name)
+        reports it as a CorruptRecord warning naming the file, and tear_down of that name
+        stops what it started and frees the name.
+        """
         return _guard(namespace, backend.list)
 
     return server
@@ -152,9 +171,11 @@ def main(backend_kind: str = "twin", namespace: str = "servetune",
         state_dir: records shared with the bench server (``local`` requires it; the twin keeps
             them in memory without it).
         command: ``local`` only: server argv template with ``{host}``, ``{port}``,
-            ``{config_json}``; None runs ``sglang serve`` with the config's flags.
+            ``{config_json}`` (the path of a JSON file holding the ServingConfig); any other
+            ``{word}`` is refused; None runs ``sglang serve`` with the config's flags.
         ready_timeout_s: ``local`` only: seconds until a replica that is not Ready is Failed.
-        visible_devices: ``local`` only: GPU ids, ``tp_size`` per replica in order.
+        visible_devices: ``local`` only: GPU indices or UUIDs; each replica gets ``tp_size``
+            of those not held by a deployment that is not torn down yet.
     """
     logging.basicConfig(stream=sys.stderr, level=logging.INFO)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per health probe

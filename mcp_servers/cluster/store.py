@@ -5,6 +5,10 @@ over the same state folder, so a deployment made by one is seen (and can be torn
 other. Each record is one JSON file ``<root>/<name>.json``, replaced atomically (write a temporary
 file in the same folder, then :func:`os.replace`), and every read-modify-write holds an exclusive
 ``fcntl.flock`` on ``<root>/.lock``, so two processes never lose each other's updates.
+
+A file that is not a JSON object (truncated, hand-edited) raises :class:`UnreadableRecord`
+naming the file; :meth:`RecordStore.set_aside` renames it to ``<name>.json.<time>.corrupt``, out of
+the way of the name.
 """
 
 from __future__ import annotations
@@ -15,9 +19,18 @@ import json
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+
+class UnreadableRecord(ValueError):
+    """A record file exists but is not a JSON object."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = path, reason
 
 
 class RecordStore:
@@ -53,15 +66,53 @@ class RecordStore:
                     fcntl.flock(fd, fcntl.LOCK_UN)
                     os.close(fd)
 
+    def path(self, name: str) -> Path | None:
+        """The file of record ``name`` (None for an in-memory store)."""
+        return None if self.root is None else self.root / f"{name}.json"
+
     def read(self, name: str) -> dict[str, Any] | None:
-        """The record ``name``, or None if there is none."""
+        """The record ``name``, or None if there is none.
+
+        Raises:
+            UnreadableRecord: the file exists but is not a JSON object.
+        """
         if self.root is None:
             rec = self._mem.get(name)
             return json.loads(json.dumps(rec)) if rec is not None else None
+        path = self.root / f"{name}.json"
         try:
-            return json.loads((self.root / f"{name}.json").read_text())
+            raw = path.read_bytes()
         except FileNotFoundError:
             return None
+        except OSError as e:
+            raise UnreadableRecord(path, f"cannot be read ({e.strerror or e})") from e
+        try:
+            rec = json.loads(raw.decode())
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            raise UnreadableRecord(path, f"is not valid JSON ({e})") from e
+        if not isinstance(rec, dict):
+            raise UnreadableRecord(path, f"holds a JSON {type(rec).__name__}, not an object")
+        return rec
+
+    def set_aside(self, name: str) -> Path | None:
+        """Rename the file of record ``name`` to ``<name>.json.<time>.corrupt``; its new path.
+
+        None if there was no such file (or the store is in memory: the record is dropped).
+        """
+        if self.root is None:
+            self._mem.pop(name, None)
+            return None
+        path = self.root / f"{name}.json"
+        dest = self.root / f"{name}.json.{time.strftime('%Y%m%dT%H%M%S')}.corrupt"
+        n = 1
+        while dest.exists():
+            n += 1
+            dest = self.root / f"{name}.json.{time.strftime('%Y%m%dT%H%M%S')}-{n}.corrupt"
+        try:
+            os.rename(path, dest)
+        except FileNotFoundError:
+            return None
+        return dest
 
     def write(self, name: str, record: dict[str, Any]) -> None:
         """Store ``record`` as ``name`` (atomically replacing any previous version)."""
