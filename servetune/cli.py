@@ -363,8 +363,9 @@ def mcp_cluster(
         "--ready-timeout-s", min=1, help="local backend: seconds until a server that is not "
                                          "Ready counts as Failed")] = 600.0,
     visible_devices: Annotated[str | None, typer.Option(
-        "--visible-devices", help="local backend: GPU ids, e.g. 0,1,2,3 (tp_size per replica)"
-        )] = None,
+        "--visible-devices", help="local backend: GPUs to hand out, e.g. 0,1,2,3 or GPU-<uuid>; "
+                                  "each replica gets tp_size GPUs not held by another live "
+                                  "deployment")] = None,
 ) -> None:
     """The cluster server ("kubectl": deploy, status, logs, events, teardown) over stdio."""
     import shlex
