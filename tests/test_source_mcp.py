@@ -31,7 +31,7 @@ from mcp_servers.source.fetch import (
 )
 from mcp_servers.source.files import grep, list_files, read_file
 from mcp_servers.source.flags import extract_flags
-from mcp_servers.source.server import build_server, open_tree
+from mcp_servers.source.server import build_server, open_tree, servetune_executable
 from mcp_servers.source.tree import SourceError, SourceTree
 
 pytestmark = pytest.mark.anyio
@@ -168,6 +168,78 @@ FILES = {
             return {"max_running_requests": max_running_requests, "x": x}
         """,
     "sglang/srt/long_line.py": "X = '" + "a" * 5000 + "b'\n",
+    "sglang/srt/arg_groups/cache_policy.py": """\
+        import logging
+
+        logger = logging.getLogger(__name__)
+
+
+        def resolve_cache_policy(server_args):
+            cfg = server_args
+            if cfg.tp_size <= 1 or not cfg.lora_paths:
+                return
+            if cfg.eviction_policy not in (None, "lru"):
+                raise NotImplementedError("only lru eviction with tensor parallelism")
+            for rank in range(cfg.tp_size):
+                if rank == 0:
+                    continue
+                if cfg.eviction_policy == "lfu":
+                    logger.warning("lfu on rank %d", rank)
+            if cfg.schedule_policy == "lpm":
+                return
+            elif cfg.watermark is None:
+                return
+            assert cfg.eviction_policy != "fifo", "fifo is gone"
+            if cfg.eviction_policy is not None:
+                return
+            eviction_policy = "lru"
+            cfg.eviction_policy = eviction_policy
+
+
+        def get_eviction_policy():
+            \"\"\"Retired accessor, kept for old imports.\"\"\"
+            raise RuntimeError("read get_schedule().eviction_policy")
+
+
+        def check_pool(pool):
+            if pool.free < 0:
+                raise ValueError("pool exhausted; try another --eviction-policy")
+            logger.warning("pool %s uses eviction_policy %s", pool, pool.eviction_policy)
+
+
+        def get_policy():
+            raise RuntimeError("get_policy() was removed: read cfg.eviction_policy")
+
+
+        def alloc_paged(pool):
+            raise NotImplementedError("this pool supports no --eviction-policy but lru")
+        """,
+    "sglang/srt/mem_cache/__init__.py": "",
+    "sglang/srt/mem_cache/kv_cache_configurator.py": """\
+        class KVCacheConfigurator:
+            def resolve_max_num_reqs(self, token_capacity):
+                max_num_reqs = get_schedule().max_running_requests
+                if max_num_reqs is None:
+                    max_num_reqs = token_capacity // 2
+                if max_num_reqs <= 0:
+                    raise RuntimeError("KV cache too small; reduce --max-running-requests")
+                return max_num_reqs
+
+            def _resolve_memory_pool_config(self, config):
+                config.max_running_requests = self.resolve_max_num_reqs(config.max_total_num_tokens)
+                return config
+        """,
+    "sglang/srt/mem_cache/pool_log.py": """\
+        def log_pool(pool, logger):
+            logger.warning("pool uses --eviction-policy %s", pool.eviction_policy)
+        """,
+    "sglang/test/__init__.py": "",
+    "sglang/test/mock_runner.py": """\
+        class MockModelRunner:
+            def __init__(self, server_args):
+                server_args.max_running_requests = 4
+                assert server_args.max_running_requests > 0, "mock needs requests"
+        """,
     "sglang-0.0.1.dist-info/METADATA": "Name: sglang\nVersion: 0.0.1\n",
 }
 
@@ -241,7 +313,8 @@ def test_list_files_children_glob_and_paging(mini):
     assert [e.path for e in top.entries] == ["sglang-0.0.1.dist-info/", "sglang/"]
     srt = list_files(mini, "sglang/srt")
     names = [e.path for e in srt.entries]
-    assert names[:3] == ["sglang/srt/arg_groups/", "sglang/srt/managers/", "sglang/srt/__init__.py"]
+    assert names[:4] == ["sglang/srt/arg_groups/", "sglang/srt/managers/", "sglang/srt/mem_cache/",
+                         "sglang/srt/__init__.py"]
     assert "sglang/srt/link_out.txt" not in names and "sglang/srt/dir_out/" not in names
     hooks = list_files(mini, "sglang", glob="**/*_hook.py")
     assert [e.path for e in hooks.entries] == ["sglang/srt/arg_groups/memory_hook.py"]
@@ -346,7 +419,7 @@ def test_where_used_classifies_lines(mini):
             ("sglang/srt/arg_groups/memory_hook.py", 20, "write"),
             ("sglang/srt/arg_groups/memory_hook.py", 17, "read"),
             ("sglang/srt/arg_groups/memory_hook.py", 18, "string")} <= got
-    assert (sched, 14, "comment") not in got and r.counts["comment"] == 2
+    assert (sched, 14, "comment") not in got
     assert not any("secret" in h.path or "outside" in h.path for h in r.hits)
     only = analysis.where_used(mini, inv, "max_running_requests", kinds=["comment"])
     assert {h.line for h in only.hits} == {14} and only.total == 2
@@ -358,6 +431,24 @@ def test_where_used_classifies_lines(mini):
     assert [(h.path, h.line) for h in cli.hits] == [("sglang/srt/server_args.py", 15)]
 
 
+def test_where_used_counts_add_up_and_tests_are_opt_in(mini):
+    inv = extract_flags(mini)
+    r = analysis.where_used(mini, inv, "max_running_requests")
+    # counts cover exactly the returned hits; the rest is accounted for separately
+    assert sum(r.counts.values()) == r.total == len(r.hits)
+    assert set(r.counts) <= set(analysis.DEFAULT_KINDS)
+    assert r.excluded_counts == {"comment": 2} and r.tests_excluded == 2
+    assert not any(h.path.startswith("sglang/test/") for h in r.hits)
+    everything = analysis.where_used(mini, inv, "max_running_requests", include_tests=True,
+                                     kinds=list(analysis._RANK))
+    assert everything.excluded_counts == {} and everything.tests_excluded == 0
+    assert everything.total == r.total + sum(r.excluded_counts.values()) + r.tests_excluded
+    assert {(h.path, h.line, h.kind) for h in everything.hits} >= {
+        ("sglang/test/mock_runner.py", 3, "write"), ("sglang/test/mock_runner.py", 4, "read")}
+    page = analysis.where_used(mini, inv, "max_running_requests", max_hits=3)
+    assert page.counts == r.counts and len(page.hits) == 3 and page.next_start == 3
+
+
 def test_constraints_finds_asserts_raises_warnings(mini):
     inv = extract_flags(mini)
     hook = "sglang/srt/arg_groups/memory_hook.py"
@@ -366,15 +457,51 @@ def test_constraints_finds_asserts_raises_warnings(mini):
     assert mfs.items[0].condition == "0 < cfg.mem_fraction_static < 1"
     assert mfs.items[0].message == "'--mem-fraction-static must be in (0, 1)'"
     mrr = analysis.constraints(mini, inv, "max_running_requests")
-    assert [(c.line, c.kind, c.function) for c in mrr.items] == [
-        (18, "raise", "handle_gpu_memory_settings"),
-        (21, "warning", "handle_gpu_memory_settings")]
+    assert [(c.line, c.kind, c.function, c.stage, c.involves) for c in mrr.items] == [
+        (18, "raise", "handle_gpu_memory_settings", "arg-resolution", "condition"),
+        (21, "warning", "handle_gpu_memory_settings", "arg-resolution", "condition"),
+        (7, "raise", "KVCacheConfigurator.resolve_max_num_reqs", "engine-startup", "message")]
     assert mrr.items[0].condition == ("cfg.max_running_requests is not None and "
                                       "cfg.max_running_requests < 1")
-    assert mrr.items[0].phase == "startup"
+    assert mrr.items[0].phase == mrr.items[2].phase == "startup"
+    assert mrr.tests_excluded == 1  # the mock runner's assert, listed only on request
+    with_tests = analysis.constraints(mini, inv, "max_running_requests", include_tests=True)
+    assert [(c.path, c.line, c.stage) for c in with_tests.items][-1] == (
+        "sglang/test/mock_runner.py", 4, "test")
     tf32 = analysis.constraints(mini, inv, "--enable-tf32")
     assert [(c.line, c.kind) for c in tf32.items] == [(23, "warning")]
     assert analysis.constraints(mini, inv, "enable_metrics").items == []
+
+
+def test_constraints_report_early_exit_guards(mini):
+    inv = extract_flags(mini)
+    pol = "sglang/srt/arg_groups/cache_policy.py"
+    tp_guard = "cfg.tp_size > 1 and cfg.lora_paths"  # negated `if ... : return`, De Morgan
+    ev = analysis.constraints(mini, inv, "eviction_policy")
+    got = [(c.path, c.line, c.kind, c.involves, c.condition, c.reached_only_if)
+           for c in ev.items]
+    assert got == [
+        (pol, 11, "raise", "condition", "cfg.eviction_policy not in (None, 'lru')", [tp_guard]),
+        (pol, 16, "warning", "condition", "cfg.eviction_policy == 'lfu'",
+         [tp_guard, "rank != 0"]),  # `continue` guards the rest of the loop body
+        (pol, 21, "assert", "test", "cfg.eviction_policy != 'fifo'",
+         [tp_guard, "cfg.schedule_policy != 'lpm'", "cfg.watermark is not None"]),  # elif chain
+        (pol, 35, "raise", "message", "pool.free < 0", []),
+        (pol, 36, "warning", "message", "", []),  # unconditional, but in resolution code
+        (pol, 44, "raise", "message", "", [])]  # an unsupported-operation stub
+    # named only in the message of a retired accessor (line 30), of a migration note (line 40)
+    # or of an unconditional runtime log line (pool_log.py): not constraints
+    assert not {c.function for c in ev.items} & {"get_eviction_policy", "get_policy", "log_pool"}
+    # a guard that names a flag makes the checks after it constraints of that flag
+    tp = analysis.constraints(mini, inv, "tp_size")
+    assert [(c.line, c.involves) for c in tp.items] == [(11, "guard"), (16, "guard"),
+                                                         (21, "guard")]
+    # explain_default carries the guards too; the last one makes the local an unset-default
+    ex = analysis.explain_default(mini, inv, "eviction_policy")
+    assert [(a.line, a.kind, a.guards[-1]) for a in ex.assignments] == [
+        (24, "local", "cfg.eviction_policy is None"),
+        (25, "attribute", "cfg.eviction_policy is None")]
+    assert ex.assignments[0].guards[0] == tp_guard
 
 
 def test_explain_default_shows_resolution_sites(mini):
@@ -388,13 +515,22 @@ def test_explain_default_shows_resolution_sites(mini):
         (hook, 15, "declare", ["cfg.mem_fraction_static is None"])]
     assert mfs.assignments[0].value == "round((gpu_mem - reserved) / gpu_mem, 3)"
     mrr = analysis.explain_default(mini, inv, "max_running_requests")
-    assert [(a.path, a.line, a.kind, a.phase) for a in mrr.assignments] == [
-        (hook, 20, "attribute", "startup"),
-        ("sglang/srt/link_in.py", 8, "attribute", "runtime"),
-        ("sglang/srt/managers/scheduler.py", 8, "attribute", "runtime")]
+    conf = "sglang/srt/mem_cache/kv_cache_configurator.py"
+    assert [(a.path, a.line, a.kind, a.phase, a.stage) for a in mrr.assignments] == [
+        (hook, 20, "attribute", "startup", "arg-resolution"),
+        (conf, 11, "attribute", "startup", "engine-startup"),
+        ("sglang/srt/link_in.py", 8, "attribute", "runtime", "runtime"),
+        ("sglang/srt/managers/scheduler.py", 8, "attribute", "runtime", "runtime")]
     assert mrr.assignments[0].function == "handle_gpu_memory_settings"
-    assert mrr.assignments[2].function == "Scheduler.__init__"
+    assert mrr.assignments[1].computed_by == f"resolve_max_num_reqs ({conf}:2)"
+    assert mrr.assignments[3].function == "Scheduler.__init__"
     assert "1 start-up resolution site(s)" in mrr.summary
+    assert "arg_groups/memory_hook.py:20 (= 256)" in mrr.summary
+    assert "mem_cache/kv_cache_configurator.py:11 (resolve_max_num_reqs)" in mrr.summary
+    assert "1 in test code left out" in mrr.summary and mrr.tests_excluded == 1
+    with_tests = analysis.explain_default(mini, inv, "max_running_requests", include_tests=True)
+    assert (with_tests.assignments[-1].path, with_tests.assignments[-1].stage) == (
+        "sglang/test/mock_runner.py", "test")
     assert "fallback 0.5" in analysis.explain_default(mini, inv, "watermark").summary
 
 
@@ -437,7 +573,7 @@ async def test_every_tool_through_client(mini):
         ls = (await call(client, "list_files", {"path": "sglang/srt/arg_groups",
                                                "glob": "*.py"})).structured_content
         assert [e["path"].rsplit("/", 1)[1] for e in ls["entries"]] == [
-            "__init__.py", "choices.py", "memory_hook.py"]
+            "__init__.py", "cache_policy.py", "choices.py", "memory_hook.py"]
         rf = (await call(client, "read_file", {"path": "sglang/srt/server_args.py",
                                                "start_line": 5, "max_lines": 2}))
         assert rf.structured_content["next_start_line"] == 7
@@ -507,6 +643,47 @@ async def test_server_without_tree_answers_with_fetch_command():
                            ("explain_default", {"flag": "tp_size"})]:
             r = await client.call_tool(tool, args)
             assert r.is_error and FETCH_HINT in r.content[0].text, tool
+
+
+def test_servetune_executable(tmp_path):
+    assert servetune_executable("/opt/st/.venv/bin/servetune") == "/opt/st/.venv/bin/servetune"
+    assert servetune_executable("bin/servetune") == os.path.abspath("bin/servetune")
+    bindir = tmp_path / "venv" / "bin"
+    bindir.mkdir(parents=True)
+    python = str(bindir / "python")
+    assert servetune_executable("-c", python=python) is None  # no servetune next to python
+    script = bindir / "servetune"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    # started as `python -m servetune.cli ...`: the venv's servetune script is the one to run
+    assert servetune_executable("/repo/servetune/cli.py", python=python) == str(script)
+
+
+async def test_fetch_hint_names_the_running_servetune(tmp_path, monkeypatch):
+    exe = tmp_path / "my venv" / "bin" / "servetune"
+    monkeypatch.setattr(sys, "argv", [str(exe), "mcp", "sglang-source"])
+    async with Client(build_server(None, version="0.5.23")) as client:
+        info = (await client.call_tool("source_info", {})).structured_content
+        r = await client.call_tool("where_used", {"flag": "tp_size"})
+    here = f"(here: `'{exe}' source fetch --version 0.5.23`)"  # quoted: the path has a space
+    assert info["fetch_command"] == FETCH_HINT and FETCH_HINT in info["note"]
+    assert here in info["note"]
+    assert r.is_error and FETCH_HINT in r.content[0].text and here in r.content[0].text
+
+
+async def test_include_tests_through_client(mini):
+    async with Client(build_server(mini)) as client:
+        default = (await call(client, "where_used", {"flag": "max_running_requests"}))
+        opted = (await call(client, "where_used", {"flag": "max_running_requests",
+                                                   "include_tests": True}))
+        c = (await call(client, "constraints", {"flag": "max_running_requests",
+                                                "include_tests": True}))
+        e = (await call(client, "explain_default", {"flag": "max_running_requests"}))
+    d, o = default.structured_content, opted.structured_content
+    assert d["tests_excluded"] == 2 and o["tests_excluded"] == 0
+    assert o["total"] == d["total"] + 2 and sum(d["counts"].values()) == d["total"]
+    assert c.structured_content["items"][-1]["stage"] == "test"
+    assert e.structured_content["tests_excluded"] == 1
 
 
 async def test_stdio_round_trip(tmp_path):
@@ -619,7 +796,7 @@ def _fetched_tree() -> Path | None:
 
 
 REAL_WHEEL = _real_wheel()
-FETCHED_TREE = _fetched_tree()
+FETCHED_TREE = _fetched_tree() if REAL_WHEEL is None else None
 real = pytest.mark.skipif(REAL_WHEEL is None and FETCHED_TREE is None,
                           reason="no sglang 0.5.23 wheel or fetched tree on disk (run "
                                  "`servetune source fetch --version 0.5.23` or set "
@@ -664,7 +841,12 @@ async def test_real_where_used_is_fast_over_mcp(real_tree, real_inventory):
                                                   "max_hits": 2000})
         elapsed = time.perf_counter() - t0
     assert not r.is_error and elapsed < 2.0, elapsed
-    hits = r.structured_content["hits"]
+    out = r.structured_content
+    hits = out["hits"]
+    assert sum(out["counts"].values()) == out["total"] == len(hits)
+    assert {"name", "comment"} <= set(out["excluded_counts"]) and out["tests_excluded"] > 0
+    assert not ({"name", "comment"} & set(out["counts"]))
+    assert not any(h["path"].startswith("sglang/test/") for h in hits)
     assert any(h["path"].startswith("sglang/srt/managers/scheduler") and h["kind"] == "read"
                for h in hits)
     assert any(h["kind"] == "declaration" and h["path"].endswith("fields/schedule.py")
@@ -685,3 +867,33 @@ def test_real_constraints_and_defaults(real_tree, real_inventory, flag):
     if flag == "max_running_requests":
         assert any(a.path.endswith("speculative_hook.py") and a.value == "48"
                    for a in e.assignments)
+        # the retired accessor's message names the flag, but it is no constraint on it
+        assert not any(x.path == "sglang/srt/server_args.py" and x.function ==
+                       "get_global_server_args" for x in c.items)
+        # the KV-pool resolution is engine start-up, ranked before runtime and named in the
+        # summary; the mock runners under sglang/test/ are left out unless asked for
+        kv = next(a for a in e.assignments
+                  if a.path == "sglang/srt/mem_cache/kv_cache_configurator.py"
+                  and a.function == "KVCacheConfigurator._resolve_memory_pool_config")
+        assert (kv.phase, kv.stage) == ("startup", "engine-startup")
+        assert kv.computed_by and kv.computed_by.startswith("resolve_max_num_reqs (")
+        assert f"mem_cache/kv_cache_configurator.py:{kv.line} (resolve_max_num_reqs)" in \
+            e.summary
+        assert "speculative_hook.py:" in e.summary
+        ranks = [analysis.STAGE_RANK[a.stage] for a in e.assignments]
+        assert ranks == sorted(ranks)
+        assert not any(a.path.startswith("sglang/test/") for a in e.assignments)
+        assert e.tests_excluded >= 11
+        all_sites = analysis.explain_default(real_tree, real_inventory, flag, max_items=500,
+                                             include_tests=True)
+        assert all_sites.assignments[-1].path.startswith("sglang/test/")
+    if flag == "speculative_algorithm":
+        at = {(x.path.rsplit("/", 1)[1], x.line, x.kind): x for x in c.items}
+        for key in [("attention_hook.py", 161, "assert"), ("kv_cache_hook.py", 678, "assert"),
+                    ("validation_hook.py", 91, "raise"), ("speculative_hook.py", 1082, "raise"),
+                    ("hicache_hook.py", 142, "raise")]:
+            assert key in at, key
+        # the early return at hicache_hook.py:132 guards the EAGLE raise
+        hc = at[("hicache_hook.py", 142, "raise")]
+        assert hc.condition == "cfg.speculative_algorithm not in (None, 'DSPARK')"
+        assert hc.reached_only_if == ["cfg.dcp_size > 1 and cfg.enable_hierarchical_cache"]

@@ -10,6 +10,8 @@ tree the server still starts; every tool then answers with the command that fetc
 from __future__ import annotations
 
 import logging
+import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -42,11 +44,41 @@ Flag = Annotated[str, Field(min_length=1, max_length=120, pattern=r"^(--)?[A-Za-
                                         "spelling ('--max-running-requests')")]
 Start = Annotated[int, Field(ge=0, description="index of the first item; pass next_start of "
                                                "the previous page")]
+IncludeTests = Annotated[bool, Field(description=(
+    "also list sites in test code (sglang/test/ mock runners and kits, tests/, test_*.py); "
+    "by default they are only counted in tests_excluded"))]
 
 
 def fetch_command(version: str) -> str:
     """The shell command that fetches the tree of ``version``."""
     return f"servetune source fetch --version {version}"
+
+
+def servetune_executable(argv0: str | None = None, python: str | None = None) -> str | None:
+    """Absolute path of the ``servetune`` command running this server, when it can be known.
+
+    That is ``sys.argv[0]`` when its name is ``servetune`` (started as ``servetune mcp
+    sglang-source``), else a ``servetune`` script next to the running Python (a venv's bin/, as
+    when started with ``python -m servetune.cli``); None otherwise.
+    """
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    if argv0 and os.path.basename(argv0) == "servetune":
+        return os.path.abspath(argv0)
+    beside = Path(os.path.abspath(python or sys.executable)).parent / "servetune"
+    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None
+
+
+def fetch_hint(version: str, executable: str | None = None) -> str:
+    """``fetch_command`` plus, when known, the same command with this servetune's full path.
+
+    The bare command works when servetune is on PATH; a client such as Claude Code may start
+    this server with a venv's servetune that is not, so the full path is the one to copy.
+    """
+    exe = executable if executable is not None else servetune_executable()
+    plain = fetch_command(version)
+    if not exe:
+        return f"`{plain}`"
+    return f"`{plain}` (here: `{shlex.quote(exe)} source fetch --version {version}`)"
 
 
 class SourceInfo(BaseModel):
@@ -98,7 +130,7 @@ def build_server(tree: SourceTree | None, version: str = DEFAULT_VERSION,
         get_flag, where_used, constraints and explain_default.
     """
     inv = inventory if inventory is not None or tree is None else extract_flags(tree)
-    hint = (f"No SGLang source tree is configured. Run `{fetch_command(version)}` (pip downloads "
+    hint = (f"No SGLang source tree is configured. Run {fetch_hint(version)} (pip downloads "
             "the wheel once, no dependencies), then restart this server: it finds the fetched "
             "tree in its cache (or pass --tree with the directory the fetch prints).")
     where = f"SGLang {tree.version or '(unknown version)'} at {tree.root}" if tree else \
@@ -125,7 +157,7 @@ def build_server(tree: SourceTree | None, version: str = DEFAULT_VERSION,
         note = "ok"
         if tree.version and tree.version != version:
             note = (f"the tree is SGLang {tree.version}, not the pinned {version}: flags and "
-                    f"defaults may differ (`{fetch_command(version)}` fetches the pinned one)")
+                    f"defaults may differ ({fetch_hint(version)} fetches the pinned one)")
         return SourceInfo(
             configured=True, root=str(tree.root), kind=tree.kind, version=tree.version,
             files=len(tree.sizes), text_files=len(tree.texts),
@@ -237,39 +269,50 @@ def build_server(tree: SourceTree | None, version: str = DEFAULT_VERSION,
             "kinds of use to return; default all but 'name' and 'comment'"))] = None,
         start: Start = 0,
         max_hits: Annotated[int, Field(ge=1, le=2000, description="page size")] = 200,
+        include_tests: IncludeTests = False,
     ) -> analysis.WhereUsed:
-        """Every Python line that reads, writes, declares or spells a flag, as file:line + kind."""
+        """Every Python line that reads, writes, declares or spells a flag, as file:line + kind.
+
+        counts covers the returned hits (it sums to total); excluded_counts the kinds not asked
+        for; tests_excluded the lines in test code.
+        """
         t, i = need()
         with as_tool_errors():
-            return analysis.where_used(t, i, flag, kinds, start, max_hits)
+            return analysis.where_used(t, i, flag, kinds, start, max_hits, include_tests)
 
     @server.tool(annotations=READ_ONLY)
     def constraints(flag: Flag, start: Start = 0,
                     max_items: Annotated[int, Field(ge=1, le=500, description="page size")] = 50,
+                    include_tests: IncludeTests = False,
                     ) -> analysis.Constraints:
         """Asserts, raises and warnings that involve a flag, with file:line.
 
-        Involve = the flag is in the test, the message or an enclosing if condition. Start-up
-        resolution code (arg_groups/, server_args.py) comes first.
+        Involve = the flag is in the assert's test, an enclosing if condition, an early-exit
+        guard before it (`if c: return`), or the message of a check (not of an accessor or
+        deprecation shim). reached_only_if lists the guards that must hold to get there.
+        Start-up resolution code (arg_groups/, server_args.py, then engine start-up resolvers)
+        comes first.
         """
         t, i = need()
         with as_tool_errors():
-            return analysis.constraints(t, i, flag, start, max_items)
+            return analysis.constraints(t, i, flag, start, max_items, include_tests)
 
     @server.tool(annotations=READ_ONLY)
     def explain_default(flag: Flag, start: Start = 0,
                         max_items: Annotated[int, Field(ge=1, le=500,
                                                         description="page size")] = 50,
+                        include_tests: IncludeTests = False,
                         ) -> analysis.DefaultExplanation:
         """Where a flag's default comes from: its declaration and every place that sets it.
 
         Start-up resolution hooks come first (e.g. where an unset mem_fraction_static is
-        computed from GPU memory), then runtime assignments; each with its function and its
-        enclosing if conditions.
+        computed from GPU memory), then engine start-up resolvers (e.g. the request cap
+        computed from the KV pool), then runtime assignments; each with its function, its
+        enclosing if conditions and early-exit guards. The summary names the main sites.
         """
         t, i = need()
         with as_tool_errors():
-            return analysis.explain_default(t, i, flag, start, max_items)
+            return analysis.explain_default(t, i, flag, start, max_items, include_tests)
 
     return server
 
@@ -317,8 +360,8 @@ def main(tree_path: str | Path | None = None, version: str = DEFAULT_VERSION,
     tree = open_tree(tree_path, version, Path(cache_dir) if cache_dir else None)
     inv = extract_flags(tree) if tree else None
     if tree is None:
-        log.warning("no SGLang tree configured; tools will answer with `%s`",
-                    fetch_command(version))
+        log.warning("no SGLang tree configured; tools will answer with %s",
+                    fetch_hint(version))
     else:
         log.info("indexed SGLang %s at %s: %d files, %d flags in %.2f s", tree.version,
                  tree.root, len(tree.sizes), len(inv.flags) if inv else 0,
