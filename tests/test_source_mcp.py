@@ -21,6 +21,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from mcp_servers.source import analysis
+from mcp_servers.source import files as files_mod
 from mcp_servers.source import outline as outline_ops
 from mcp_servers.source.fetch import (
     check_version,
@@ -29,7 +30,7 @@ from mcp_servers.source.fetch import (
     pip_download_argv,
     unpack_wheel,
 )
-from mcp_servers.source.files import grep, list_files, read_file
+from mcp_servers.source.files import expanded_size, grep, list_files, read_file
 from mcp_servers.source.flags import extract_flags
 from mcp_servers.source.server import build_server, open_tree, servetune_executable
 from mcp_servers.source.tree import SourceError, SourceTree
@@ -367,6 +368,27 @@ def test_catastrophic_regex_is_bounded(mini):
     with pytest.raises(SourceError, match="ran past its 0.3 s budget"):
         grep(mini, r"(a+)+$", path_glob="**/long_line.py", budget_s=0.3)
     assert time.perf_counter() - t0 < 2
+
+
+@pytest.mark.parametrize("pattern", ["x{1000000000}", "(x{1000}){1000}", "((ab){200}c){200}"])
+def test_huge_counted_repetitions_are_refused_before_compiling(mini, pattern):
+    with pytest.raises(SourceError, match="repeats too much"):
+        grep(mini, pattern)
+
+
+def test_small_counted_repetitions_and_classes_still_work(mini):
+    assert expanded_size(r"[a-z]{3}_\d{2,4}(?:ab|cd){5}") < 100
+    assert grep(mini, r"max_running_requests{1}", max_hits=1).hits
+
+
+def test_a_grep_page_stops_at_its_text_budget(mini, monkeypatch):
+    monkeypatch.setattr(files_mod, "MAX_RESULT_CHARS", 200)
+    r = grep(mini, "max_running_requests", path_glob="**/*", context_lines=2, max_hits=1000)
+    assert 0 < len(r.hits) < 10 and r.next_start == len(r.hits)
+    rest = grep(mini, "max_running_requests", path_glob="**/*", context_lines=2,
+                max_hits=1000, start=r.next_start)
+    assert rest.hits and (rest.hits[0].path, rest.hits[0].line) != (r.hits[0].path,
+                                                                    r.hits[0].line)
 
 
 # -- flags and analysis -------------------------------------------------------------------------

@@ -131,6 +131,9 @@ def fetch_wheel(version: str, cache_dir: Path | None = None, wheel: Path | None 
             wheel of that version, or a wheel that cannot be unpacked safely.
     """
     check_version(version)
+    if wheel is not None and not wheel.is_file():
+        raise SourceError(f"wheel {wheel} does not exist; download it with `pip download "
+                          f"sglang=={version} --no-deps` or leave out --wheel")
     cache_dir = cache_dir or default_cache_dir(env)
     done = cached_tree(version, cache_dir)
     if done is not None:
