@@ -209,7 +209,14 @@ class BenchService:
         if gpus is not None:
             raise BackendError("gpus is only for endpoint runs; a deployment's GPUs come from "
                                "its config")
-        st = self.backend.status(deployment)
+        try:
+            st = self.backend.status(deployment)
+        except BackendError as e:
+            b = self.backend
+            raise BackendError(f"{e} (this bench server reads the {b.kind} backend's "
+                               f"deployments in namespace {b.namespace}: start it with the same "
+                               "--backend, --namespace and --state-dir as the cluster server)"
+                               ) from e
         urls = [u.rstrip("/") for u in getattr(st, "endpoints", None) or []]
         if st.phase != "Ready":
             raise BackendError(f"deployment {deployment!r} is not Ready (phase {st.phase}); "
@@ -227,7 +234,7 @@ class BenchService:
             raise BackendError(f"trace path {trace!r} must not start with '-'")
         for root in self.roots:
             p = (root / trace).resolve()
-            if p.is_relative_to(root) and p.is_file():
+            if any(p.is_relative_to(r) for r in self.roots) and p.is_file():
                 return p
         roots = ", ".join(str(r) for r in self.roots) or "none configured"
         raise BackendError(f"trace {trace!r} not found inside the allowed trace folders "
