@@ -375,8 +375,12 @@ def mcp_cluster(
 
     settings = _settings()
     argv = shlex.split(command) if command else None
-    devices = [d.strip() for d in visible_devices.split(",") if d.strip()] \
-        if visible_devices else None
+    devices = None
+    if visible_devices is not None:
+        devices = [d.strip() for d in visible_devices.split(",")]
+        if not all(devices):
+            _fail(f"--visible-devices {visible_devices!r}: give GPU ids separated by commas, "
+                  "e.g. 0,1,2,3 (no empty entries)")
     try:
         main(backend, namespace, state_dir or settings.state_dir, argv, ready_timeout_s, devices)
     except (BackendError, ServetuneError) as e:

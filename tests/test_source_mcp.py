@@ -376,6 +376,19 @@ def test_huge_counted_repetitions_are_refused_before_compiling(mini, pattern):
         grep(mini, pattern)
 
 
+@pytest.mark.parametrize("pattern", ["(?x) x { 1000000000 }", "(?#[)x{1000000000}"],
+                         ids=["verbose-whitespace", "comment-with-bracket"])
+def test_disguised_repetitions_are_refused_by_the_trial_compile(mini, pattern):
+    # the syntax estimate misreads these; the capped trial compile in a child process does not
+    with pytest.raises(SourceError, match="is refused: compiling it needs more than 1 GiB"):
+        grep(mini, pattern)
+
+
+def test_a_page_past_the_search_budget_says_so(mini):
+    with pytest.raises(SourceError, match="page start=100000000 .* lies past what a"):
+        grep(mini, "^", path_glob="**/*", start=100_000_000, budget_s=1e-4)
+
+
 def test_small_counted_repetitions_and_classes_still_work(mini):
     assert expanded_size(r"[a-z]{3}_\d{2,4}(?:ab|cd){5}") < 100
     assert grep(mini, r"max_running_requests{1}", max_hits=1).hits

@@ -7,6 +7,10 @@ Plain functions over a :class:`~mcp_servers.source.tree.SourceTree` returning py
 
 from __future__ import annotations
 
+import functools
+import json
+import subprocess
+import sys
 import time
 
 import regex
@@ -207,12 +211,43 @@ def expanded_size(pattern: str) -> int:
     return sum(stack)
 
 
+COMPILE_MEMORY_BYTES = 1 << 30  # address space of the trial compile (1 GiB)
+COMPILE_TIMEOUT_S = 2.0
+
+
+@functools.lru_cache(maxsize=512)
+def _compile_refusal(pattern: str, flags: int) -> str | None:
+    """Why compiling ``pattern`` here would be unsafe, from a trial compile in a child process.
+
+    ``expanded_size`` reads the pattern's own syntax, which inline flags (``(?x)`` verbose
+    whitespace) and comments can disguise; the trial compile runs the real compiler under a
+    1 GiB address-space limit and a 2 s timeout, so a pattern that unrolls into gigabytes kills
+    only the child (stopped by its PID on timeout). A syntax error is left to the caller's
+    compile, which reports it. Verdicts are cached per pattern.
+
+    Returns:
+        None when it compiles within the limits or is merely invalid; else the reason.
+    """
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[3]),) "
+            "* 2); import regex; regex.compile(sys.argv[1], int(sys.argv[2]))")
+    try:
+        r = subprocess.run([sys.executable, "-c", code, pattern, str(int(flags)),
+                            str(COMPILE_MEMORY_BYTES)], capture_output=True, text=True,
+                           timeout=COMPILE_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return f"compiling it takes longer than {COMPILE_TIMEOUT_S:g} s"
+    if r.returncode != 0 and "MemoryError" in r.stderr:
+        return f"compiling it needs more than {COMPILE_MEMORY_BYTES >> 30} GiB"
+    return None
+
+
 def compile_pattern(pattern: str, ignore_case: bool = False) -> regex.Pattern[str]:
     """Compile a user regex (``regex`` module syntax, MULTILINE).
 
     Raises:
         SourceError: empty, longer than 500 characters, repeating beyond
-            ``MAX_EXPANDED_ATOMS`` once unrolled, or invalid.
+            ``MAX_EXPANDED_ATOMS`` once unrolled, too big or slow to compile (trial compile),
+            or invalid.
     """
     if not pattern:
         raise SourceError("pattern is empty; give a regular expression, e.g. 'def __init__'")
@@ -226,6 +261,10 @@ def compile_pattern(pattern: str, ignore_case: bool = False) -> regex.Pattern[st
                           f"{MAX_EXPANDED_ATOMS:,} (compiling it could exhaust memory); use + "
                           "or * instead of large counts")
     flags = regex.MULTILINE | (regex.IGNORECASE if ignore_case else 0)
+    refused = _compile_refusal(pattern, flags)
+    if refused:
+        raise SourceError(f"pattern {pattern!r} is refused: {refused}; use + or * instead of "
+                          "large counted repetitions")
     try:
         return regex.compile(pattern, flags)
     except regex.error as e:
@@ -276,6 +315,8 @@ def grep(tree: SourceTree, pattern: str, path: str = ".", path_glob: str = "**/*
         split: list[str] | None = None
         last_line, line_no, scan = -1, 1, 0
         try:
+            if time.perf_counter() > deadline:  # the budget covers the whole call
+                raise TimeoutError
             for m in rx.finditer(text, timeout=max(deadline - time.perf_counter(), 1e-3)):
                 pos = m.start()
                 line_no += text.count("\n", scan, pos)
@@ -298,10 +339,16 @@ def grep(tree: SourceTree, pattern: str, path: str = ".", path_glob: str = "**/*
                     hit.before = [_cut(x) for x in split[max(0, i - context_lines):i]]
                     hit.after = [_cut(x) for x in split[i + 1:i + 1 + context_lines]]
                 hits.append(hit)
-                chars += len(hit.text) + sum(map(len, hit.before)) + sum(map(len, hit.after))
+                chars += len(json.dumps([hit.text, hit.before, hit.after]))  # as sent
                 if chars >= MAX_RESULT_CHARS:  # a page a chat client can take; page on
                     want = len(hits)
         except TimeoutError as e:
+            if len(hits) < start:  # a deep page: an earlier page of it completed
+                raise SourceError(
+                    f"page start={start} of {pattern!r} lies past what a {budget_s:g} s search "
+                    f"reaches (each page re-scans from the first file; {len(hits)} hits counted "
+                    f"by {rel}); narrow path or path_glob, or search for something more "
+                    "specific") from e
             raise SourceError(
                 f"the search for {pattern!r} ran past its {budget_s:g} s budget (in {rel}, after "
                 f"{searched} of {len(candidates)} files); simplify the pattern (nested quantifiers "
