@@ -134,3 +134,17 @@ def test_lessons_export_skill_writes_a_skill_file(tmp_path):
     assert "No lessons are stored yet" in skill.read_text()
     bad = run_cli(tmp_path, "lessons", "export-skill", "--name", "Bad Name")
     assert bad.returncode == 2 and "skill name" in bad.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["mcp", "cluster", "--backend", "kubectl"], "unknown cluster backend 'kubectl'"),
+    (["mcp", "cluster", "--namespace", "Kube_System"], "not a valid DNS-1123 label"),
+    (["mcp", "cluster", "--backend", "local", "--visible-devices", "0,,1"], "no empty entries"),
+    (["mcp", "cluster", "--backend", "local", "--command", "python s.py --port {prot}"],
+     "{prot}"),
+    (["mcp", "bench", "--trace-dir", "/no/such/folder"], "no such folder"),
+], ids=["backend", "namespace", "devices", "placeholder", "trace-dir"])
+def test_server_options_are_checked_before_serving(tmp_path, args, needle):
+    r = run_cli(tmp_path, *args)
+    assert r.returncode == 2 and needle in r.stderr, (r.returncode, r.stderr[-500:])
+    assert "Traceback" not in r.stderr
