@@ -6,6 +6,8 @@ travel in graph state.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 
@@ -30,3 +32,19 @@ class ResearchFindings(BaseModel):
     claims: list[Claim] = Field(description="the claims the answer rests on")
     unresolved: list[str] = Field(
         default=[], description="what the evidence does not settle (e.g. performance)")
+
+
+class ResearchQuestion(BaseModel):
+    """One scoped question a research subagent answers before a costly launch."""
+
+    id: str = Field(description="stable id within a run, e.g. 'q-attention_backend-fa3-src'")
+    kind: Literal["source", "memory"] = Field(
+        description="source: the sglang-source server; memory: the lessons server")
+    question: str = Field(min_length=1, description="the question in words")
+    flag: str | None = Field(None, description="the SGLang flag (dest) it is about, if any")
+    value: str | None = Field(None, description="the value the candidate sets, if any")
+    gpu: str | None = None
+    model: str | None = None
+    quantization: str | None = None
+    engine_version: str | None = None
+    tool_budget: int = Field(8, ge=1, le=50, description="at most this many tool calls")
