@@ -10,6 +10,7 @@ The Claude brain (its prompt in ``agents/prompts/``) comes with the Claude-agent
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -17,9 +18,11 @@ from mcp import Client
 from pydantic import BaseModel
 
 from agents.mcp_tools import call
+from agents.outputs import ResearchQuestion
 from domain.config import ServingConfig
 from domain.errors import ConfigInvalid, DoesNotFit
 from domain.fit import MEMORY_FIELDS, fit
+from domain.hardware import get_gpu
 from domain.knobs import apply_knob, normalize_value
 from domain.lesson import Clause, Lesson, Scope
 from domain.study import Study
@@ -201,3 +204,114 @@ class Planner:
             return PlanStep(pruned=pruned, decision=verdict)
         return PlanStep(pruned=pruned, decision=NoViableConfig(
             reason="every one-knob change of the best config was tried or pruned"))
+
+
+# Knobs whose first use in a run is worth a research round before launching, and the SGLang
+# flag (ServerArgs dest) each one sets: a backend choice, a speculative setting, a parallelism
+# layout, a KV cache format or a HiCache size can fail at startup on some architectures.
+RESEARCH_FLAGS = {"attention_backend": "attention_backend", "speculative": "speculative_algorithm",
+                  "speculative_algorithm": "speculative_algorithm", "tp_size": "tp_size",
+                  "kv_cache_dtype": "kv_cache_dtype", "hicache_ratio": "hicache_ratio"}
+_SM_BOUND = re.compile(r"SM\s*(>=|<=|>|<|==)\s*(\d+)", re.IGNORECASE)
+
+
+def research_questions(changed: str, config: ServingConfig, seen_changes: set[str],
+                       tool_budget: int = 6) -> list[ResearchQuestion]:
+    """The scoped questions to ask before launching a candidate that changes ``changed``.
+
+    None when the knob is not research-worthy (:data:`RESEARCH_FLAGS`) or this ``knob=value``
+    was already researched in the run (``seen_changes``). Otherwise one source question (what
+    the flag changes, where it is refused) and one memory question (what lessons say about the
+    family on this or similar hardware).
+
+    Args:
+        changed: 'knob=value' of the candidate relative to its parent.
+        config: the candidate.
+        seen_changes: 'knob=value' strings researched before in this run.
+        tool_budget: tool calls allowed per question.
+    """
+    if not changed or "=" not in changed or changed in seen_changes:
+        return []
+    knob, value = changed.split("=", 1)
+    flag = RESEARCH_FLAGS.get(knob)
+    if flag is None:
+        return []
+    cli = "--" + flag.replace("_", "-")
+    scope = dict(gpu=config.gpu, model=config.model, quantization=config.weights,
+                 engine_version=config.engine_version)
+    slug = re.sub(r"[^a-z0-9]+", "-", changed.lower()).strip("-")[:40]
+    return [
+        ResearchQuestion(id=f"src-{slug}", kind="source", flag=flag, value=value,
+                         tool_budget=tool_budget, **scope,
+                         question=f"What does `{cli} {value}` change in SGLang "
+                                  f"{config.engine_version}, and on which GPU architectures is "
+                                  f"it selected or refused ({config.gpu})?"),
+        ResearchQuestion(id=f"mem-{slug}", kind="memory", flag=flag, value=value,
+                         tool_budget=tool_budget, **scope,
+                         question=f"What do past lessons say about {knob}={value} for "
+                                  f"{config.model} ({config.weights}) on {config.gpu} or "
+                                  "similar hardware?"),
+    ]
+
+
+def research_verdict(outcomes: list[dict[str, Any]], config: ServingConfig) -> str | None:
+    """Why research says not to launch ``config``, or None to launch it.
+
+    Drops the candidate when an answered source claim about the value it sets states an SM
+    (compute capability) range that excludes this GPU, e.g. "FlashAttention v3 Backend requires
+    SM>=80 and SM<=90" for fa3 on a B200 (SM 100). Lessons that forbid the family already
+    pruned it before research (``Planner.screen``); memory findings inform the report. The
+    reason quotes the claim and its evidence.
+
+    Args:
+        outcomes: ``ResearchOutcome`` dumps (mode="json").
+        config: the candidate.
+    """
+    sm = get_gpu(config.gpu).sm_major * 10
+    for o in outcomes:
+        if o.get("status") != "answered":
+            continue
+        q = o.get("question") or {}
+        value = str(q.get("value") or "")
+        for c in (o.get("findings") or {}).get("claims") or []:
+            text = str(c.get("text", ""))
+            ev = "; ".join(str(e) for e in c.get("evidence", [])[:2])
+            if q.get("kind") == "source" and (not value or value in text):
+                bounds = _SM_BOUND.findall(text)
+                if bounds and not all(_holds(sm, op, int(n)) for op, n in bounds):
+                    return (f"{config.gpu} is SM {sm}, outside what the source requires: "
+                            f"{' '.join(text.split())[:200]} [{ev}]")
+    return None
+
+
+def _holds(sm: int, op: str, n: int) -> bool:
+    return {">=": sm >= n, "<=": sm <= n, ">": sm > n, "<": sm < n, "==": sm == n}[op]
+
+
+def research_lesson(config: ServingConfig, changed: str, reason: str, run_id: str) -> Lesson:
+    """The lesson a research drop writes: this knob value is refused on this GPU's architecture.
+
+    Scope: the GPU and engine version (an architecture check holds for every model); condition:
+    the knob's field equals the candidate's value. Source ``research``: it was read in the
+    engine's code, not seen in a crash.
+
+    Args:
+        config: the dropped candidate.
+        changed: its 'knob=value'.
+        reason: :func:`research_verdict`'s reason (the claim and its file:line evidence).
+        run_id: the run that asked.
+    """
+    knob = changed.split("=", 1)[0]
+    field = knob if knob in ServingConfig.model_fields else RESEARCH_FLAGS.get(knob, knob)
+    value = getattr(config, field)
+    flag = "--" + field.replace("_", "-")
+    return Lesson(title=f"{flag} {value} refused on {config.gpu} "
+                        f"(SM {get_gpu(config.gpu).sm_major * 10}), per the SGLang source",
+                  scope=Scope(gpu=config.gpu, engine_version=config.engine_version),
+                  condition=[Clause(field=field, op="eq", value=value)],
+                  outcome="unsupported", failure_class="UNSUPPORTED_BACKEND"
+                  if field == "attention_backend" else "INVALID_COMBINATION",
+                  root_cause=reason[:4000],
+                  fix=f"leave {flag} unset or choose a value the {config.gpu} architecture "
+                      "supports",
+                  evidence=reason[:20000], source="research", run_id=run_id).with_id()

@@ -62,6 +62,11 @@ class Trial(BaseModel):
     predicted: dict[str, Any] = Field(default_factory=dict,
                                       description="the estimator's numbers before launch")
     log_tail: list[str] = Field(default_factory=list)
+    research: list[dict[str, Any]] = Field(
+        default_factory=list, description="research outcomes gathered before the launch "
+        "decision: question, status, answer, claims with evidence, error, usage, start/end")
+    research_decision: str = Field("", description="what the research changed: 'kept: ...' "
+                                   "or 'dropped: ...' with the deciding evidence")
     records_path: str | None = None
     manifest: VersionManifest | None = None
     wall_s: float = 0.0

@@ -14,6 +14,7 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from mcp import Client
 
 from agents.mcp_tools import call
+from agents.research import DeterministicMemoryResearcher, DeterministicSourceResearcher
 from domain.ledger import Ledger
 from domain.study import Study
 from graph.state import Progress, StudyContext
@@ -23,6 +24,8 @@ from mcp_servers.bench.server import build_server as bench_server
 from mcp_servers.cluster.backend import TwinBackend
 from mcp_servers.cluster.server import build_server as cluster_server
 from mcp_servers.lessons.server import build_server as lessons_server
+from mcp_servers.source.server import build_server as source_server
+from mcp_servers.source.tree import SourceTree
 from memory.store import LessonStore
 
 
@@ -54,7 +57,9 @@ class StudyOutcome:
 
 
 async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore,
-                    trace_roots: list[Path], progress: Progress | None = None) -> StudyOutcome:
+                    trace_roots: list[Path], progress: Progress | None = None,
+                    source_tree: SourceTree | None = None, research: bool = True,
+                    research_parallel: int = 4) -> StudyOutcome:
     """Run ``study`` as ``run_id`` in ``run_dir`` (resuming from its checkpoint if present).
 
     Args:
@@ -64,6 +69,10 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
         store: the shared lesson store.
         trace_roots: folders the bench server may read traces from.
         progress: callback for progress events (phase, trial, config).
+        source_tree: the SGLang source the source researcher reads (None: its server runs
+            without a tree and its answers name the fetch command).
+        research: ask the research subagents before launching a research-worthy candidate.
+        research_parallel: research branches that run at once.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(run_dir / "ledger.sqlite")
@@ -73,6 +82,7 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
         async with Client(cluster_server(backend)) as c_cluster, \
                 Client(bench_server(bench)) as c_bench, \
                 Client(lessons_server(store, run_id)) as c_lessons, \
+                Client(source_server(source_tree, study.engine_version)) as c_source, \
                 AsyncSqliteSaver.from_conn_string(str(run_dir / "checkpoint.sqlite")) as saver:
             graph = build_graph().compile(checkpointer=saver)
             cfg = {"configurable": {"thread_id": run_id}, "recursion_limit": 100_000}
@@ -85,7 +95,10 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
                                    {"lesson": lesson.model_dump(mode="json")})
             ctx = StudyContext(run_id=run_id, study=study, ledger=ledger, cluster=c_cluster,
                                bench=c_bench, lessons=c_lessons, backend_kind=backend.kind,
-                               progress=progress, events_path=run_dir / "events.jsonl")
+                               progress=progress, events_path=run_dir / "events.jsonl",
+                               researchers={"source": DeterministicSourceResearcher(c_source),
+                                            "memory": DeterministicMemoryResearcher(c_lessons)}
+                               if research else None, research_parallel=research_parallel)
             already_done = resumed and snap.values.get("phase") == "done"
             if already_done:
                 final = snap.values  # finished before: nothing to do

@@ -53,6 +53,8 @@ class StudyContext:
     backend_kind: str = "twin"
     progress: Progress | None = None
     events_path: Path | None = None
+    researchers: dict[str, Any] | None = None  # kind -> graph.research.Researcher; None: off
+    research_parallel: int = 4
 
     def event(self, kind: str, **data: Any) -> None:
         """Append one audit event (e.g. every deploy) to ``events.jsonl``, flushed at once."""

@@ -18,11 +18,19 @@ from langgraph.runtime import Runtime
 from agents.analyst import Analyst, failure_lesson, replica_mean
 from agents.deployer import Deployer
 from agents.mcp_tools import call
-from agents.planner import NoViableConfig, Planner, Pruned
+from agents.planner import (
+    NoViableConfig,
+    Planner,
+    Pruned,
+    research_lesson,
+    research_questions,
+    research_verdict,
+)
 from domain.config import ServingConfig
 from domain.ledger import Ledger
 from domain.study import Study
 from domain.trial import Trial, manifest_for
+from graph.research import run_research
 from graph.state import StudyContext, StudyState
 
 SUCCESS = ("baseline", "keep", "discard")
@@ -63,7 +71,8 @@ def _deployment_name(config: ServingConfig) -> str:
 
 async def _launch_and_measure(ctx: StudyContext, key: str, phase: str, config: ServingConfig,
                               changed: str, parent: int | None, predicted: dict[str, Any],
-                              is_baseline: bool = False) -> Trial:
+                              is_baseline: bool = False,
+                              extra: dict[str, Any] | None = None) -> Trial:
     """Deploy, benchmark (saturation), judge, tear down, and commit one search trial."""
     t0 = time.time()
     deployer, analyst = Deployer(ctx.cluster), Analyst(ctx.bench, ctx.study)
@@ -73,7 +82,8 @@ async def _launch_and_measure(ctx: StudyContext, key: str, phase: str, config: S
     out = await deployer.launch(name, config, labels)
     base: dict[str, Any] = dict(run_id=ctx.run_id, seq=0, key=key, phase=phase, config=config,
                                 changed=changed, parent_seq=parent, predicted=predicted,
-                                manifest=manifest_for(config, ctx.backend_kind))
+                                manifest=manifest_for(config, ctx.backend_kind),
+                                **(extra or {}))
     if not out.ready:
         lesson = failure_lesson(config, out, ctx.run_id, key)
         await deployer.teardown(name)
@@ -161,10 +171,37 @@ async def search(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
                   "failed to start")
         return {**pos, "phase": "validate", "stop_reason": reason}
     plan = step.decision
+    extra: dict[str, Any] = {}
+    if ctx.researchers:
+        seen_changes = {t.changed for t in ledger.trials("search") if t.research}
+        questions = research_questions(plan.changed, plan.config, seen_changes)
+        if questions:
+            ctx.report(phase="search", trial=pos["launched"] + 1, total=budget.max_trials,
+                       config=f"research: {plan.changed}")
+            outcomes = await run_research(questions, ctx.researchers, ctx.research_parallel)
+            dumped = [o.model_dump(mode="json") for o in outcomes]
+            drop = research_verdict(dumped, plan.config)
+            if drop is not None:
+                lesson = research_lesson(plan.config, plan.changed, drop, ctx.run_id)
+                # committed before the lesson is stored; a resumed run stores it again
+                ledger.append(Trial(run_id=ctx.run_id, seq=0,
+                                    key=f"search:{plan.config.config_id()}", phase="search",
+                                    status="pruned", config=plan.config, changed=plan.changed,
+                                    parent_seq=base_trial.seq, reason=f"research: {drop}",
+                                    lesson_ids=[lesson.id], lessons_written=[lesson],
+                                    research=dumped, research_decision=f"dropped: {drop}"))
+                await call(ctx.lessons, "add_lesson",
+                           {"lesson": lesson.model_dump(mode="json")})
+                ctx.report(phase="search", pruned=plan.changed, reason=f"research: {drop}")
+                return {**search_position(ledger, study), "phase": "search"}
+            answered = sum(o.status == "answered" for o in outcomes)
+            extra = {"research": dumped, "research_decision": (
+                f"kept: {answered}/{len(outcomes)} questions answered, no refusal of "
+                f"{plan.changed} on {plan.config.gpu} found")}
     ctx.report(phase="search", trial=pos["launched"] + 1, total=budget.max_trials,
                config=plan.changed)
     await _launch_and_measure(ctx, f"search:{plan.config.config_id()}", "search", plan.config,
-                              plan.changed, base_trial.seq, plan.predicted)
+                              plan.changed, base_trial.seq, plan.predicted, extra=extra)
     return {**search_position(ledger, study), "phase": "search"}
 
 

@@ -160,6 +160,19 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
         console.print(f"[yellow]warning:[/] the trace holds only {span:,.0f} s of arrivals in "
                       f"the {r.duration_s:,.0f} s window (it ends early)", highlight=False)
     from graph.run import run_study
+    from mcp_servers.source.server import open_tree
+
+    try:
+        tree = open_tree(settings.sglang_source, study.engine_version, settings.source_cache)
+    except ServetuneError as e:
+        console.print(f"[yellow]warning:[/] SGLang source not usable ({e}); research reads "
+                      "lessons only", highlight=False)
+        tree = None
+    console.print(f"research: SGLang {study.engine_version} source at {tree.root}"
+                  if tree is not None else
+                  f"research: no SGLang source tree (`servetune source fetch --version "
+                  f"{study.engine_version}` lets the source researcher cite it)",
+                  highlight=False)
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                   TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
@@ -181,7 +194,7 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
         signal.signal(signal.SIGTERM, on_sigterm)
         try:
             outcome = asyncio.run(run_study(study_run, rid, run_dir, store, [trace_path.parent],
-                                            progress))
+                                            progress, source_tree=tree))
         except KeyboardInterrupt:
             bar.stop()
             led = Ledger(run_dir / "ledger.sqlite")

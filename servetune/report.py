@@ -458,6 +458,44 @@ def _pred(v: Any) -> str:
     return str(v)
 
 
+def _research_section(trials: list[Trial]) -> list[str]:
+    """Questions asked before launches, their cited answers, the decisions and their cost."""
+    asked = [t for t in trials if t.research]
+    if not asked:
+        return []
+    avoided = sum(1 for t in asked if t.status == "pruned")
+    outcomes = [o for t in asked for o in t.research]
+    calls = sum(int(o.get("usage", {}).get("tool_calls", 0)) for o in outcomes)
+    tokens = sum(int(o.get("usage", {}).get("input_tokens", 0))
+                 + int(o.get("usage", {}).get("output_tokens", 0)) for o in outcomes)
+    seconds = sum(float(o.get("finished_s", 0)) - float(o.get("started_s", 0))
+                  for o in outcomes)
+    out = ["## Research before launches", "",
+           f"{len(outcomes)} questions before {len(asked)} candidate(s), in parallel branches; "
+           f"launches avoided: {avoided}. Cost: {calls} tool calls, {tokens:,} LLM tokens, "
+           f"{seconds:.1f} s of branch time.", ""]
+    for t in asked:
+        out += [f"### {_changed(t)} (trial #{t.seq}, {t.status})", "",
+                f"Decision: {t.research_decision or 'kept'}", ""]
+        for o in t.research:
+            q = o.get("question", {})
+            span = float(o.get("finished_s", 0)) - float(o.get("started_s", 0))
+            out.append(f"- **{q.get('kind', '?')}**: {q.get('question', '')} "
+                       f"({o.get('status')}, {span:.2f} s)")
+            f = o.get("findings") or {}
+            if o.get("status") != "answered":
+                out.append(f"  - failed: {o.get('error')}")
+                continue
+            out.append(f"  - answer: {' '.join(str(f.get('answer', '')).split())}")
+            for c in (f.get("claims") or [])[:6]:
+                ev = "; ".join(str(e) for e in c.get("evidence", [])[:3])
+                out.append(f"  - {' '.join(str(c.get('text', '')).split())} [{ev}]")
+            for u in f.get("unresolved") or []:
+                out.append(f"  - unresolved: {' '.join(str(u).split())}")
+        out.append("")
+    return out
+
+
 def _lessons_section(lessons: list[Lesson]) -> list[str]:
     out = ["## Lessons used or written in this run", ""]
     if not lessons:
@@ -526,6 +564,7 @@ def render_report(run_dir: Path, study: Study, trials: list[Trial], lessons: lis
     lines += _finalists_table(trials, plots[REPLAY_PNG])
     lines += _frontier_section(points, plots[FRONTIER_PNG])
     lines += _predicted_section(trials)
+    lines += _research_section(trials)
     lines += _lessons_section(lessons)
 
     path = run_dir / "report.md"

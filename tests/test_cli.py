@@ -40,7 +40,11 @@ def write(tmp: Path, name: str, data) -> Path:
 
 
 def servetune(*args, tmp: Path, env=None, check=False) -> subprocess.CompletedProcess:
-    e = dict(os.environ, SERVETUNE_LESSONS_DIR=str(tmp / "lessons"), COLUMNS="200")
+    # no SGLang source unless a test gives one: a tree fetched on this machine would change
+    # what the research step finds
+    e = dict(os.environ, SERVETUNE_LESSONS_DIR=str(tmp / "lessons"), COLUMNS="200",
+             SERVETUNE_SOURCE_CACHE=str(tmp / "no-source"))
+    e.pop("SERVETUNE_SGLANG_SOURCE", None)
     e.update(env or {})
     return subprocess.run([sys.executable, "-m", "servetune.cli", *args], cwd=tmp, env=e,
                           capture_output=True, text=True, timeout=300, check=check)
