@@ -64,6 +64,15 @@ class Budget(BaseModel):
     max_trials: int = Field(ge=1, le=10_000, description="launched trials (pruned ones are free)")
     patience: int = Field(ge=1, le=10_000,
                           description="stop after this many launched trials without improvement")
+    max_wall_s: float | None = Field(None, gt=0, description=(
+        "stop the search once its trials and research took this many wall seconds"))
+    max_gpu_hours: float | None = Field(None, gt=0, description=(
+        "stop the search once its benchmarks used this many GPU-hours (GPUs x benchmark "
+        "seconds; virtual seconds on the twin)"))
+    max_llm_tokens: int | None = Field(None, ge=1, description=(
+        "stop the search once research used this many LLM tokens (input + output)"))
+    max_research_questions: int | None = Field(None, ge=0, description=(
+        "research questions per run; once asked, candidates launch without research"))
 
 
 class Study(BaseModel):

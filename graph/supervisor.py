@@ -51,6 +51,41 @@ def search_position(ledger: Ledger, study: Study) -> dict[str, Any]:
             "since_improvement": since}
 
 
+def _usage(t: Trial, key: str) -> float:
+    return sum(float(o.get("usage", {}).get(key, 0)) for o in t.research)
+
+
+def spent(ledger: Ledger) -> dict[str, float]:
+    """What the search used so far, from the ledger (so a resumed run counts the same).
+
+    Returns:
+        ``wall_s`` (trial wall time + research branch time, s), ``gpu_hours`` (GPUs x
+        benchmark duration of the search trials that ran one, h; twin: virtual seconds),
+        ``llm_tokens`` (research input + output tokens) and ``questions`` (research asked).
+    """
+    out = {"wall_s": 0.0, "gpu_hours": 0.0, "llm_tokens": 0.0, "questions": 0.0}
+    for t in ledger.trials("search"):
+        branch_s = sum(float(o.get("finished_s", 0)) - float(o.get("started_s", 0))
+                       for o in t.research)
+        out["wall_s"] += t.wall_s + branch_s
+        out["llm_tokens"] += _usage(t, "input_tokens") + _usage(t, "output_tokens")
+        out["questions"] += len(t.research)
+        if t.saturation is not None:
+            out["gpu_hours"] += t.config.gpus * t.saturation.duration_s / 3600
+    return out
+
+
+def budget_stop(ledger: Ledger, study: Study) -> str | None:
+    """Which per-study cap (wall time, GPU-hours, LLM tokens) the search has reached, if any."""
+    b, used = study.budget, spent(ledger)
+    for cap, key, unit in ((b.max_wall_s, "wall_s", "s of wall time"),
+                           (b.max_gpu_hours, "gpu_hours", "GPU-hours"),
+                           (b.max_llm_tokens, "llm_tokens", "LLM tokens")):
+        if cap is not None and used[key] >= cap:
+            return f"{unit} budget reached ({used[key]:,.2f} of {cap:,.2f} {unit.split()[0]})"
+    return None
+
+
 def _losers(trials: list[Trial], share: float) -> dict[str, str]:
     """``knob=value`` changes that cost more than ``share`` of their parent's tok/s/GPU."""
     by_seq = {t.seq: t for t in trials}
@@ -139,6 +174,9 @@ async def search(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
     if pos["since_improvement"] >= budget.patience:
         return {**pos, "phase": "validate",
                 "stop_reason": f"no improvement for {budget.patience} trials"}
+    capped = budget_stop(ledger, study)
+    if capped is not None:
+        return {**pos, "phase": "validate", "stop_reason": capped}
     # From the incumbent. While nothing has run yet (the baseline was pruned or crashed), the
     # search widens breadth-first: one knob from the baseline, then one knob from each config
     # tried so far, so a baseline that cannot run does not end the study.
@@ -172,9 +210,13 @@ async def search(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
         return {**pos, "phase": "validate", "stop_reason": reason}
     plan = step.decision
     extra: dict[str, Any] = {}
-    if ctx.researchers:
+    asked = int(spent(ledger)["questions"])
+    room = budget.max_research_questions
+    if ctx.researchers and (room is None or asked < room):
         seen_changes = {t.changed for t in ledger.trials("search") if t.research}
         questions = research_questions(plan.changed, plan.config, seen_changes)
+        if room is not None:
+            questions = questions[:room - asked]
         if questions:
             ctx.report(phase="search", trial=pos["launched"] + 1, total=budget.max_trials,
                        config=f"research: {plan.changed}")

@@ -5,6 +5,7 @@ parallel questions, their cited answers, the decision they changed and the launc
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 
 from test_cli import servetune, tiny_study, write
@@ -44,3 +45,25 @@ def test_research_drops_fa3_on_b200_before_launch_and_the_report_says_why(tmp_pa
                       env={"SERVETUNE_SGLANG_SOURCE": str(tree)})
     assert again.returncode == 0, again.stderr
     assert "pruned attention_backend=fa3 (forbidden by lesson" in again.stdout
+
+
+def test_study_caps_stop_the_search_and_say_which(tmp_path):
+    tree = build_tree(tmp_path)
+    budget = {"max_trials": 8, "patience": 4, "max_gpu_hours": 0.03,
+              "max_research_questions": 0}
+    study = write(tmp_path, "capped.yaml", tiny_study(budget=budget))
+    r = servetune("run", str(study), "--run-id", "c1", tmp=tmp_path,
+                  env={"SERVETUNE_SGLANG_SOURCE": str(tree)})
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"stopped: GPU-hours budget reached \(0\.\d\d of 0\.03 GPU-hours\)",
+                     r.stdout), r.stdout[-800:]
+    report = (tmp_path / "runs" / "c1" / "report.md").read_text()
+    assert "## Research before launches" not in report  # no question allowed
+    db = sqlite3.connect(tmp_path / "runs" / "c1" / "ledger.sqlite")
+    bodies = [json.loads(b) for (b,) in db.execute(
+        "SELECT body FROM trials WHERE phase='search' AND status!='pruned' ORDER BY seq")]
+    db.close()
+    # GPUs x benchmark seconds: the cap was crossed by the last benchmark, not before
+    hours = [b["config"]["tp_size"] * b["config"]["replicas"] * b["saturation"]["duration_s"]
+             / 3600 for b in bodies]
+    assert sum(hours) >= 0.03 > sum(hours[:-1])
