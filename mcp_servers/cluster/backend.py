@@ -122,6 +122,21 @@ class CorruptRecord(BackendError):
                      message=str(self))
 
 
+def require_record(store: RecordStore, name: str, model: type[M], namespace: str) -> M:
+    """Record ``name`` validated as ``model``.
+
+    Raises:
+        BackendError: no such deployment (the message lists the existing ones).
+        CorruptRecord: the record exists but is unusable.
+    """
+    rec = read_record(store, name, model) if NAME_RE.match(name) else None
+    if rec is None:
+        known = ", ".join(sorted(store.names())) or "none"
+        raise BackendError(f"no deployment {name!r} in namespace {namespace}; "
+                           f"existing: {known}. Call list_deployments to see them.")
+    return rec
+
+
 def read_record(store: RecordStore, name: str, model: type[M]) -> M | None:
     """Record ``name`` of ``store`` validated as ``model``; None if there is none.
 
@@ -289,12 +304,7 @@ class TwinBackend:
         self._startups: dict[str, Startup] = {}
 
     def _get(self, name: str) -> _TwinRecord:
-        rec = read_record(self._store, name, _TwinRecord) if NAME_RE.match(name) else None
-        if rec is None:
-            known = ", ".join(sorted(self._store.names())) or "none"
-            raise BackendError(f"no deployment {name!r} in namespace {self.namespace}; "
-                               f"existing: {known}. Call list_deployments to see them.")
-        return rec
+        return require_record(self._store, name, _TwinRecord, self.namespace)
 
     def _startup(self, config: ServingConfig) -> Startup:
         key = config.model_dump_json()

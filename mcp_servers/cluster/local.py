@@ -69,6 +69,7 @@ from mcp_servers.cluster.backend import (
     check_name,
     read_record,
     refuse_flag_values,
+    require_record,
     scan_records,
     settle,
     when,
@@ -254,12 +255,7 @@ class LocalProcessBackend:
 
     def _get(self, name: str) -> _Record:
         """Record ``name``. Raises BackendError if there is none, CorruptRecord if unusable."""
-        rec = read_record(self._store, name, _Record) if NAME_RE.match(name) else None
-        if rec is None:
-            known = ", ".join(sorted(self._store.names())) or "none"
-            raise BackendError(f"no deployment {name!r} in namespace {self.namespace}; "
-                               f"existing: {known}. Call list_deployments to see them.")
-        return rec
+        return require_record(self._store, name, _Record, self.namespace)
 
     def _put(self, rec: _Record) -> None:
         self._store.write(rec.name, rec.model_dump(mode="json"))
