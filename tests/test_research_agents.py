@@ -4,16 +4,12 @@ recorded Messages-API conversation, and the real SGLang 0.5.23 tree when it is o
 
 from __future__ import annotations
 
-import itertools
-import json
 import re
 import textwrap
 from pathlib import Path
-from typing import Any
 
-import anthropic
-import httpx2
 import pytest
+from anthropic_script import Scripted, msg, text, tool_use
 from mcp import Client
 
 from agents.claude import SUBMIT_TOOL, AgentBudget, load_prompt
@@ -37,43 +33,6 @@ pytestmark = pytest.mark.anyio
 REAL_TREE = Path("/tmp/stcache/sglang-0.5.23")
 FETCH_HINT = "servetune source fetch --version 0.5.23"
 CITE = re.compile(r"^(sglang/\S+\.py):(\d+)\b")
-
-class Scripted:
-    """A Messages API answering with recorded responses (as in test_claude_agent.py)."""
-
-    def __init__(self, responses: list[dict[str, Any]]) -> None:
-        self.responses, self.requests = list(responses), []  # type: list[dict[str, Any]]
-
-    def handler(self, request: httpx2.Request) -> httpx2.Response:
-        self.requests.append(json.loads(request.content))
-        return httpx2.Response(200, json=self.responses.pop(0))
-
-    def client(self) -> anthropic.AsyncAnthropic:
-        return anthropic.AsyncAnthropic(
-            api_key="test", base_url="http://anthropic.invalid", max_retries=0,
-            http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(self.handler)))
-
-    def tool_results(self, i: int) -> list[dict[str, Any]]:
-        return [b for b in self.requests[i]["messages"][-1]["content"]
-                if b["type"] == "tool_result"]
-
-
-_ids = itertools.count(1)
-
-
-def tool_use(name: str, /, **args: Any) -> dict[str, Any]:
-    return {"type": "tool_use", "id": f"toolu_{next(_ids):03d}", "name": name, "input": args}
-
-
-def text(t: str) -> dict[str, Any]:
-    return {"type": "text", "text": t}
-
-
-def msg(*blocks: dict[str, Any], tokens: tuple[int, int] = (100, 10)) -> dict[str, Any]:
-    return {"id": "msg_x", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",
-            "content": list(blocks), "stop_reason": "tool_use", "stop_sequence": None,
-            "usage": {"input_tokens": tokens[0], "output_tokens": tokens[1]}}
-
 
 FILES = {
     "sglang/__init__.py": "",
