@@ -4,8 +4,11 @@ Job: run the benchmarks of a Ready candidate through the bench
 server, judge it against the incumbent (keep / discard / crash, with evidence), and turn every
 failure into a lesson whose condition covers the whole family of configs it dooms.
 
-The Claude brain (its prompt in ``agents/prompts/``) comes with the Claude-agents issue. Outputs:
-:class:`Verdict` and :class:`~domain.lesson.Lesson`.
+The benchmarks themselves run in code, so the ledger's numbers are what the bench server measured.
+The verdict has two brains: :meth:`Analyst.verdict` (deterministic: the study's
+``min_improvement`` rule) and :meth:`ClaudeAnalyst.verdict` (prompt ``agents/prompts/analyst.md``,
+may read the per-request records and lessons; its verdict is checked against the measured
+summary). Outputs: :class:`Verdict` and :class:`~domain.lesson.Lesson`.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any, Literal
 from mcp import Client
 from pydantic import BaseModel
 
+from agents.claude import AgentFailure, AgentUsage, ClaudeAgent, ClaudeSetup, context_block
 from agents.deployer import DeployOutcome
 from agents.mcp_tools import call
 from domain.config import ServingConfig
@@ -284,3 +288,87 @@ class Analyst:
         return Verdict(status="discard", objective=obj,
                        reason=f"{obj:,.0f} tok/s/GPU, {gain:+.1%} vs best {best:,.0f} "
                               f"(needs > {self.study.min_improvement:.0%})")
+
+    async def verdict(self, bench: BenchOutcome, best: float | None, is_baseline: bool,
+                      config: ServingConfig, changed: str) -> Verdict:
+        """The verdict on a saturation run: :meth:`judge` of its summary."""
+        return self.judge(bench.summary, best, is_baseline)
+
+
+OBJECTIVE_TOLERANCE = 0.005  # a reported objective may differ from the measured one by 0.5 %
+
+
+def check_verdict(v: Verdict, summary: MetricsSummary, best: float | None,
+                  is_baseline: bool) -> str | None:
+    """What is wrong with an agent's verdict against the measured ``summary`` (None: fine).
+
+    Rules: ``crash`` only when no request completed (and then it is the only choice);
+    ``baseline`` exactly for the baseline; the objective is the measured output tok/s/GPU
+    (within :data:`OBJECTIVE_TOLERANCE`); ``keep`` needs a gain over ``best`` and no failed
+    request.
+    """
+    measured = summary.output_tok_s_per_gpu
+    if summary.completed == 0:
+        return None if v.status == "crash" else "no request completed: the status is crash"
+    if v.status == "crash":
+        return f"{summary.completed} requests completed: the server ran, so it is no crash"
+    if (v.status == "baseline") != is_baseline:
+        return ("this is the baseline: status must be baseline" if is_baseline else
+                "only the first trial is the baseline: choose keep or discard")
+    if v.objective is None or abs(v.objective - measured) > OBJECTIVE_TOLERANCE * max(measured,
+                                                                                     1e-9):
+        return f"objective must be the measured output tok/s/GPU, {measured:.1f}"
+    if v.status == "keep":
+        if summary.errors:
+            return f"{summary.errors} requests failed: a run with errors cannot be kept"
+        if best is not None and measured <= best:
+            return f"keep needs more than the best's {best:.1f} tok/s/GPU (measured {measured:.1f})"
+    return None
+
+
+class ClaudeAnalyst(Analyst):
+    """Claude brain for the verdict, held to the measured numbers by :func:`check_verdict`.
+
+    Claude reads the run's summary (and, if it wants, its records and the lessons) and decides
+    keep / discard with a reason. ``usage`` accumulates the cost of every run.
+    """
+
+    def __init__(self, bench: Client, lessons: Client, study: Study,
+                 claude: ClaudeSetup) -> None:
+        """Analyst over ``bench`` (and ``lessons`` for query_lessons) for ``study``."""
+        super().__init__(bench, study)
+        self.lessons, self.claude = lessons, claude
+        self.usage = AgentUsage()
+
+    async def verdict(self, bench: BenchOutcome, best: float | None, is_baseline: bool,
+                      config: ServingConfig, changed: str) -> Verdict:
+        """Claude's verdict on ``bench``.
+
+        Raises:
+            AgentOutputInvalid, AgentBudgetExceeded: no valid verdict (the caller records the
+                trial as failed, keeping the measurement).
+        """
+        agent: ClaudeAgent[Verdict] = ClaudeAgent(
+            "analyst", self.claude.client, {"bench": self.bench, "lessons": self.lessons},
+            {"bench": ["get_records", "list_runs"], "lessons": ["query_lessons"]}, Verdict,
+            model=self.claude.model, budget=self.claude.budget)
+        task = ("JUDGE the saturation run of this candidate: baseline, keep (it becomes the "
+                "best) or discard, with the numbers the decision rests on. Keep it only if "
+                f"the gain over the best exceeds run-to-run noise (the study asks for more "
+                f"than {self.study.min_improvement:.0%}).\n" + context_block({
+                    "config": config.model_dump(mode="json", exclude_none=True),
+                    "changed": changed or "baseline", "is_baseline": is_baseline,
+                    "best_objective": best, "min_improvement": self.study.min_improvement,
+                    "summary": bench.summary.model_dump(mode="json"),
+                    "bench_id": bench.bench_id}))
+
+        async def check(v: Verdict) -> str | None:
+            return check_verdict(v, bench.summary, best, is_baseline)
+
+        try:
+            v, usage = await agent.run(task, check)
+        except AgentFailure as e:
+            self.usage = self.usage.plus(e.usage)
+            raise
+        self.usage = self.usage.plus(usage)
+        return v

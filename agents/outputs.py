@@ -48,3 +48,30 @@ class ResearchQuestion(BaseModel):
     quantization: str | None = None
     engine_version: str | None = None
     tool_budget: int = Field(8, ge=1, le=50, description="at most this many tool calls")
+
+
+class PlanChoice(BaseModel):
+    """The Claude planner's pick among the screened one-knob candidates."""
+
+    action: Literal["launch", "stop"] = Field(
+        description="launch one of the offered candidates, or stop the search")
+    candidate: str | None = Field(
+        None, description="'knob=value' exactly as offered in context.candidates (launch only)")
+    rationale: str = Field(min_length=1, max_length=2000,
+                           description="why this candidate (or why stop), with the mechanism")
+
+
+class ResearchDecision(BaseModel):
+    """The planner's decision on a candidate after the research round."""
+
+    decision: Literal["keep", "modify", "drop"] = Field(
+        description="keep: launch it; modify: launch `modify_to` instead; drop: launch nothing")
+    modify_to: str | None = Field(
+        None, description="'knob=value' from context.alternatives (modify only)")
+    reason: str = Field(min_length=1, max_length=2000, description="why, in one or two lines")
+    evidence: list[str] = Field(
+        default=[], description="the claims' citations the decision rests on (file:line or "
+                                "lesson id); at least one for modify and drop")
+    refused_on_this_gpu: bool = Field(
+        False, description="true when the evidence shows the engine refuses the candidate's "
+                           "value on this GPU architecture (a lesson is written)")

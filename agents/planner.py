@@ -4,8 +4,12 @@ Job: propose the next candidate, one knob changed from the current best,
 after pruning what lessons forbid and what the memory-fit estimate clearly rules out (each such
 estimate becomes a lesson whose evidence is the arithmetic).
 
-The Claude brain (its prompt in ``agents/prompts/``) comes with the Claude-agents issue. Output:
-:class:`PlanStep` carrying ``TrialPlan | NoViableConfig`` plus the candidates pruned on the way.
+Two brains. :class:`Planner` (deterministic) launches the first viable neighbour in the study's
+knob order. :class:`ClaudePlanner` screens every neighbour the same way (lessons, memory fit) and
+lets Claude (prompt ``agents/prompts/planner.md``) pick among the viable ones. Output:
+:class:`PlanStep` carrying ``TrialPlan | NoViableConfig | PlannerFailed`` plus the candidates
+pruned on the way. After a research round, ``decide`` keeps, modifies or drops the candidate
+(:class:`Decision`).
 """
 
 from __future__ import annotations
@@ -17,8 +21,16 @@ from typing import Any, Literal
 from mcp import Client
 from pydantic import BaseModel
 
+from agents.claude import (
+    AgentFailure,
+    AgentUsage,
+    ClaudeAgent,
+    ClaudeSetup,
+    context_block,
+    failure_reason,
+)
 from agents.mcp_tools import call
-from agents.outputs import ResearchQuestion
+from agents.outputs import PlanChoice, ResearchDecision, ResearchQuestion
 from domain.config import ServingConfig
 from domain.errors import ConfigInvalid, DoesNotFit
 from domain.fit import MEMORY_FIELDS, fit
@@ -55,11 +67,32 @@ class Pruned(BaseModel):
     new_lesson: Lesson | None = None
 
 
+class PlannerFailed(BaseModel):
+    """The planner's agent gave no valid answer (invalid twice, or its budget ran out)."""
+
+    kind: Literal["failed"] = "failed"
+    reason: str
+
+
 class PlanStep(BaseModel):
     """The planner's output for one step."""
 
     pruned: list[Pruned]
-    decision: TrialPlan | NoViableConfig
+    decision: TrialPlan | NoViableConfig | PlannerFailed
+
+
+class Decision(BaseModel):
+    """What the planner does with a candidate after research.
+
+    ``plan`` is the candidate launched instead (modify only); ``lesson`` is written when the
+    evidence shows the engine refuses the value on this GPU (drop or modify).
+    """
+
+    decision: Literal["keep", "modify", "drop"]
+    reason: str
+    evidence: list[str] = []
+    plan: TrialPlan | None = None
+    lesson: Lesson | None = None
 
 
 def _fmt(v: Any) -> str:
@@ -205,6 +238,22 @@ class Planner:
         return PlanStep(pruned=pruned, decision=NoViableConfig(
             reason="every one-knob change of the best config was tried or pruned"))
 
+    async def decide(self, plan: TrialPlan, outcomes: list[dict[str, Any]],
+                     run_id: str) -> Decision:
+        """Keep or drop ``plan`` given the research ``outcomes`` (ResearchOutcome dumps).
+
+        Drops it when :func:`research_verdict` finds a source claim whose SM range excludes the
+        GPU (and writes :func:`research_lesson`); otherwise keeps it.
+        """
+        drop = research_verdict(outcomes, plan.config)
+        if drop is not None:
+            return Decision(decision="drop", reason=drop,
+                            lesson=research_lesson(plan.config, plan.changed, drop, run_id))
+        answered = sum(o.get("status") == "answered" for o in outcomes)
+        return Decision(decision="keep", reason=(
+            f"{answered}/{len(outcomes)} questions answered, no refusal of {plan.changed} on "
+            f"{plan.config.gpu} found"))
+
 
 # Knobs whose first use in a run is worth a research round before launching, and the SGLang
 # flag (ServerArgs dest) each one sets: a backend choice, a speculative setting, a parallelism
@@ -315,3 +364,139 @@ def research_lesson(config: ServingConfig, changed: str, reason: str, run_id: st
                   fix=f"leave {flag} unset or choose a value the {config.gpu} architecture "
                       "supports",
                   evidence=reason[:20000], source="research", run_id=run_id).with_id()
+
+
+def _history(trials: list[Any]) -> list[dict[str, Any]]:
+    """Compact search history for a planner task (seq, status, changed, objective, reason)."""
+    return [{"seq": t.seq, "status": t.status, "changed": t.changed or "baseline",
+             "objective": round(t.objective, 1) if t.objective is not None else None,
+             "reason": t.reason[:160]} for t in trials]
+
+
+class ClaudePlanner(Planner):
+    """Claude brain: code screens every unseen neighbour, Claude picks which one to launch.
+
+    Screening (lessons through ``check_config``, the memory-fit estimate, earlier regressions)
+    stays in code, so a model never launches what a lesson or the arithmetic rules out; the
+    model picks among the viable candidates with the search history in view, may stop the
+    search, and decides keep / modify / drop after research. ``usage`` accumulates the cost of
+    every agent run of this planner.
+    """
+
+    def __init__(self, study: Study, lessons: Client, claude: ClaudeSetup,
+                 history: list[Any]) -> None:
+        """Planner over ``lessons`` with ``history`` (the run's search trials, ledger order)."""
+        super().__init__(study, lessons)
+        self.claude, self.history = claude, history
+        self.usage = AgentUsage()
+        self.viable: list[TrialPlan] = []
+
+    def _agent(self, output: type[Any]) -> ClaudeAgent[Any]:
+        return ClaudeAgent("planner", self.claude.client, {"lessons": self.lessons},
+                           {"lessons": ["check_config", "query_lessons", "list_lessons"]},
+                           output, model=self.claude.model, budget=self.claude.budget)
+
+    async def _run(self, output: type[Any], task: str, check: Any) -> Any:
+        try:
+            out, usage = await self._agent(output).run(task, check)
+        except AgentFailure as e:
+            self.usage = self.usage.plus(e.usage)
+            raise
+        self.usage = self.usage.plus(usage)
+        return out
+
+    async def step(self, best: ServingConfig, seen: set[str], run_id: str,
+                   losers: dict[str, str] | None = None) -> PlanStep:
+        """Screen every unseen neighbour of ``best``, then ask Claude which one to launch.
+
+        Same arguments as :meth:`Planner.step`. Viable candidates that are not chosen stay
+        unseen (they are offered again next step). A failed agent run gives
+        :class:`PlannerFailed` (the pruned candidates are still returned).
+        """
+        pruned: list[Pruned] = []
+        losers = losers or {}
+        viable: list[TrialPlan] = []
+        for cand, changed in self.neighbours(best):
+            cid = cand.config_id()
+            if cid in seen:
+                continue
+            if changed in losers:
+                seen.add(cid)
+                pruned.append(Pruned(config=cand, changed=changed, lesson_ids=[],
+                                     reason=losers[changed]))
+                continue
+            verdict = await self.screen(cand, changed, run_id)
+            if isinstance(verdict, Pruned):
+                seen.add(cid)
+                pruned.append(verdict)
+            else:
+                viable.append(verdict)
+        self.viable = viable
+        if not viable:
+            return PlanStep(pruned=pruned, decision=NoViableConfig(
+                reason="every one-knob change of the best config was tried or pruned"))
+        offered = {p.changed: p for p in viable}
+        task = ("PLAN STEP. Pick the next config to launch: one of the candidates below (each "
+                "changes one knob of the current best and passed the lesson check and the "
+                "memory-fit estimate), or stop if none is worth a launch. Objective: "
+                f"{self.study.objective} under TTFT p99 <= {self.study.slo.ttft_p99_ms:g} ms "
+                f"on the replay; {self.study.gpu_count}x {self.study.gpu}, SGLang "
+                f"{self.study.engine_version}.\n" + context_block({
+                    "best": best.model_dump(mode="json", exclude_none=True),
+                    "candidates": [{"candidate": p.changed, "predicted": p.predicted}
+                                   for p in viable],
+                    "history": _history(self.history), "objective": self.study.objective}))
+
+        async def check(out: PlanChoice) -> str | None:
+            if out.action == "launch" and out.candidate not in offered:
+                return (f"candidate {out.candidate!r} is not one of the offered candidates: "
+                        f"{', '.join(offered)}")
+            return None
+
+        try:
+            choice: PlanChoice = await self._run(PlanChoice, task, check)
+        except AgentFailure as e:
+            return PlanStep(pruned=pruned, decision=PlannerFailed(
+                reason=failure_reason("planner", e)))
+        if choice.action == "stop" or choice.candidate is None:
+            return PlanStep(pruned=pruned, decision=NoViableConfig(
+                reason=f"the planner stopped the search: {choice.rationale}"))
+        plan = offered[choice.candidate]
+        seen.add(plan.config.config_id())
+        return PlanStep(pruned=pruned, decision=plan.model_copy(
+            update={"rationale": choice.rationale}))
+
+    async def decide(self, plan: TrialPlan, outcomes: list[dict[str, Any]],
+                     run_id: str) -> Decision:
+        """Claude keeps, modifies (to another screened candidate) or drops ``plan``.
+
+        Raises:
+            AgentOutputInvalid, AgentBudgetExceeded: the agent gave no valid decision (the
+                caller records the trial as failed).
+        """
+        alternatives = {p.changed: p for p in self.viable if p.changed != plan.changed}
+        task = ("RESEARCH DECISION. Research subagents answered questions about the candidate "
+                "below before its launch. Decide: keep (launch it), modify (launch one of the "
+                "alternatives instead) or drop (launch nothing). Cite the claims' evidence.\n"
+                + context_block({
+                    "candidate": plan.changed,
+                    "config": plan.config.model_dump(mode="json", exclude_none=True),
+                    "gpu": plan.config.gpu, "sm": get_gpu(plan.config.gpu).sm_major * 10,
+                    "research": outcomes, "alternatives": list(alternatives)}))
+
+        async def check(out: ResearchDecision) -> str | None:
+            if out.decision == "modify" and out.modify_to not in alternatives:
+                return (f"modify_to {out.modify_to!r} is not one of the alternatives: "
+                        f"{', '.join(alternatives) or '(none: keep or drop)'}")
+            if out.decision != "keep" and not out.evidence:
+                return f"a {out.decision} decision needs evidence (file:line or lesson id)"
+            return None
+
+        d: ResearchDecision = await self._run(ResearchDecision, task, check)
+        lesson = None
+        if d.decision != "keep" and d.refused_on_this_gpu:
+            why = f"{d.reason} [{'; '.join(d.evidence[:3])}]"
+            lesson = research_lesson(plan.config, plan.changed, why, run_id)
+        return Decision(decision=d.decision, reason=d.reason, evidence=d.evidence,
+                        plan=alternatives.get(d.modify_to or "") if d.decision == "modify"
+                        else None, lesson=lesson)

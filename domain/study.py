@@ -70,7 +70,8 @@ class Budget(BaseModel):
         "stop the search once its benchmarks used this many GPU-hours (GPUs x benchmark "
         "seconds; virtual seconds on the twin)"))
     max_llm_tokens: int | None = Field(None, ge=1, description=(
-        "stop the search once research used this many LLM tokens (input + output)"))
+        "stop the search once Claude agents (research, planner, deployer, analyst) used this many "
+        "LLM tokens (input, output, cache reads and writes)"))
     max_research_questions: int | None = Field(None, ge=0, description=(
         "research questions per run; once asked, candidates launch without research"))
 

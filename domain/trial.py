@@ -11,8 +11,10 @@ from domain.config import ServingConfig, flag_inventory
 from domain.lesson import Lesson
 from domain.metrics import MetricsSummary
 
+# "failed": an agent (Claude brain) gave an invalid output twice or ran out of budget; the trial
+# used a slot of the trial budget but measured nothing that can win.
 TrialStatus = Literal["baseline", "keep", "discard", "crash", "pruned", "finalist", "winner",
-                      "slo-miss", "sweep"]
+                      "slo-miss", "sweep", "failed"]
 Phase = Literal["search", "validate", "frontier"]
 
 
@@ -67,6 +69,10 @@ class Trial(BaseModel):
         "decision: question, status, answer, claims with evidence, error, usage, start/end")
     research_decision: str = Field("", description="what the research changed: 'kept: ...' "
                                    "or 'dropped: ...' with the deciding evidence")
+    llm_usage: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="role (planner, deployer, analyst) -> what its Claude "
+        "agent runs for this trial cost (AgentUsage: tokens, tool calls, turns, retries, s); "
+        "empty with deterministic brains. Research cost is in ``research``")
     records_path: str | None = None
     manifest: VersionManifest | None = None
     wall_s: float = 0.0

@@ -13,8 +13,13 @@ from typing import Any
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from mcp import Client
 
+from agents.claude import ClaudeSetup
 from agents.mcp_tools import call
-from agents.research import DeterministicMemoryResearcher, DeterministicSourceResearcher
+from agents.research import (
+    ClaudeResearcher,
+    DeterministicMemoryResearcher,
+    DeterministicSourceResearcher,
+)
 from domain.ledger import Ledger
 from domain.study import Study
 from graph.state import Progress, StudyContext
@@ -59,7 +64,8 @@ class StudyOutcome:
 async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore,
                     trace_roots: list[Path], progress: Progress | None = None,
                     source_tree: SourceTree | None = None, research: bool = True,
-                    research_parallel: int = 4) -> StudyOutcome:
+                    research_parallel: int = 4,
+                    claude: ClaudeSetup | None = None) -> StudyOutcome:
     """Run ``study`` as ``run_id`` in ``run_dir`` (resuming from its checkpoint if present).
 
     Args:
@@ -73,6 +79,12 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
             without a tree and its answers name the fetch command).
         research: ask the research subagents before launching a research-worthy candidate.
         research_parallel: research branches that run at once.
+        claude: run the planner, deployer, analyst and researchers as Claude agents (None:
+            the deterministic brains, no API key needed).
+
+    Raises:
+        anthropic.APIError: the Messages API refused a call for good (bad key, no credit);
+            every trial finished before it is in the ledger and the run resumes with its id.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(run_dir / "ledger.sqlite")
@@ -93,12 +105,20 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
                     for lesson in t.lessons_written:
                         await call(c_lessons, "add_lesson",
                                    {"lesson": lesson.model_dump(mode="json")})
+            researchers: dict[str, Any] | None = None
+            if research and claude is not None:
+                brain = ClaudeResearcher(claude.client, {"source": c_source,
+                                                         "lessons": c_lessons},
+                                         model=claude.model, budget=claude.research_budget)
+                researchers = {"source": brain, "memory": brain}
+            elif research:
+                researchers = {"source": DeterministicSourceResearcher(c_source),
+                               "memory": DeterministicMemoryResearcher(c_lessons)}
             ctx = StudyContext(run_id=run_id, study=study, ledger=ledger, cluster=c_cluster,
                                bench=c_bench, lessons=c_lessons, backend_kind=backend.kind,
                                progress=progress, events_path=run_dir / "events.jsonl",
-                               researchers={"source": DeterministicSourceResearcher(c_source),
-                                            "memory": DeterministicMemoryResearcher(c_lessons)}
-                               if research else None, research_parallel=research_parallel)
+                               researchers=researchers, research_parallel=research_parallel,
+                               claude=claude, namespace=backend.namespace)
             already_done = resumed and snap.values.get("phase") == "done"
             if already_done:
                 final = snap.values  # finished before: nothing to do

@@ -18,6 +18,7 @@ from typing import Any, TypedDict
 
 from mcp import Client
 
+from agents.claude import ClaudeSetup
 from domain.ledger import Ledger
 from domain.study import Study
 
@@ -55,6 +56,8 @@ class StudyContext:
     events_path: Path | None = None
     researchers: dict[str, Any] | None = None  # kind -> graph.research.Researcher; None: off
     research_parallel: int = 4
+    claude: ClaudeSetup | None = None  # None: deterministic planner, deployer and analyst
+    namespace: str = "servetune"  # the cluster server's namespace (fixed in deployer tools)
 
     def event(self, kind: str, **data: Any) -> None:
         """Append one audit event (e.g. every deploy) to ``events.jsonl``, flushed at once."""

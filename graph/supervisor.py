@@ -9,22 +9,25 @@ with the same id reproduces an uninterrupted run without repeating a finished tr
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 
-from agents.analyst import Analyst, failure_lesson, replica_mean
-from agents.deployer import Deployer
+from agents.analyst import Analyst, ClaudeAnalyst, failure_lesson, replica_mean
+from agents.claude import AgentFailure, AgentUsage, failure_reason
+from agents.deployer import ClaudeDeployer, Deployer
 from agents.mcp_tools import call
 from agents.planner import (
+    ClaudePlanner,
     NoViableConfig,
     Planner,
+    PlannerFailed,
     Pruned,
-    research_lesson,
+    TrialPlan,
     research_questions,
-    research_verdict,
 )
 from domain.config import ServingConfig
 from domain.ledger import Ledger
@@ -34,6 +37,7 @@ from graph.research import run_research
 from graph.state import StudyContext, StudyState
 
 SUCCESS = ("baseline", "keep", "discard")
+EXTRA_USAGE = "llm_usage_unattached"  # ledger meta: agent runs that produced no trial row
 
 
 def search_position(ledger: Ledger, study: Study) -> dict[str, Any]:
@@ -42,7 +46,7 @@ def search_position(ledger: Ledger, study: Study) -> dict[str, Any]:
     for t in ledger.trials("search"):
         if t.status == "pruned":
             continue
-        launched += 1
+        launched += 1  # a failed trial (an agent's invalid output) uses a slot too
         if t.status in ("baseline", "keep"):
             best_seq, best_obj, since = t.seq, t.objective, 0
         else:
@@ -51,8 +55,26 @@ def search_position(ledger: Ledger, study: Study) -> dict[str, Any]:
             "since_improvement": since}
 
 
-def _usage(t: Trial, key: str) -> float:
-    return sum(float(o.get("usage", {}).get(key, 0)) for o in t.research)
+TOKEN_KEYS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_creation_tokens")
+
+
+def tokens(usage: dict[str, Any]) -> float:
+    """Every token an AgentUsage dump was billed for: input, output, cache reads and writes."""
+    return sum(float(usage.get(k, 0) or 0) for k in TOKEN_KEYS)
+
+
+def extra_usage(ledger: Ledger) -> dict[str, dict[str, Any]]:
+    """Role -> usage of agent runs that produced no trial row (e.g. a planner that stopped)."""
+    raw = ledger.get_meta(EXTRA_USAGE)
+    return json.loads(raw) if raw else {}
+
+
+def _add_extra_usage(ledger: Ledger, role: str, usage: AgentUsage) -> None:
+    if not usage.turns:
+        return
+    extra = extra_usage(ledger)
+    extra[role] = AgentUsage.model_validate(extra.get(role, {})).plus(usage).model_dump()
+    ledger.set_meta(EXTRA_USAGE, json.dumps(extra))
 
 
 def spent(ledger: Ledger) -> dict[str, float]:
@@ -61,14 +83,19 @@ def spent(ledger: Ledger) -> dict[str, float]:
     Returns:
         ``wall_s`` (trial wall time + research branch time, s), ``gpu_hours`` (GPUs x
         benchmark duration of the search trials that ran one, h; twin: virtual seconds),
-        ``llm_tokens`` (research input + output tokens) and ``questions`` (research asked).
+        ``llm_tokens`` (input + output tokens of every Claude agent run: research, planner,
+        deployer, analyst; cache reads and writes included) and ``questions`` (research
+        asked).
     """
     out = {"wall_s": 0.0, "gpu_hours": 0.0, "llm_tokens": 0.0, "questions": 0.0}
+    out["llm_tokens"] += sum(tokens(u) for u in extra_usage(ledger).values())
+    for t in ledger.trials():
+        out["llm_tokens"] += sum(tokens(u) for u in t.llm_usage.values())
     for t in ledger.trials("search"):
         branch_s = sum(float(o.get("finished_s", 0)) - float(o.get("started_s", 0))
                        for o in t.research)
         out["wall_s"] += t.wall_s + branch_s
-        out["llm_tokens"] += _usage(t, "input_tokens") + _usage(t, "output_tokens")
+        out["llm_tokens"] += sum(tokens(o.get("usage", {})) for o in t.research)
         out["questions"] += len(t.research)
         if t.saturation is not None:
             out["gpu_hours"] += t.config.gpus * t.saturation.duration_s / 3600
@@ -104,21 +131,60 @@ def _deployment_name(config: ServingConfig) -> str:
     return f"trial-{config.config_id()}"
 
 
+def _brains(ctx: StudyContext) -> tuple[Deployer, Analyst]:
+    """The deployer and analyst of one trial: Claude agents when the run has a key."""
+    if ctx.claude is None:
+        return Deployer(ctx.cluster), Analyst(ctx.bench, ctx.study)
+    return (ClaudeDeployer(ctx.cluster, ctx.lessons, ctx.claude, ctx.namespace),
+            ClaudeAnalyst(ctx.bench, ctx.lessons, ctx.study, ctx.claude))
+
+
+def _planner(ctx: StudyContext) -> Planner:
+    if ctx.claude is None:
+        return Planner(ctx.study, ctx.lessons)
+    return ClaudePlanner(ctx.study, ctx.lessons, ctx.claude, ctx.ledger.trials("search"))
+
+
+def llm_usage(**brains: Any) -> dict[str, dict[str, Any]]:
+    """Role -> AgentUsage dump of the Claude brains that ran (deterministic ones have none)."""
+    out: dict[str, dict[str, Any]] = {}
+    for role, brain in brains.items():
+        u = getattr(brain, "usage", None)
+        if isinstance(u, AgentUsage) and u.turns:
+            out[role] = u.model_dump()
+    return out
+
+
 async def _launch_and_measure(ctx: StudyContext, key: str, phase: str, config: ServingConfig,
                               changed: str, parent: int | None, predicted: dict[str, Any],
                               is_baseline: bool = False,
-                              extra: dict[str, Any] | None = None) -> Trial:
-    """Deploy, benchmark (saturation), judge, tear down, and commit one search trial."""
+                              extra: dict[str, Any] | None = None,
+                              planner: Planner | None = None) -> Trial:
+    """Deploy, benchmark (saturation), judge, tear down, and commit one search trial.
+
+    With Claude brains, an agent that gives no valid output (invalid twice, or out of budget)
+    makes the trial ``failed`` with the reason; the deployment is torn down and a saturation
+    run already measured is kept on the row.
+    """
     t0 = time.time()
-    deployer, analyst = Deployer(ctx.cluster), Analyst(ctx.bench, ctx.study)
+    deployer, analyst = _brains(ctx)
     name = _deployment_name(config)
     labels = {"servetune/run-id": ctx.run_id, "servetune/trial": key.replace(":", "-")[:63]}
-    ctx.event("deploy", key=key, name=name)
-    out = await deployer.launch(name, config, labels)
     base: dict[str, Any] = dict(run_id=ctx.run_id, seq=0, key=key, phase=phase, config=config,
                                 changed=changed, parent_seq=parent, predicted=predicted,
                                 manifest=manifest_for(config, ctx.backend_kind),
                                 **(extra or {}))
+
+    def usage() -> dict[str, dict[str, Any]]:
+        return llm_usage(planner=planner, deployer=deployer, analyst=analyst)
+
+    ctx.event("deploy", key=key, name=name)
+    try:
+        out = await deployer.launch(name, config, labels)
+    except AgentFailure as e:
+        await deployer.teardown(name)
+        return ctx.ledger.append(Trial(**base, status="failed", reason=failure_reason(
+            "deployer", e), llm_usage=usage(), wall_s=time.time() - t0))
     if not out.ready:
         lesson = failure_lesson(config, out, ctx.run_id, key)
         await deployer.teardown(name)
@@ -129,19 +195,26 @@ async def _launch_and_measure(ctx: StudyContext, key: str, phase: str, config: S
             **base, status="crash", failure_class=out.failure_class,
             reason=f"{out.failure_class} at {out.stage}: {out.evidence[:160]}",
             lesson_ids=[lesson.id], lessons_written=[lesson], log_tail=out.log_tail,
-            wall_s=time.time() - t0))
+            llm_usage=usage(), wall_s=time.time() - t0))
         await call(ctx.lessons, "add_lesson", {"lesson": lesson.model_dump(mode="json")})
         return trial
     try:
         bench = await analyst.saturation(name)
     finally:
         await deployer.teardown(name)
+    measured: dict[str, Any] = dict(
+        saturation=bench.summary, records_path=bench.records_path,
+        decode_roofline_share=replica_mean(bench.replicas, "decode_roofline_share"))
     pos = search_position(ctx.ledger, ctx.study)
-    verdict = analyst.judge(bench.summary, pos["best_objective"], is_baseline)
-    trial = Trial(**base, status=verdict.status, reason=verdict.reason,
-                  objective=verdict.objective, saturation=bench.summary,
-                  decode_roofline_share=replica_mean(bench.replicas, "decode_roofline_share"),
-                  records_path=bench.records_path, wall_s=time.time() - t0)
+    try:
+        verdict = await analyst.verdict(bench, pos["best_objective"], is_baseline, config,
+                                        changed)
+    except AgentFailure as e:
+        return ctx.ledger.append(Trial(**base, **measured, status="failed",
+                                       reason=failure_reason("analyst", e), llm_usage=usage(),
+                                       wall_s=time.time() - t0))
+    trial = Trial(**base, **measured, status=verdict.status, reason=verdict.reason,
+                  objective=verdict.objective, llm_usage=usage(), wall_s=time.time() - t0)
     return ctx.ledger.append(trial)
 
 
@@ -151,7 +224,7 @@ async def search(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
     study, ledger = ctx.study, ctx.ledger
     pos = search_position(ledger, study)
     budget = study.budget
-    planner = Planner(study, ctx.lessons)
+    planner = _planner(ctx)
     trials = ledger.trials("search")
     if not trials:  # the baseline: screened like any candidate, then launched
         base = study.base_config()
@@ -201,14 +274,25 @@ async def search(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
             ctx.report(phase="search", pruned=p.changed, reason=p.reason)
         if not isinstance(step.decision, NoViableConfig):
             break
+    if step is not None and isinstance(step.decision, PlannerFailed):
+        n = sum(t.key.startswith("search:planner-failed:") for t in ledger.trials("search"))
+        ledger.append(Trial(run_id=ctx.run_id, seq=0, key=f"search:planner-failed:{n + 1}",
+                            phase="search", status="failed", config=base_trial.config,
+                            changed="", parent_seq=base_trial.seq, reason=step.decision.reason,
+                            llm_usage=llm_usage(planner=planner)))
+        ctx.report(phase="search", pruned="(planner)", reason=step.decision.reason)
+        return {**search_position(ledger, study), "phase": "search"}
     if step is None or isinstance(step.decision, NoViableConfig):
+        _add_extra_usage(ledger, "planner", getattr(planner, "usage", AgentUsage()))
         pos = search_position(ledger, study)
-        reason = ("every one-knob change of the best config was tried or pruned"
+        reason = (step.decision.reason if step is not None and pos["best_seq"] is not None
+                  else "every one-knob change of the best config was tried or pruned"
                   if pos["best_seq"] is not None else
                   "no config ran: every config reachable from the baseline was pruned or "
                   "failed to start")
         return {**pos, "phase": "validate", "stop_reason": reason}
     plan = step.decision
+    assert isinstance(plan, TrialPlan)
     extra: dict[str, Any] = {}
     asked = int(spent(ledger)["questions"])
     room = budget.max_research_questions
@@ -222,28 +306,47 @@ async def search(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
                        config=f"research: {plan.changed}")
             outcomes = await run_research(questions, ctx.researchers, ctx.research_parallel)
             dumped = [o.model_dump(mode="json") for o in outcomes]
-            drop = research_verdict(dumped, plan.config)
-            if drop is not None:
-                lesson = research_lesson(plan.config, plan.changed, drop, ctx.run_id)
-                # committed before the lesson is stored; a resumed run stores it again
-                ledger.append(Trial(run_id=ctx.run_id, seq=0,
-                                    key=f"search:{plan.config.config_id()}", phase="search",
-                                    status="pruned", config=plan.config, changed=plan.changed,
-                                    parent_seq=base_trial.seq, reason=f"research: {drop}",
-                                    lesson_ids=[lesson.id], lessons_written=[lesson],
-                                    research=dumped, research_decision=f"dropped: {drop}"))
-                await call(ctx.lessons, "add_lesson",
-                           {"lesson": lesson.model_dump(mode="json")})
-                ctx.report(phase="search", pruned=plan.changed, reason=f"research: {drop}")
+            key = f"search:{plan.config.config_id()}"
+            row = dict(run_id=ctx.run_id, seq=0, key=key, phase="search", config=plan.config,
+                       changed=plan.changed, parent_seq=base_trial.seq, research=dumped)
+            try:
+                decision = await planner.decide(plan, dumped, ctx.run_id)
+            except AgentFailure as e:
+                ledger.append(Trial(**row, status="failed",
+                                    reason=failure_reason("planner", e),
+                                    research_decision="none: the planner gave no valid decision",
+                                    llm_usage=llm_usage(planner=planner)))
                 return {**search_position(ledger, study), "phase": "search"}
-            answered = sum(o.status == "answered" for o in outcomes)
-            extra = {"research": dumped, "research_decision": (
-                f"kept: {answered}/{len(outcomes)} questions answered, no refusal of "
-                f"{plan.changed} on {plan.config.gpu} found")}
+            if decision.decision == "keep":
+                extra = {"research": dumped, "research_decision": f"kept: {decision.reason}"}
+            else:
+                lesson = decision.lesson
+                what = ("dropped" if decision.plan is None
+                        else f"modified to {decision.plan.changed}")
+                # committed before the lesson is stored; a resumed run stores it again
+                ledger.append(Trial(**row, status="pruned", reason=f"research: {decision.reason}",
+                                    lesson_ids=[lesson.id] if lesson else [],
+                                    lessons_written=[lesson] if lesson else [],
+                                    research_decision=f"{what}: {decision.reason}",
+                                    llm_usage=llm_usage(planner=planner)))
+                if lesson is not None:
+                    await call(ctx.lessons, "add_lesson",
+                               {"lesson": lesson.model_dump(mode="json")})
+                ctx.report(phase="search", pruned=plan.changed,
+                           reason=f"research: {decision.reason}")
+                if decision.plan is None:
+                    return {**search_position(ledger, study), "phase": "search"}
+                if ledger.get(f"search:{decision.plan.config.config_id()}") is not None:
+                    return {**search_position(ledger, study), "phase": "search"}
+                planner.usage = AgentUsage()  # counted on the pruned row
+                plan = decision.plan
+                extra = {"research": [], "research_decision": (
+                    f"launched instead of {row['changed']} (research: {decision.reason})")}
     ctx.report(phase="search", trial=pos["launched"] + 1, total=budget.max_trials,
                config=plan.changed)
     await _launch_and_measure(ctx, f"search:{plan.config.config_id()}", "search", plan.config,
-                              plan.changed, base_trial.seq, plan.predicted, extra=extra)
+                              plan.changed, base_trial.seq, plan.predicted, extra=extra,
+                              planner=planner)
     return {**search_position(ledger, study), "phase": "search"}
 
 
@@ -283,16 +386,21 @@ async def validate(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
                or "baseline")
     if ctx.ledger.get(key) is None:
         t0 = time.time()
-        deployer, analyst = Deployer(ctx.cluster), Analyst(ctx.bench, ctx.study)
+        deployer, analyst = _brains(ctx)
         name = _deployment_name(src.config)
         ctx.event("deploy", key=key, name=name)
-        out = await deployer.launch(name, src.config, {"servetune/run-id": ctx.run_id})
+        rep, failed = None, None
         try:
+            out = await deployer.launch(name, src.config, {"servetune/run-id": ctx.run_id})
             rep = await analyst.replay(name) if out.ready else None
+        except AgentFailure as e:
+            failed = failure_reason("deployer", e)
         finally:
             await deployer.teardown(name)
         slo = ctx.study.slo.ttft_p99_ms
-        if rep is None:
+        if failed is not None:
+            status, reason, summary = "failed", failed, None
+        elif rep is None:
             status, reason, summary = "crash", f"did not start: {out.evidence}", None
         else:
             summary = rep.summary
@@ -311,8 +419,9 @@ async def validate(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
             objective=src.objective, saturation=src.saturation, replay=summary,
             decode_roofline_share=src.decode_roofline_share,
             cache_hit_rate=replica_mean(rep.replicas, "cache_hit_rate") if rep else None,
-            records_path=rep.records_path if rep else None,
-            manifest=manifest_for(src.config, ctx.backend_kind), wall_s=time.time() - t0))
+            records_path=rep.records_path if rep else None, llm_usage=llm_usage(
+                deployer=deployer), manifest=manifest_for(src.config, ctx.backend_kind),
+            wall_s=time.time() - t0))
     return {"finalists": finalists, "cursor": cursor + 1, "phase": "validate"}
 
 
@@ -341,10 +450,18 @@ async def frontier(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
                config=src.changed or "baseline")
     todo = [c for c in conc if ctx.ledger.get(f"frontier:{src.config.config_id()}:{c}") is None]
     if todo:
-        deployer, analyst = Deployer(ctx.cluster), Analyst(ctx.bench, ctx.study)
+        deployer, analyst = _brains(ctx)
         name = _deployment_name(src.config)
         ctx.event("deploy", key=f"frontier:{src.config.config_id()}", name=name)
-        out = await deployer.launch(name, src.config, {"servetune/run-id": ctx.run_id})
+        try:
+            out = await deployer.launch(name, src.config, {"servetune/run-id": ctx.run_id})
+        except AgentFailure as e:  # the sweep of this finalist is skipped, with the reason
+            await deployer.teardown(name)
+            _add_extra_usage(ctx.ledger, "deployer", getattr(deployer, "usage", AgentUsage()))
+            ctx.report(phase="frontier", pruned=src.changed or "baseline",
+                       reason=failure_reason("deployer", e))
+            return {"cursor": cursor + 1, "phase": "frontier"}
+        _add_extra_usage(ctx.ledger, "deployer", getattr(deployer, "usage", AgentUsage()))
         try:
             for c in todo if out.ready else []:
                 t0 = time.time()

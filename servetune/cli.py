@@ -92,11 +92,26 @@ def run(
     lessons_dir: Annotated[Path | None, typer.Option(
         "--lessons-dir", help="lesson store (default $SERVETUNE_LESSONS_DIR or "
                               "./.servetune/lessons)")] = None,
+    brains: Annotated[str | None, typer.Option(
+        "--brains", help="auto (Claude when ANTHROPIC_API_KEY is set), claude or "
+                         "deterministic (default $SERVETUNE_BRAINS or auto)")] = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", help="Claude model of every agent (default $SERVETUNE_MODEL or "
+                        "claude-sonnet-5-5)")] = None,
 ) -> None:
     """Run (or resume) a study and write runs/<run-id>/ with report.md, plots and the ledger."""
     t0 = time.time()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # MCP servers log INFO
     settings = _settings()
+    if brains is not None:
+        if brains not in ("auto", "claude", "deterministic"):
+            _fail(f"--brains {brains!r}: choose auto, claude or deterministic")
+        settings = settings.model_copy(update={"brains": brains})
+    if model is not None:
+        if not model.strip() or model.startswith("-"):
+            _fail(f"--model {model!r}: give a Claude model name, e.g. claude-sonnet-5-5")
+        settings = settings.model_copy(update={"model": model.strip()})
+    claude = _claude_setup(settings)
     path = study_file or DEFAULT_STUDY
     try:
         from servetune.study_file import check_replay, load_study, resolve_trace
@@ -115,13 +130,32 @@ def run(
         run_dir.mkdir(parents=True, exist_ok=True)
         with _run_lock(run_dir):
             _run_locked(study, path, trace_path, window, rid, run_dir, settings, lessons_dir,
-                        t0, announce=run_id is None)
+                        t0, announce=run_id is None, claude=claude)
     except OSError as e:
         _fail(f"cannot write the run folder {run_dir}: {e.strerror or e}")
 
 
+def _claude_setup(settings: Settings) -> Any:
+    """The Claude setup the settings ask for (None: deterministic brains).
+
+    Exits 2 on ``--brains claude`` without ``ANTHROPIC_API_KEY``.
+    """
+    from agents.claude import ClaudeSetup, anthropic_client_from_env, default_model
+
+    if settings.brains == "deterministic":
+        return None
+    client = anthropic_client_from_env()
+    if client is None:
+        if settings.brains == "claude":
+            _fail("--brains claude needs ANTHROPIC_API_KEY in the environment (or use "
+                  "--brains deterministic)")
+        return None
+    return ClaudeSetup(client=client, model=settings.model or default_model())
+
+
 def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str, run_dir: Path,
-                settings: Settings, lessons_dir: Path | None, t0: float, announce: bool) -> None:
+                settings: Settings, lessons_dir: Path | None, t0: float, announce: bool,
+                claude: Any = None) -> None:
     digest = study.digest()
     led = Ledger(run_dir / "ledger.sqlite")
     try:
@@ -173,6 +207,14 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
                   f"research: no SGLang source tree (`servetune source fetch --version "
                   f"{study.engine_version}` lets the source researcher cite it)",
                   highlight=False)
+    console.print(f"brains: Claude ({claude.model}) for the planner, deployer, analyst and "
+                  "researchers; cost in the report" if claude is not None else
+                  "brains: deterministic (set ANTHROPIC_API_KEY for Claude agents)",
+                  highlight=False)
+    led = Ledger(run_dir / "ledger.sqlite")
+    led.set_meta("brains", f"claude:{claude.model}" if claude is not None else "deterministic")
+    led.close()
+    import anthropic
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                   TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
@@ -194,12 +236,10 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
         signal.signal(signal.SIGTERM, on_sigterm)
         try:
             outcome = asyncio.run(run_study(study_run, rid, run_dir, store, [trace_path.parent],
-                                            progress, source_tree=tree))
+                                            progress, source_tree=tree, claude=claude))
         except KeyboardInterrupt:
             bar.stop()
-            led = Ledger(run_dir / "ledger.sqlite")
-            led.set_meta("elapsed_s", f"{prior_s + time.time() - t0:.3f}")
-            led.close()
+            _save_elapsed(run_dir, prior_s + time.time() - t0)
             extra = f" --out {run_dir.parent}" if run_dir.parent != Path("runs") else ""
             extra += f" --lessons-dir {lessons_dir}" if lessons_dir else ""
             err_console.print(f"interrupted; every finished trial is saved. Resume with: "
@@ -207,6 +247,12 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
             raise typer.Exit(130) from None
         except ServetuneError as e:
             _fail(str(e), code=1)
+        except anthropic.APIError as e:
+            bar.stop()
+            _save_elapsed(run_dir, prior_s + time.time() - t0)
+            extra = f" --out {run_dir.parent}" if run_dir.parent != Path("runs") else ""
+            _fail(f"Claude API: {_api_error(e)}; every finished trial is saved. Resume with: "
+                  f"servetune run {path} --run-id {rid}{extra}", code=1)
         finally:
             store.close()
         bar.update(task, description="finished", completed=bar.tasks[0].total)
@@ -220,13 +266,41 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
             settings, lessons_dir)
 
 
+def _save_elapsed(run_dir: Path, elapsed_s: float) -> None:
+    led = Ledger(run_dir / "ledger.sqlite")
+    led.set_meta("elapsed_s", f"{elapsed_s:.3f}")
+    led.close()
+
+
+def _api_error(e: Exception) -> str:
+    """One line about a Messages API error, never echoing a key."""
+    import anthropic
+
+    from agents.claude import redact
+
+    if isinstance(e, anthropic.AuthenticationError):
+        return "authentication failed (401): check ANTHROPIC_API_KEY"
+    if isinstance(e, anthropic.PermissionDeniedError):
+        return "permission denied (403) for this key or model"
+    if isinstance(e, anthropic.NotFoundError):
+        return "not found (404): check --model / SERVETUNE_MODEL"
+    if isinstance(e, anthropic.APIStatusError):
+        return redact(f"HTTP {e.status_code}: {e.message}")[:300]
+    if isinstance(e, anthropic.APIConnectionError):
+        return "cannot reach the API (connection failed or timed out)"
+    return redact(f"{type(e).__name__}: {e}")[:300]
+
+
 def _finish(study: Any, rid: str, run_dir: Path, stop_reason: str, trace_path: Path,
             n_requests: int, elapsed: float, settings: Settings,
             lessons_dir: Path | None) -> None:
+    from graph.supervisor import extra_usage
     from servetune.report import render_report, summary_rows
 
     led = Ledger(run_dir / "ledger.sqlite")
     trials = led.trials()
+    brains = led.get_meta("brains") or "deterministic"
+    extra = extra_usage(led)
     led.close()
     ids = list(dict.fromkeys(i for t in trials for i in t.lesson_ids))
     store = _open_store(settings, lessons_dir)
@@ -236,7 +310,12 @@ def _finish(study: Any, rid: str, run_dir: Path, stop_reason: str, trace_path: P
         store.close()
     report = render_report(run_dir, study, trials, lessons, run_id=rid,
                            stop_reason=stop_reason or "finished", elapsed_s=elapsed,
-                           replay_requests=n_requests, trace_file=trace_path.name)
+                           replay_requests=n_requests, trace_file=trace_path.name,
+                           brains=brains, extra_usage=extra, prices={
+                               "input": settings.price_input_per_mtok,
+                               "output": settings.price_output_per_mtok,
+                               "cache_read": settings.price_cache_read_per_mtok,
+                               "cache_write": settings.price_cache_write_per_mtok})
     table = Table(title=f"{study.name} — {rid}")
     for col in ("#", "status", "changed", "tok/s/GPU", "reason"):
         table.add_column(col, overflow="ellipsis", no_wrap=col != "reason")

@@ -35,7 +35,9 @@ STATUS_STYLE: dict[str, tuple[str, str]] = {  # status -> (marker, colour)
     "keep": ("o", "tab:green"),
     "discard": ("o", "tab:gray"),
     "crash": ("x", "tab:red"),
+    "failed": ("X", "tab:orange"),
 }
+ROLES = ("planner", "deployer", "analyst", "researchers")
 
 
 # ---------------------------------------------------------------- formatting helpers
@@ -270,6 +272,7 @@ def _summary(study: Study, trials: list[Trial], run_id: str, stop_reason: str,
     launched = sum(t.launched for t in search)
     pruned = sum(t.status == "pruned" for t in search)
     crashed = sum(t.status == "crash" for t in search)
+    failed = sum(t.status == "failed" for t in search)
     replayed = sum(t.phase == "validate" for t in trials)
     sweep = sum(t.phase == "frontier" for t in trials)
     return [
@@ -277,7 +280,9 @@ def _summary(study: Study, trials: list[Trial], run_id: str, stop_reason: str,
         f"Model `{study.model}` on {study.gpu_count} x {study.gpu} with {study.engine} "
         f"{study.engine_version}. Stopped because: {stop_reason or 'not given'}. "
         f"Elapsed: {elapsed_s:,.1f} s. Search trials: {launched} launched, {pruned} pruned "
-        f"before launch, {crashed} crashed; {replayed} finalists replayed on the trace; "
+        f"before launch, {crashed} crashed"
+        + (f", {failed} failed (no valid agent output)" if failed else "")
+        + f"; {replayed} finalists replayed on the trace; "
         f"{sweep} frontier points measured.", "",
     ]
 
@@ -463,11 +468,12 @@ def _research_section(trials: list[Trial]) -> list[str]:
     asked = [t for t in trials if t.research]
     if not asked:
         return []
-    avoided = sum(1 for t in asked if t.status == "pruned")
+    avoided = sum(1 for t in asked if t.status == "pruned")  # dropped, or modified to another
     outcomes = [o for t in asked for o in t.research]
     calls = sum(int(o.get("usage", {}).get("tool_calls", 0)) for o in outcomes)
-    tokens = sum(int(o.get("usage", {}).get("input_tokens", 0))
-                 + int(o.get("usage", {}).get("output_tokens", 0)) for o in outcomes)
+    tokens = sum(int(o.get("usage", {}).get(k, 0) or 0) for o in outcomes
+                 for k in ("input_tokens", "output_tokens", "cache_read_tokens",
+                           "cache_creation_tokens"))
     seconds = sum(float(o.get("finished_s", 0)) - float(o.get("started_s", 0))
                   for o in outcomes)
     out = ["## Research before launches", "",
@@ -496,6 +502,88 @@ def _research_section(trials: list[Trial]) -> list[str]:
     return out
 
 
+USAGE_KEYS = ("turns", "tool_calls", "retries", "input_tokens", "output_tokens",
+              "cache_read_tokens", "cache_creation_tokens", "seconds")
+
+
+def usage_by_role(trials: list[Trial],
+                  extra: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, float]]:
+    """Summed AgentUsage per role (planner, deployer, analyst, researchers) over a run.
+
+    Args:
+        trials: the ledger rows (``llm_usage`` per role; research usage per outcome).
+        extra: role -> usage of agent runs that left no row (ledger meta).
+    """
+    out: dict[str, dict[str, float]] = {}
+
+    def add(role: str, u: dict[str, Any]) -> None:
+        row = out.setdefault(role, dict.fromkeys(USAGE_KEYS, 0.0))
+        for k in USAGE_KEYS:
+            row[k] += float(u.get(k, 0) or 0)
+
+    for t in trials:
+        for role, u in t.llm_usage.items():
+            add(role, u)
+        for o in t.research:
+            if o.get("usage", {}).get("turns"):
+                add("researchers", o["usage"])
+    for role, u in (extra or {}).items():
+        add(role, u)
+    return out
+
+
+def llm_cost_usd(u: dict[str, float], prices: dict[str, float]) -> float:
+    """USD of one usage row at ``prices``.
+
+    ``prices`` are USD per million tokens under the keys input, output, cache_read and
+    cache_write; the Messages API counts cache reads and writes apart from ``input_tokens``.
+    """
+    return (u.get("input_tokens", 0) * prices["input"] + u.get("output_tokens", 0)
+            * prices["output"] + u.get("cache_read_tokens", 0) * prices["cache_read"]
+            + u.get("cache_creation_tokens", 0) * prices["cache_write"]) / 1e6
+
+
+def _agents_section(trials: list[Trial], brains: str, extra: dict[str, dict[str, Any]],
+                    prices: dict[str, float] | None) -> list[str]:
+    """Who made the decisions and, for Claude agents, what they cost."""
+    out = ["## Agents and LLM cost", ""]
+    rows = usage_by_role(trials, extra)
+    failed = [t for t in trials if t.status == "failed"]
+    if not brains.startswith("claude") and not rows:
+        return out + ["Deterministic brains (no `ANTHROPIC_API_KEY`): no LLM call, no cost. "
+                      "With a key, `servetune run` runs the planner, deployer, analyst and "
+                      "researchers as Claude agents.", ""]
+    model = brains.split(":", 1)[1] if ":" in brains else "?"
+    out += [f"Claude agents, model `{model}`. Token counts are the Messages API's `usage`; "
+            "cost is estimated at the configured prices"
+            + (f" (USD/MTok: input {prices['input']:g}, output {prices['output']:g}, cache "
+               f"read {prices['cache_read']:g}, cache write {prices['cache_write']:g})."
+               if prices else "."), "",
+            "| role | turns | tool calls | retries | input tok | output tok | cache read tok "
+            "| cache write tok | agent s | est. USD |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    total = dict.fromkeys(USAGE_KEYS, 0.0)
+    for role in [*ROLES, *sorted(set(rows) - set(ROLES))]:
+        u = rows.get(role)
+        if u is None:
+            continue
+        for k in USAGE_KEYS:
+            total[k] += u[k]
+        usd = f"{llm_cost_usd(u, prices):.4f}" if prices else ""
+        out.append(f"| {role} | " + " | ".join(f"{u[k]:,.0f}" for k in USAGE_KEYS[:-1])
+                   + f" | {u['seconds']:,.1f} | {usd} |")
+    usd = f"{llm_cost_usd(total, prices):.4f}" if prices else ""
+    out.append("| **total** | " + " | ".join(f"{total[k]:,.0f}" for k in USAGE_KEYS[:-1])
+               + f" | {total['seconds']:,.1f} | {usd} |")
+    out.append("")
+    if failed:
+        out += [f"{len(failed)} trial(s) failed because an agent gave no valid output:", ""]
+        out += [f"- #{t.seq} {_changed(t)}: {' '.join(t.reason.split())[:REASON_CHARS]}"
+                for t in failed]
+        out.append("")
+    return out
+
+
 def _lessons_section(lessons: list[Lesson]) -> list[str]:
     out = ["## Lessons used or written in this run", ""]
     if not lessons:
@@ -516,7 +604,9 @@ def _lessons_section(lessons: list[Lesson]) -> list[str]:
 # ---------------------------------------------------------------- entry point
 def render_report(run_dir: Path, study: Study, trials: list[Trial], lessons: list[Lesson], *,
                   run_id: str, stop_reason: str, elapsed_s: float, replay_requests: int,
-                  trace_file: str) -> Path:
+                  trace_file: str, brains: str = "deterministic",
+                  extra_usage: dict[str, dict[str, Any]] | None = None,
+                  prices: dict[str, float] | None = None) -> Path:
     """Write ``run_dir/report.md`` and its plots (search, frontier, replay TTFT PNGs).
 
     The plots are ``search.png``, ``frontier.png`` and ``replay_ttft.png``. A plot with no data
@@ -532,6 +622,10 @@ def render_report(run_dir: Path, study: Study, trials: list[Trial], lessons: lis
         elapsed_s: wall time of the run, s.
         replay_requests: requests in the replayed trace window.
         trace_file: the replayed trace's file name.
+        brains: "deterministic" or "claude:<model>" (ledger meta ``brains``).
+        extra_usage: role -> usage of agent runs that left no ledger row.
+        prices: USD per million tokens (input, output, cache_read, cache_write) for the cost
+            estimate; None leaves the cost column empty.
 
     Returns:
         The path of ``report.md``.
@@ -565,6 +659,7 @@ def render_report(run_dir: Path, study: Study, trials: list[Trial], lessons: lis
     lines += _frontier_section(points, plots[FRONTIER_PNG])
     lines += _predicted_section(trials)
     lines += _research_section(trials)
+    lines += _agents_section(trials, brains, extra_usage or {}, prices)
     lines += _lessons_section(lessons)
 
     path = run_dir / "report.md"

@@ -28,5 +28,19 @@ class Settings(BaseSettings):
         "default: the tree `servetune source fetch` unpacked for the version"))
     source_cache: Path | None = Field(None, description=(
         "where `servetune source fetch` unpacks wheels (default ~/.cache/servetune/sglang)"))
+    brains: Literal["auto", "claude", "deterministic"] = Field("auto", description=(
+        "who plans, deploys, judges and researches: Claude agents (needs ANTHROPIC_API_KEY), "
+        "the deterministic brains, or auto (Claude when ANTHROPIC_API_KEY is set)"))
+    model: str | None = Field(None, description=(
+        "Claude model of every agent (default agents.claude.DEFAULT_MODEL)"))
+    price_input_per_mtok: float = Field(2.0, ge=0, description=(
+        "USD per million input tokens for the report's cost estimate (Claude Sonnet 5.5 list "
+        "price, platform.claude.com/docs/en/about-claude/pricing, 2026-11)"))
+    price_output_per_mtok: float = Field(10.0, ge=0, description=(
+        "USD per million output tokens (same source)"))
+    price_cache_read_per_mtok: float = Field(0.2, ge=0, description=(
+        "USD per million cache-read input tokens (same source)"))
+    price_cache_write_per_mtok: float = Field(2.5, ge=0, description=(
+        "USD per million 5-minute cache-write input tokens (same source)"))
     embedding: Literal["auto", "minilm", "hashing"] = Field(
         "auto", description="lesson embedding: MiniLM int8 ONNX when installed, else hashing")

@@ -38,7 +38,7 @@ from memory.store import LessonStore
 
 pytestmark = pytest.mark.anyio
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "anthropic"
-ROLES = ("planner", "deployer", "analyst", "source_researcher")
+ROLES = ("planner", "deployer", "analyst", "source_researcher", "memory_researcher")
 
 
 FA3 = Lesson(title="fa3 attention backend refused on B200 (Blackwell, SM100)",
