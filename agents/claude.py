@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "claude-sonnet-5-5"  # a current Sonnet in anthropic 2.14's model list
 SUBMIT_TOOL = "submit_result"
+API_RETRIES = 4  # SDK retries of one Messages API call (its default is 2)
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 
 T = TypeVar("T", bound=BaseModel)
@@ -163,13 +164,16 @@ def anthropic_client_from_env(env: Mapping[str, str] | None = None,
     """An AsyncAnthropic client when ``ANTHROPIC_API_KEY`` is set, else None.
 
     The key goes to the SDK only; it is never logged. ``kwargs`` go to the client
-    (``base_url``, ``max_retries``, ``http_client``...).
+    (``base_url``, ``max_retries``, ``http_client``...). ``max_retries`` defaults to
+    :data:`API_RETRIES`: a study runs for hours, and the SDK retries rate limits (429),
+    overload (529), other 5xx and connection errors with exponential backoff.
     """
     env = os.environ if env is None else env
     key = env.get("ANTHROPIC_API_KEY", "").strip()
     if not key:
         log.info("ANTHROPIC_API_KEY is not set: deterministic brains")
         return None
+    kwargs.setdefault("max_retries", API_RETRIES)
     return AsyncAnthropic(api_key=key, **kwargs)
 
 

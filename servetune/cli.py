@@ -234,6 +234,7 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
             raise KeyboardInterrupt
 
         signal.signal(signal.SIGTERM, on_sigterm)
+        err: Exception | None = None
         try:
             outcome = asyncio.run(run_study(study_run, rid, run_dir, store, [trace_path.parent],
                                             progress, source_tree=tree, claude=claude))
@@ -245,16 +246,24 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
             err_console.print(f"interrupted; every finished trial is saved. Resume with: "
                               f"servetune run {path} --run-id {rid}{extra}", highlight=False)
             raise typer.Exit(130) from None
-        except ServetuneError as e:
-            _fail(str(e), code=1)
-        except anthropic.APIError as e:
+        except BaseExceptionGroup as group:  # raised inside the MCP clients' task groups
+            known = _first_leaf(group, (anthropic.APIError, ServetuneError))
+            if known is None:
+                raise
+            err = known
+        except (anthropic.APIError, ServetuneError) as e:
+            err = e
+        finally:
+            store.close()
+        if isinstance(err, ServetuneError):
+            _fail(str(err), code=1)
+        if err is not None:
             bar.stop()
             _save_elapsed(run_dir, prior_s + time.time() - t0)
             extra = f" --out {run_dir.parent}" if run_dir.parent != Path("runs") else ""
-            _fail(f"Claude API: {_api_error(e)}; every finished trial is saved. Resume with: "
+            extra += f" --lessons-dir {lessons_dir}" if lessons_dir else ""
+            _fail(f"Claude API: {_api_error(err)}; every finished trial is saved. Resume with: "
                   f"servetune run {path} --run-id {rid}{extra}", code=1)
-        finally:
-            store.close()
         bar.update(task, description="finished", completed=bar.tasks[0].total)
     if outcome.resumed and outcome.already_done:
         console.print(f"run {rid} was already complete; the report is rendered again")
@@ -264,6 +273,19 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
     led.close()
     _finish(study, rid, run_dir, outcome.stop_reason, trace_path, len(window), elapsed,
             settings, lessons_dir)
+
+
+def _first_leaf(group: BaseExceptionGroup[Any], kinds: tuple[type[Exception], ...]
+                ) -> Exception | None:
+    """The first exception of ``kinds`` in a (nested) exception group, else None."""
+    for e in group.exceptions:
+        if isinstance(e, BaseExceptionGroup):
+            found = _first_leaf(e, kinds)
+            if found is not None:
+                return found
+        elif isinstance(e, kinds):
+            return e
+    return None
 
 
 def _save_elapsed(run_dir: Path, elapsed_s: float) -> None:

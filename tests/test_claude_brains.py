@@ -11,8 +11,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import anthropic
+import httpx2
 import pytest
 from anthropic_script import Scripted, msg, tool_use
+from fixtures.anthropic_stub import State, answer
 from mcp import Client
 from test_cli import tiny_study, write
 
@@ -20,7 +23,9 @@ from agents.analyst import ClaudeAnalyst, Verdict, check_verdict
 from agents.claude import AgentOutputInvalid, ClaudeSetup
 from agents.deployer import ClaudeDeployer
 from agents.planner import ClaudePlanner, NoViableConfig, PlannerFailed, TrialPlan
+from domain.ledger import Ledger
 from domain.study import Study
+from graph.run import run_study
 from mcp_servers.bench.ops import BenchService
 from mcp_servers.bench.server import build_server as bench_server
 from mcp_servers.cluster.backend import TwinBackend
@@ -273,3 +278,101 @@ def test_check_verdict_rules(study):
     assert check_verdict(v("crash", None), summary(0.0, completed=0), None, False) is None
     assert check_verdict(v("baseline", 100.3), summary(100.0), None, True) is None  # 0.3 %
     assert "measured" in str(check_verdict(v("baseline", 101.0), summary(100.0), None, True))
+
+
+# -- the graph: an agent that fails twice marks its trial failed; the study goes on ---------
+
+async def test_analyst_invalid_twice_marks_the_trial_failed_and_the_study_goes_on(
+        study, store, tmp_path):
+    state = State(malformed_once=False, fail_after=None, log=None)
+    broken = "kv_cache_dtype=fp8_e4m3"
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        body = json.loads(request.content)
+        reply, _ = answer(body, state)
+        task = body["messages"][0]["content"]
+        if task.startswith("JUDGE") and f'"changed":"{broken}"' in task:
+            for block in reply["content"]:  # every verdict on this candidate is off by 2x
+                if block["type"] == "tool_use" and block["name"] == SUBMIT:
+                    block["input"] = {**block["input"],
+                                      "objective": 2 * (block["input"]["objective"] or 1)}
+        return httpx2.Response(200, json=reply)
+
+    client = anthropic.AsyncAnthropic(
+        api_key="test", base_url="http://anthropic.invalid", max_retries=0,
+        http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(handler)))
+    trace = Path(study.replay.trace)
+    out = await run_study(study, "cb1", tmp_path / "run", store, [trace.parent], research=False,
+                          claude=ClaudeSetup(client=client, model="claude-test"))
+    led = Ledger(tmp_path / "run" / "ledger.sqlite")
+    try:
+        trials = led.trials("search")
+    finally:
+        led.close()
+    failed = next(t for t in trials if t.changed == broken)
+    assert failed.status == "failed" and failed.objective is None
+    assert failed.reason.startswith("analyst: invalid agent output after one corrective retry:")
+    assert "objective must be the measured output tok/s/GPU" in failed.reason
+    assert failed.saturation is not None  # the measurement is kept
+    assert failed.llm_usage["analyst"]["retries"] == 1
+    assert failed.llm_usage["analyst"]["turns"] == 2
+    assert {"planner", "deployer"} <= set(failed.llm_usage)
+    launched = [t for t in trials if t.status != "pruned"]
+    assert launched[0].status == "baseline" and len(launched) > 2  # the search went on
+    assert all(t.llm_usage.get("deployer", {}).get("turns") for t in launched)
+    assert out.winner_seq is not None
+
+
+async def test_planner_modify_after_research_launches_the_alternative(study, store, tmp_path):
+    from test_research_agents import build_tree
+
+    from mcp_servers.source.tree import SourceTree
+
+    state = State(malformed_once=False, fail_after=None, log=None)
+    decisions: list[dict[str, Any]] = []
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        body = json.loads(request.content)
+        reply, _ = answer(body, state)
+        task = body["messages"][0]["content"]
+        if task.startswith("RESEARCH DECISION"):
+            ctx = json.loads(re.search(r"<context>(.*)</context>", task, re.S).group(1))
+            if ctx["candidate"] == "attention_backend=fa3":
+                decision = {"decision": "modify", "modify_to": ctx["alternatives"][0],
+                            "reason": "fa3 is Hopper-only; try the next candidate instead",
+                            "evidence": ["sglang/srt/arg_groups/attention_hook.py:1"],
+                            "refused_on_this_gpu": True}
+                decisions.append({"alternatives": ctx["alternatives"], **decision})
+                reply["content"] = [{"type": "tool_use", "id": f"toolu_m{len(decisions)}",
+                                     "name": SUBMIT, "input": decision}]
+        return httpx2.Response(200, json=reply)
+
+    client = anthropic.AsyncAnthropic(
+        api_key="test", base_url="http://anthropic.invalid", max_retries=0,
+        http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(handler)))
+    tree = SourceTree(build_tree(tmp_path))
+    trace = Path(study.replay.trace)
+    await run_study(study, "cb2", tmp_path / "run", store, [trace.parent], source_tree=tree,
+                    claude=ClaudeSetup(client=client, model="claude-test"))
+    led = Ledger(tmp_path / "run" / "ledger.sqlite")
+    try:
+        trials = led.trials("search")
+    finally:
+        led.close()
+    assert decisions, "the planner was never asked about fa3"
+    fa3 = next(t for t in trials if t.changed == "attention_backend=fa3")
+    assert fa3.status == "pruned" and fa3.reason.startswith("research: fa3 is Hopper-only")
+    target = decisions[0]["modify_to"]
+    assert fa3.research_decision.startswith(f"modified to {target}:")
+    assert {o["question"]["kind"] for o in fa3.research} == {"source", "memory"}
+    a, b = fa3.research  # the two Claude research branches ran at the same time
+    assert a["started_s"] < b["finished_s"] and b["started_s"] < a["finished_s"]
+    assert all(o["usage"]["turns"] >= 1 for o in fa3.research)
+    assert fa3.lessons_written and fa3.lessons_written[0].source == "research"
+    launched = next(t for t in trials if t.seq == fa3.seq + 1)
+    assert launched.changed == target and launched.status != "pruned"
+    assert launched.research_decision == (
+        "launched instead of attention_backend=fa3 (research: fa3 is Hopper-only; try the "
+        "next candidate instead)")
+    # the lesson keeps fa3 out of the rest of the run: it is never launched
+    assert all(t.status == "pruned" for t in trials if t.changed == "attention_backend=fa3")
