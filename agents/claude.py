@@ -373,7 +373,8 @@ class ClaudeAgent(Generic[T]):
     async def _loop(self, task: str, usage: AgentUsage, start: float,
                     check: Check[T] | None) -> T:
         tools = await self.tool_specs()
-        system = [{"type": "text", "text": self.system, "cache_control": {"type": "ephemeral"}}]
+        system: list[Any] = [{"type": "text", "text": self.system,
+                              "cache_control": {"type": "ephemeral"}}]
         messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
         failures: list[str] = []
         refused_before = False  # a call was refused for the tool budget in an earlier turn

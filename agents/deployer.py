@@ -177,8 +177,8 @@ class ClaudeDeployer(Deployer):
                 deployment down and records the trial as failed).
         """
         cfg = config.model_dump(mode="json")
-        ns = {"namespace": self.namespace}
-        fixed = {"deploy": {"name": name, "config": cfg, **ns},
+        ns: dict[str, Any] = {"namespace": self.namespace}
+        fixed: dict[str, dict[str, Any]] = {"deploy": {"name": name, "config": cfg, **ns},
                  "list_deployments": ns,
                  **{t: {"name": name, **ns} for t in ("get_status", "get_logs", "get_events",
                                                       "tear_down")}}

@@ -15,7 +15,7 @@ pruned on the way. After a research round, ``decide`` keeps, modifies or drops t
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Literal
 
 from mcp import Client
@@ -204,6 +204,27 @@ class Planner:
                          rationale=f"{changed or 'baseline'}: the estimate fits with "
                                    f"{rep.kv_tokens:,} KV tokens per replica")
 
+    async def screened(self, best: ServingConfig, seen: set[str], run_id: str,
+                       losers: dict[str, str]) -> AsyncIterator[Pruned | TrialPlan]:
+        """Each unseen neighbour of ``best``, screened: Pruned or a viable TrialPlan.
+
+        A pruned candidate (an earlier regression in ``losers``, a forbidding lesson, the
+        memory-fit estimate) is added to ``seen``; a viable one is not (the caller adds what
+        it launches).
+        """
+        for cand, changed in self.neighbours(best):
+            cid = cand.config_id()
+            if cid in seen:
+                continue
+            if changed in losers:
+                seen.add(cid)
+                yield Pruned(config=cand, changed=changed, lesson_ids=[], reason=losers[changed])
+                continue
+            verdict = await self.screen(cand, changed, run_id)
+            if isinstance(verdict, Pruned):
+                seen.add(cid)
+            yield verdict
+
     async def step(self, best: ServingConfig, seen: set[str], run_id: str,
                    losers: dict[str, str] | None = None) -> PlanStep:
         """Next candidate from ``best``, skipping config ids in ``seen``.
@@ -220,20 +241,11 @@ class Planner:
         server) so the caller can ledger them before anything launches.
         """
         pruned: list[Pruned] = []
-        losers = losers or {}
-        for cand, changed in self.neighbours(best):
-            cid = cand.config_id()
-            if cid in seen:
-                continue
-            seen.add(cid)
-            if changed in losers:
-                pruned.append(Pruned(config=cand, changed=changed, lesson_ids=[],
-                                     reason=losers[changed]))
-                continue
-            verdict = await self.screen(cand, changed, run_id)
+        async for verdict in self.screened(best, seen, run_id, losers or {}):
             if isinstance(verdict, Pruned):
                 pruned.append(verdict)
                 continue
+            seen.add(verdict.config.config_id())
             return PlanStep(pruned=pruned, decision=verdict)
         return PlanStep(pruned=pruned, decision=NoViableConfig(
             reason="every one-knob change of the best config was tried or pruned"))
@@ -414,20 +426,9 @@ class ClaudePlanner(Planner):
         :class:`PlannerFailed` (the pruned candidates are still returned).
         """
         pruned: list[Pruned] = []
-        losers = losers or {}
         viable: list[TrialPlan] = []
-        for cand, changed in self.neighbours(best):
-            cid = cand.config_id()
-            if cid in seen:
-                continue
-            if changed in losers:
-                seen.add(cid)
-                pruned.append(Pruned(config=cand, changed=changed, lesson_ids=[],
-                                     reason=losers[changed]))
-                continue
-            verdict = await self.screen(cand, changed, run_id)
+        async for verdict in self.screened(best, seen, run_id, losers or {}):
             if isinstance(verdict, Pruned):
-                seen.add(cid)
                 pruned.append(verdict)
             else:
                 viable.append(verdict)

@@ -78,10 +78,10 @@ def build_research_graph(researchers: Mapping[str, Researcher],
         except Exception as e:  # noqa: BLE001 - a failed branch is an outcome, not a crash
             reason = f"timed out after {timeout_s:g} s" if isinstance(e, TimeoutError) else \
                 f"{type(e).__name__}: {e}"
-            usage = getattr(e, "usage", None)  # an agent failure says what it cost
+            spent = getattr(e, "usage", None)  # an agent failure says what it cost
             out = ResearchOutcome(question=q, status="failed", error=reason[:500],
                                   started_s=t0, finished_s=time.time(),
-                                  usage=usage if isinstance(usage, AgentUsage) else AgentUsage())
+                                  usage=spent if isinstance(spent, AgentUsage) else AgentUsage())
         return {"outcomes": [out.model_dump(mode="json")]}
 
     g: StateGraph[Any] = StateGraph(_FanIn)

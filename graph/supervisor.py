@@ -285,7 +285,9 @@ async def search(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
     if step is None or isinstance(step.decision, NoViableConfig):
         _add_extra_usage(ledger, "planner", getattr(planner, "usage", AgentUsage()))
         pos = search_position(ledger, study)
-        reason = (step.decision.reason if step is not None and pos["best_seq"] is not None
+        said = step.decision.reason if step is not None and isinstance(
+            step.decision, NoViableConfig) else None
+        reason = (said if said is not None and pos["best_seq"] is not None
                   else "every one-knob change of the best config was tried or pruned"
                   if pos["best_seq"] is not None else
                   "no config ran: every config reachable from the baseline was pruned or "
@@ -338,7 +340,8 @@ async def search(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
                     return {**search_position(ledger, study), "phase": "search"}
                 if ledger.get(f"search:{decision.plan.config.config_id()}") is not None:
                     return {**search_position(ledger, study), "phase": "search"}
-                planner.usage = AgentUsage()  # counted on the pruned row
+                if isinstance(planner, ClaudePlanner):
+                    planner.usage = AgentUsage()  # counted on the pruned row
                 plan = decision.plan
                 extra = {"research": [], "research_decision": (
                     f"launched instead of {row['changed']} (research: {decision.reason})")}

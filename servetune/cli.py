@@ -212,8 +212,12 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
                   "brains: deterministic (set ANTHROPIC_API_KEY for Claude agents)",
                   highlight=False)
     led = Ledger(run_dir / "ledger.sqlite")
-    led.set_meta("brains", f"claude:{claude.model}" if claude is not None else "deterministic")
+    used = [b for b in (led.get_meta("brains") or "").split(",") if b]
+    now = f"claude:{claude.model}" if claude is not None else "deterministic"
+    led.set_meta("brains", ",".join([*used, now] if now not in used else used))
     led.close()
+    again = (f" --brains claude --model {claude.model}" if claude is not None else
+             " --brains deterministic" if settings.brains == "deterministic" else "")
     import anthropic
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
@@ -243,6 +247,7 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
             _save_elapsed(run_dir, prior_s + time.time() - t0)
             extra = f" --out {run_dir.parent}" if run_dir.parent != Path("runs") else ""
             extra += f" --lessons-dir {lessons_dir}" if lessons_dir else ""
+            extra += again
             err_console.print(f"interrupted; every finished trial is saved. Resume with: "
                               f"servetune run {path} --run-id {rid}{extra}", highlight=False)
             raise typer.Exit(130) from None
@@ -262,6 +267,7 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
             _save_elapsed(run_dir, prior_s + time.time() - t0)
             extra = f" --out {run_dir.parent}" if run_dir.parent != Path("runs") else ""
             extra += f" --lessons-dir {lessons_dir}" if lessons_dir else ""
+            extra += again
             _fail(f"Claude API: {_api_error(err)}; every finished trial is saved. Resume with: "
                   f"servetune run {path} --run-id {rid}{extra}", code=1)
         bar.update(task, description="finished", completed=bar.tasks[0].total)

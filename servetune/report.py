@@ -549,12 +549,17 @@ def _agents_section(trials: list[Trial], brains: str, extra: dict[str, dict[str,
     out = ["## Agents and LLM cost", ""]
     rows = usage_by_role(trials, extra)
     failed = [t for t in trials if t.status == "failed"]
-    if not brains.startswith("claude") and not rows:
+    used = [b for b in brains.split(",") if b]
+    models = [b.split(":", 1)[1] for b in used if b.startswith("claude:")]
+    if not models and not rows:
         return out + ["Deterministic brains (no `ANTHROPIC_API_KEY`): no LLM call, no cost. "
                       "With a key, `servetune run` runs the planner, deployer, analyst and "
                       "researchers as Claude agents.", ""]
-    model = brains.split(":", 1)[1] if ":" in brains else "?"
-    out += [f"Claude agents, model `{model}`. Token counts are the Messages API's `usage`; "
+    who = ", ".join(f"`{m}`" for m in models) or "(not recorded)"
+    mixed = (" The run was resumed with other brains; each segment's usage is counted."
+             if len(used) > 1 else "")
+    out += [f"Claude agents, model{'s' if len(models) > 1 else ''} {who}.{mixed} Token counts "
+            "are the Messages API's `usage`; "
             "cost is estimated at the configured prices"
             + (f" (USD/MTok: input {prices['input']:g}, output {prices['output']:g}, cache "
                f"read {prices['cache_read']:g}, cache write {prices['cache_write']:g})."
@@ -622,7 +627,8 @@ def render_report(run_dir: Path, study: Study, trials: list[Trial], lessons: lis
         elapsed_s: wall time of the run, s.
         replay_requests: requests in the replayed trace window.
         trace_file: the replayed trace's file name.
-        brains: "deterministic" or "claude:<model>" (ledger meta ``brains``).
+        brains: the brains the run used, comma-separated, in order ("deterministic" or
+            "claude:<model>"; ledger meta ``brains``).
         extra_usage: role -> usage of agent runs that left no ledger row.
         prices: USD per million tokens (input, output, cache_read, cache_write) for the cost
             estimate; None leaves the cost column empty.

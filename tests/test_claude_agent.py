@@ -52,15 +52,6 @@ FINDINGS = {"question": "is fa3 usable on B200?", "answer": "No: refused at star
             "claims": [{"text": "fa3 is refused on B200", "evidence": ["lesson:fa3"]}]}
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = LessonStore(tmp_path / "lessons", embedding="hashing")
-    try:
-        yield s
-    finally:
-        s.close()
-
-
 # -- the deployer over the cluster (twin) and lessons servers, from a recorded conversation ------
 
 async def test_deployer_recorded_conversation_reaches_the_real_servers(store):

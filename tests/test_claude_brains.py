@@ -31,7 +31,6 @@ from mcp_servers.bench.server import build_server as bench_server
 from mcp_servers.cluster.backend import TwinBackend
 from mcp_servers.cluster.server import build_server as cluster_server
 from mcp_servers.lessons.server import build_server as lessons_server
-from memory.store import LessonStore
 from servetune.study_file import load_study
 
 pytestmark = pytest.mark.anyio
@@ -39,17 +38,15 @@ SUBMIT = "submit_result"
 
 
 @pytest.fixture
-def store(tmp_path):
-    s = LessonStore(tmp_path / "lessons", embedding="hashing")
-    try:
-        yield s
-    finally:
-        s.close()
-
-
-@pytest.fixture
 def study(tmp_path) -> Study:
     return load_study(write(tmp_path, "tiny.yaml", tiny_study()))
+
+
+def stub_client(handler: Any) -> anthropic.AsyncAnthropic:
+    """An SDK client whose requests go to ``handler`` (no socket)."""
+    return anthropic.AsyncAnthropic(
+        api_key="test", base_url="http://anthropic.invalid", max_retries=0,
+        http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(handler)))
 
 
 def context(request: dict[str, Any]) -> dict[str, Any]:
@@ -298,9 +295,7 @@ async def test_analyst_invalid_twice_marks_the_trial_failed_and_the_study_goes_o
                                       "objective": 2 * (block["input"]["objective"] or 1)}
         return httpx2.Response(200, json=reply)
 
-    client = anthropic.AsyncAnthropic(
-        api_key="test", base_url="http://anthropic.invalid", max_retries=0,
-        http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(handler)))
+    client = stub_client(handler)
     trace = Path(study.replay.trace)
     out = await run_study(study, "cb1", tmp_path / "run", store, [trace.parent], research=False,
                           claude=ClaudeSetup(client=client, model="claude-test"))
@@ -347,9 +342,7 @@ async def test_planner_modify_after_research_launches_the_alternative(study, sto
                                      "name": SUBMIT, "input": decision}]
         return httpx2.Response(200, json=reply)
 
-    client = anthropic.AsyncAnthropic(
-        api_key="test", base_url="http://anthropic.invalid", max_retries=0,
-        http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(handler)))
+    client = stub_client(handler)
     tree = SourceTree(build_tree(tmp_path))
     trace = Path(study.replay.trace)
     await run_study(study, "cb2", tmp_path / "run", store, [trace.parent], source_tree=tree,

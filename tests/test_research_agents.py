@@ -210,15 +210,6 @@ OOM = Lesson(title="FP8 weights do not fit on 4 B200 GPUs: CUDA out of memory at
              root_cause="weights", fix="tp 8", evidence="CUDA out of memory")
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = LessonStore(tmp_path / "lessons", embedding="hashing")
-    try:
-        yield s
-    finally:
-        s.close()
-
-
 def memory_q(**kw: object) -> ResearchQuestion:
     return question(id="q-attention_backend-fa3-mem", kind="memory",
                     question="What do past lessons say about --attention-backend fa3 for glm-5 "
