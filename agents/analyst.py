@@ -351,7 +351,8 @@ class ClaudeAnalyst(Analyst):
         agent: ClaudeAgent[Verdict] = ClaudeAgent(
             "analyst", self.claude.client, {"bench": self.bench, "lessons": self.lessons},
             {"bench": ["get_records", "list_runs"], "lessons": ["query_lessons"]}, Verdict,
-            model=self.claude.model, budget=self.claude.budget)
+            model=self.claude.model, budget=self.claude.budget,
+            meter=self.claude.meter)
         task = ("JUDGE the saturation run of this candidate: baseline, keep (it becomes the "
                 "best) or discard, with the numbers the decision rests on. Keep it only if "
                 f"the gain over the best exceeds run-to-run noise (the study asks for more "

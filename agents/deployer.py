@@ -185,7 +185,7 @@ class ClaudeDeployer(Deployer):
         agent: ClaudeAgent[DeployReport] = ClaudeAgent(
             "deployer", self.claude.client, {"cluster": self.cluster, "lessons": self.lessons},
             {"cluster": list(self.TOOLS), "lessons": ["check_config"]}, DeployReport,
-            model=self.claude.model, budget=self.claude.budget,
+            model=self.claude.model, budget=self.claude.budget, meter=self.claude.meter,
             fixed_args={"cluster": fixed, "lessons": {"check_config": {"config": cfg}}})
         phase: dict[str, Any] = {}
 

@@ -406,7 +406,8 @@ class ClaudePlanner(Planner):
     def _agent(self, output: type[Any]) -> ClaudeAgent[Any]:
         return ClaudeAgent("planner", self.claude.client, {"lessons": self.lessons},
                            {"lessons": ["check_config", "query_lessons", "list_lessons"]},
-                           output, model=self.claude.model, budget=self.claude.budget)
+                           output, model=self.claude.model, budget=self.claude.budget,
+                           meter=self.claude.meter)
 
     async def _run(self, output: type[Any], task: str, check: Any) -> Any:
         try:

@@ -25,10 +25,11 @@ from typing import Any, Protocol
 from anthropic import AsyncAnthropic
 from mcp import Client
 
-from agents.claude import AgentBudget, AgentUsage, ClaudeAgent
+from agents.claude import AgentBudget, AgentUsage, ClaudeAgent, Meter
 from agents.mcp_tools import ToolCallFailed, call
 from agents.outputs import Claim, ResearchFindings, ResearchQuestion
 from domain.lesson import Lesson
+from mcp_servers.source.analysis import mentions_value
 
 MAX_CONSTRAINT_CLAIMS = 6
 MAX_DEFAULT_CLAIMS = 3
@@ -41,16 +42,6 @@ ARCH_RE = re.compile(
     r"|is_ampere|get_device_capability|compute_capability|\bmajor\s*[<>=!]=?|\bminor\s*[<>=!]=?"
     r"|is_cuda|is_hip|is_rocm|is_musa|is_npu|is_xpu|is_gfx\d+|torch\.version\.(?:cuda|hip)",
     re.IGNORECASE)
-
-# Other spellings of a flag value that messages use (matched case-insensitively).
-VALUE_ALIASES: dict[str, tuple[str, ...]] = {
-    "fa3": ("flashattention v3", "flashattention3", "flash_attn_3", "flashattention 3"),
-    "fa4": ("flashattention v4", "flashattention4", "flash_attn_4", "flashattention 4"),
-    "trtllm_mla": ("tensorrt-llm mla", "trtllm mla"),
-    "trtllm_mha": ("tensorrt-llm mha", "trtllm mha"),
-    "cutedsl_mla": ("cutedsl mla",),
-}
-
 
 class Researcher(Protocol):
     """Answers one scoped research question."""
@@ -72,16 +63,6 @@ def _cli(flag: str) -> str:
 def is_architecture_check(*texts: str) -> bool:
     """Whether any of ``texts`` tests the GPU architecture or platform (SM version, CUDA/HIP)."""
     return any(ARCH_RE.search(t or "") for t in texts)
-
-
-def mentions_value(value: str | None, *texts: str) -> bool:
-    """Whether any of ``texts`` names ``value`` (as a word, or by a known alias)."""
-    if not value:
-        return False
-    word = re.compile(rf"(?<![\w]){re.escape(value)}(?![\w])", re.IGNORECASE)
-    aliases = VALUE_ALIASES.get(value.lower(), ())
-    return any(word.search(t or "") or any(a in (t or "").lower() for a in aliases)
-               for t in texts)
 
 
 class _Session:
@@ -437,9 +418,9 @@ class ClaudeResearcher:
 
     def __init__(self, client: AsyncAnthropic, servers: Mapping[str, Client], *,
                  model: str | None = None, budget: AgentBudget | None = None,
-                 agent_factory: Callable[..., ClaudeAgent[ResearchFindings]] = ClaudeAgent
-                 ) -> None:
-        self.client, self.servers, self.model = client, servers, model
+                 agent_factory: Callable[..., ClaudeAgent[ResearchFindings]] = ClaudeAgent,
+                 meter: Meter | None = None) -> None:
+        self.client, self.servers, self.model, self.meter = client, servers, model, meter
         self.budget = budget or AgentBudget(max_turns=12)
         self.agent_factory = agent_factory
 
@@ -463,7 +444,7 @@ class ClaudeResearcher:
         budget = dataclasses.replace(self.budget, max_tool_calls=q.tool_budget)
         agent = self.agent_factory(ROLES[q.kind], self.client, self.servers,
                                    self.allowed(q.kind), ResearchFindings, model=self.model,
-                                   budget=budget)
+                                   budget=budget, meter=self.meter)
         findings, usage = await agent.run(research_task(q))
         if findings.question != q.question:
             findings = findings.model_copy(update={"question": q.question})

@@ -5,6 +5,8 @@ asks the researcher of its kind (source or memory; Claude-driven or deterministi
 :mod:`agents.research`) and returns one :class:`ResearchOutcome`. Branches run concurrently up to
 ``max_parallel`` (LangGraph's ``max_concurrency``); a branch that fails or overruns its time
 limit yields a ``failed`` outcome with the reason and never loses the other branches' findings.
+A Messages API error (after the SDK's retries) is not a branch failure: it propagates, the run
+stops, and its resume asks the questions again.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send
 from pydantic import BaseModel, Field
 
-from agents.claude import AgentUsage
+from agents.claude import API_ERRORS, AgentUsage
 from agents.outputs import ResearchFindings, ResearchQuestion
 
 
@@ -75,6 +77,8 @@ def build_research_graph(researchers: Mapping[str, Researcher],
                 findings, usage = await researcher.answer(q)
             out = ResearchOutcome(question=q, status="answered", findings=findings,
                                   started_s=t0, finished_s=time.time(), usage=usage)
+        except API_ERRORS:
+            raise  # the API itself failed: the run stops and its resume asks again
         except Exception as e:  # noqa: BLE001 - a failed branch is an outcome, not a crash
             reason = f"timed out after {timeout_s:g} s" if isinstance(e, TimeoutError) else \
                 f"{type(e).__name__}: {e}"

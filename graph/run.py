@@ -109,7 +109,8 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
             if research and claude is not None:
                 brain = ClaudeResearcher(claude.client, {"source": c_source,
                                                          "lessons": c_lessons},
-                                         model=claude.model, budget=claude.research_budget)
+                                         model=claude.model, budget=claude.research_budget,
+                                         meter=claude.meter)
                 researchers = {"source": brain, "memory": brain}
             elif research:
                 researchers = {"source": DeterministicSourceResearcher(c_source),

@@ -106,10 +106,13 @@ def budget_stop(ledger: Ledger, study: Study) -> str | None:
     """Which per-study cap (wall time, GPU-hours, LLM tokens) the search has reached, if any."""
     b, used = study.budget, spent(ledger)
     for cap, key, unit in ((b.max_wall_s, "wall_s", "s of wall time"),
-                           (b.max_gpu_hours, "gpu_hours", "GPU-hours"),
-                           (b.max_llm_tokens, "llm_tokens", "LLM tokens")):
+                           (b.max_gpu_hours, "gpu_hours", "GPU-hours")):
         if cap is not None and used[key] >= cap:
             return f"{unit} budget reached ({used[key]:,.2f} of {cap:,.2f} {unit.split()[0]})"
+    if b.max_llm_tokens is not None and used["llm_tokens"] >= b.max_llm_tokens:
+        return (f"LLM tokens budget reached ({used['llm_tokens']:,.0f} of "
+                f"{b.max_llm_tokens:,} tokens); validation and the frontier run with the "
+                "deterministic brains")
     return None
 
 
@@ -131,16 +134,26 @@ def _deployment_name(config: ServingConfig) -> str:
     return f"trial-{config.config_id()}"
 
 
+def llm_capped(ctx: StudyContext) -> bool:
+    """Whether the study's ``max_llm_tokens`` is spent (then no agent calls the API again)."""
+    cap = ctx.study.budget.max_llm_tokens
+    return cap is not None and spent(ctx.ledger)["llm_tokens"] >= cap
+
+
 def _brains(ctx: StudyContext) -> tuple[Deployer, Analyst]:
-    """The deployer and analyst of one trial: Claude agents when the run has a key."""
-    if ctx.claude is None:
+    """The deployer and analyst of one trial.
+
+    Claude agents when the run has a key and its LLM-token budget is not spent, else the
+    deterministic brains.
+    """
+    if ctx.claude is None or llm_capped(ctx):
         return Deployer(ctx.cluster), Analyst(ctx.bench, ctx.study)
     return (ClaudeDeployer(ctx.cluster, ctx.lessons, ctx.claude, ctx.namespace),
             ClaudeAnalyst(ctx.bench, ctx.lessons, ctx.study, ctx.claude))
 
 
 def _planner(ctx: StudyContext) -> Planner:
-    if ctx.claude is None:
+    if ctx.claude is None or llm_capped(ctx):
         return Planner(ctx.study, ctx.lessons)
     return ClaudePlanner(ctx.study, ctx.lessons, ctx.claude, ctx.ledger.trials("search"))
 

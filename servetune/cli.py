@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
+import json
 import logging
 import re
 import secrets
@@ -28,7 +30,7 @@ from rich.table import Table
 
 from domain.errors import ServetuneError
 from domain.ledger import Ledger
-from servetune.settings import DEFAULT_STUDY, Settings
+from servetune.settings import DEFAULT_STUDY, MODEL_NAME, Settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Tune how LLMs are served: agents search SGLang configs on a twin or "
@@ -108,8 +110,9 @@ def run(
             _fail(f"--brains {brains!r}: choose auto, claude or deterministic")
         settings = settings.model_copy(update={"brains": brains})
     if model is not None:
-        if not model.strip() or model.startswith("-"):
-            _fail(f"--model {model!r}: give a Claude model name, e.g. claude-sonnet-5-5")
+        if len(model) > 128 or not re.fullmatch(MODEL_NAME, model.strip()):
+            _fail(f"--model {model!r}: give a Claude model id (letters, digits, '.', '-', "
+                  "'_', ':', '@', '/'), e.g. claude-sonnet-5-5")
         settings = settings.model_copy(update={"model": model.strip()})
     claude = _claude_setup(settings)
     path = study_file or DEFAULT_STUDY
@@ -207,12 +210,22 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
                   f"research: no SGLang source tree (`servetune source fetch --version "
                   f"{study.engine_version}` lets the source researcher cite it)",
                   highlight=False)
-    console.print(f"brains: Claude ({claude.model}) for the planner, deployer, analyst and "
-                  "researchers; cost in the report" if claude is not None else
-                  "brains: deterministic (set ANTHROPIC_API_KEY for Claude agents)",
-                  highlight=False)
+    if claude is not None:
+        why = ("ANTHROPIC_API_KEY is set; --brains deterministic makes no API call"
+               if settings.brains == "auto" else "--brains claude")
+        console.print(f"brains: Claude ({claude.model}) for the planner, deployer, analyst and "
+                      f"researchers: this run calls the paid Messages API ({why})",
+                      highlight=False)
+        from servetune.report import LLM_CALLS
+
+        claude = dataclasses.replace(claude, meter=_meter(run_dir / LLM_CALLS))
+    else:
+        console.print("brains: deterministic" + (
+            "" if settings.brains == "deterministic"
+            else " (set ANTHROPIC_API_KEY for Claude agents)"), highlight=False)
     led = Ledger(run_dir / "ledger.sqlite")
-    used = [b for b in (led.get_meta("brains") or "").split(",") if b]
+    used_before = led.get_meta("brains")
+    used = [b for b in (used_before or "").split(",") if b]
     now = f"claude:{claude.model}" if claude is not None else "deterministic"
     led.set_meta("brains", ",".join([*used, now] if now not in used else used))
     led.close()
@@ -248,6 +261,7 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
             extra = f" --out {run_dir.parent}" if run_dir.parent != Path("runs") else ""
             extra += f" --lessons-dir {lessons_dir}" if lessons_dir else ""
             extra += again
+            _print_spend(run_dir, settings, err_console)
             err_console.print(f"interrupted; every finished trial is saved. Resume with: "
                               f"servetune run {path} --run-id {rid}{extra}", highlight=False)
             raise typer.Exit(130) from None
@@ -268,9 +282,14 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
             extra = f" --out {run_dir.parent}" if run_dir.parent != Path("runs") else ""
             extra += f" --lessons-dir {lessons_dir}" if lessons_dir else ""
             extra += again
+            _print_spend(run_dir, settings, err_console)
             _fail(f"Claude API: {_api_error(err)}; every finished trial is saved. Resume with: "
                   f"servetune run {path} --run-id {rid}{extra}", code=1)
         bar.update(task, description="finished", completed=bar.tasks[0].total)
+    if outcome.already_done and used_before is not None:  # a re-render ran no brain
+        led = Ledger(run_dir / "ledger.sqlite")
+        led.set_meta("brains", used_before)
+        led.close()
     if outcome.resumed and outcome.already_done:
         console.print(f"run {rid} was already complete; the report is rendered again")
     elapsed = prior_s + (0.0 if outcome.already_done else time.time() - t0)
@@ -294,6 +313,32 @@ def _first_leaf(group: BaseExceptionGroup[Any], kinds: tuple[type[Exception], ..
     return None
 
 
+def _meter(path: Path) -> Any:
+    """A meter that appends every Messages API call's cost to ``path`` (one JSON line each)."""
+    def record(call: dict[str, Any]) -> None:
+        with path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(call, sort_keys=True) + "\n")
+    return record
+
+
+def _print_spend(run_dir: Path, settings: Settings, out: Any) -> None:
+    """One line: the run's Messages API calls, tokens and estimated USD so far (if any)."""
+    from servetune.report import LLM_CALLS, llm_cost_usd, read_llm_calls
+
+    billed = read_llm_calls(run_dir / LLM_CALLS)
+    if not billed or not billed["calls"]:
+        return
+    tok = sum(v for k, v in billed.items() if k.endswith("_tokens"))
+    out.print(f"LLM: {billed['calls']:,.0f} Messages API calls, {tok:,.0f} tokens, est. USD "
+              f"{llm_cost_usd(billed, _prices(settings)):.2f}", highlight=False)
+
+
+def _prices(settings: Settings) -> dict[str, float]:
+    return {"input": settings.price_input_per_mtok, "output": settings.price_output_per_mtok,
+            "cache_read": settings.price_cache_read_per_mtok,
+            "cache_write": settings.price_cache_write_per_mtok}
+
+
 def _save_elapsed(run_dir: Path, elapsed_s: float) -> None:
     led = Ledger(run_dir / "ledger.sqlite")
     led.set_meta("elapsed_s", f"{elapsed_s:.3f}")
@@ -311,11 +356,19 @@ def _api_error(e: Exception) -> str:
     if isinstance(e, anthropic.PermissionDeniedError):
         return "permission denied (403) for this key or model"
     if isinstance(e, anthropic.NotFoundError):
-        return "not found (404): check --model / SERVETUNE_MODEL"
+        return "not found (404): check the model id (resume with a valid --model)"
     if isinstance(e, anthropic.APIStatusError):
-        return redact(f"HTTP {e.status_code}: {e.message}")[:300]
+        body = e.body.get("error") if isinstance(e.body, dict) else None
+        said = body.get("message") if isinstance(body, dict) else None
+        hint = {400: "the request was refused", 413: "the request was too large",
+                429: "rate limited after the SDK's retries: resume later",
+                529: "the API is overloaded: resume later"}.get(
+            e.status_code, "the API failed after the SDK's retries: resume later"
+            if e.status_code >= 500 else "the request was refused")
+        return redact(f"HTTP {e.status_code}, {hint}: {said or e.message}")[:300]
     if isinstance(e, anthropic.APIConnectionError):
-        return "cannot reach the API (connection failed or timed out)"
+        return ("cannot reach the API (connection failed or timed out after the SDK's "
+                "retries); check the network and ANTHROPIC_BASE_URL if you set it")
     return redact(f"{type(e).__name__}: {e}")[:300]
 
 
@@ -339,11 +392,7 @@ def _finish(study: Any, rid: str, run_dir: Path, stop_reason: str, trace_path: P
     report = render_report(run_dir, study, trials, lessons, run_id=rid,
                            stop_reason=stop_reason or "finished", elapsed_s=elapsed,
                            replay_requests=n_requests, trace_file=trace_path.name,
-                           brains=brains, extra_usage=extra, prices={
-                               "input": settings.price_input_per_mtok,
-                               "output": settings.price_output_per_mtok,
-                               "cache_read": settings.price_cache_read_per_mtok,
-                               "cache_write": settings.price_cache_write_per_mtok})
+                           brains=brains, extra_usage=extra, prices=_prices(settings))
     table = Table(title=f"{study.name} — {rid}")
     for col in ("#", "status", "changed", "tok/s/GPU", "reason"):
         table.add_column(col, overflow="ellipsis", no_wrap=col != "reason")
@@ -364,6 +413,7 @@ def _finish(study: Any, rid: str, run_dir: Path, stop_reason: str, trace_path: P
     else:
         console.print(f"no finalist met the SLO (TTFT p99 <= {study.slo.ttft_p99_ms:,.0f} ms)")
     console.print(f"stopped: {stop_reason or 'finished'}", highlight=False)
+    _print_spend(run_dir, settings, console)
     console.print(f"report: {report}")
     console.print(f"elapsed: {elapsed:.1f} s")
 

@@ -8,6 +8,7 @@ same folder, then ``os.replace``) so a reader never sees half a report.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -282,7 +283,7 @@ def _summary(study: Study, trials: list[Trial], run_id: str, stop_reason: str,
         f"Elapsed: {elapsed_s:,.1f} s. Search trials: {launched} launched, {pruned} pruned "
         f"before launch, {crashed} crashed"
         + (f", {failed} failed (no valid agent output)" if failed else "")
-        + f"; {replayed} finalists replayed on the trace; "
+        + f"; {replayed} finalist{'s' if replayed != 1 else ''} replayed on the trace; "
         f"{sweep} frontier points measured.", "",
     ]
 
@@ -532,6 +533,33 @@ def usage_by_role(trials: list[Trial],
     return out
 
 
+LLM_CALLS = "llm_calls.jsonl"
+
+
+def read_llm_calls(path: Path) -> dict[str, float] | None:
+    """Totals of a run's ``llm_calls.jsonl`` (one line per Messages API call), or None if absent.
+
+    Returns:
+        ``calls`` and the summed ``input_tokens``, ``output_tokens``, ``cache_read_tokens`` and
+        ``cache_creation_tokens``; a line that cannot be read (a write cut by a kill) is skipped.
+    """
+    if not path.is_file():
+        return None
+    keys = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_creation_tokens")
+    out = {"calls": 0.0, **dict.fromkeys(keys, 0.0)}
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+                row = {k: float(rec.get(k, 0) or 0) for k in keys}
+            except (ValueError, TypeError, AttributeError):
+                continue
+            out["calls"] += 1
+            for k in keys:
+                out[k] += row[k]
+    return out
+
+
 def llm_cost_usd(u: dict[str, float], prices: dict[str, float]) -> float:
     """USD of one usage row at ``prices``.
 
@@ -544,7 +572,8 @@ def llm_cost_usd(u: dict[str, float], prices: dict[str, float]) -> float:
 
 
 def _agents_section(trials: list[Trial], brains: str, extra: dict[str, dict[str, Any]],
-                    prices: dict[str, float] | None) -> list[str]:
+                    prices: dict[str, float] | None,
+                    billed: dict[str, float] | None) -> list[str]:
     """Who made the decisions and, for Claude agents, what they cost."""
     out = ["## Agents and LLM cost", ""]
     rows = usage_by_role(trials, extra)
@@ -580,6 +609,13 @@ def _agents_section(trials: list[Trial], brains: str, extra: dict[str, dict[str,
     usd = f"{llm_cost_usd(total, prices):.4f}" if prices else ""
     out.append("| **total** | " + " | ".join(f"{total[k]:,.0f}" for k in USAGE_KEYS[:-1])
                + f" | {total['seconds']:,.1f} | {usd} |")
+    out.append("")
+    out.append("Turns are Messages API calls; agent s is the agents' wall time.")
+    if billed is not None:
+        tok = sum(billed[k] for k in billed if k.endswith("_tokens"))
+        out.append(f"Every API call of the run, including work an interruption cut short "
+                   f"(`{LLM_CALLS}`): {billed['calls']:,.0f} calls, {tok:,.0f} tokens"
+                   + (f", est. USD {llm_cost_usd(billed, prices):.4f}." if prices else "."))
     out.append("")
     if failed:
         out += [f"{len(failed)} trial(s) failed because an agent gave no valid output:", ""]
@@ -665,7 +701,8 @@ def render_report(run_dir: Path, study: Study, trials: list[Trial], lessons: lis
     lines += _frontier_section(points, plots[FRONTIER_PNG])
     lines += _predicted_section(trials)
     lines += _research_section(trials)
-    lines += _agents_section(trials, brains, extra_usage or {}, prices)
+    lines += _agents_section(trials, brains, extra_usage or {}, prices,
+                             read_llm_calls(run_dir / LLM_CALLS))
     lines += _lessons_section(lessons)
 
     path = run_dir / "report.md"

@@ -10,12 +10,16 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_STUDY = REPO_ROOT / "studies" / "default.yaml"
+# A model id as the Messages API, Bedrock and Vertex spell them (claude-sonnet-5-5,
+# anthropic.claude-..., claude-...@2025...): no spaces, no leading '-'.
+MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:@/-]*$"
+MAX_PRICE = 10_000.0  # USD per million tokens; anything above is a typo
 
 
 class Settings(BaseSettings):
     """servetune settings; every field can be set as ``SERVETUNE_<NAME>``."""
 
-    model_config = SettingsConfigDict(env_prefix="SERVETUNE_")
+    model_config = SettingsConfigDict(env_prefix="SERVETUNE_", env_ignore_empty=True)
 
     lessons_dir: Path = Field(Path(".servetune/lessons"),
                               description="lesson store shared by all runs (ChromaDB folder)")
@@ -31,16 +35,21 @@ class Settings(BaseSettings):
     brains: Literal["auto", "claude", "deterministic"] = Field("auto", description=(
         "who plans, deploys, judges and researches: Claude agents (needs ANTHROPIC_API_KEY), "
         "the deterministic brains, or auto (Claude when ANTHROPIC_API_KEY is set)"))
-    model: str | None = Field(None, description=(
-        "Claude model of every agent (default agents.claude.DEFAULT_MODEL)"))
-    price_input_per_mtok: float = Field(2.0, ge=0, description=(
+    model: str | None = Field(None, pattern=MODEL_NAME, max_length=128, description=(
+        "Claude model of every agent (default agents.claude.DEFAULT_MODEL), e.g. "
+        "claude-sonnet-5-5"))
+    price_input_per_mtok: float = Field(
+        2.0, ge=0, le=MAX_PRICE, allow_inf_nan=False, description=(
         "USD per million input tokens for the report's cost estimate (Claude Sonnet 5.5 list "
         "price, platform.claude.com/docs/en/about-claude/pricing, 2026-11)"))
-    price_output_per_mtok: float = Field(10.0, ge=0, description=(
+    price_output_per_mtok: float = Field(
+        10.0, ge=0, le=MAX_PRICE, allow_inf_nan=False, description=(
         "USD per million output tokens (same source)"))
-    price_cache_read_per_mtok: float = Field(0.2, ge=0, description=(
+    price_cache_read_per_mtok: float = Field(
+        0.2, ge=0, le=MAX_PRICE, allow_inf_nan=False, description=(
         "USD per million cache-read input tokens (same source)"))
-    price_cache_write_per_mtok: float = Field(2.5, ge=0, description=(
+    price_cache_write_per_mtok: float = Field(
+        2.5, ge=0, le=MAX_PRICE, allow_inf_nan=False, description=(
         "USD per million 5-minute cache-write input tokens (same source)"))
     embedding: Literal["auto", "minilm", "hashing"] = Field(
         "auto", description="lesson embedding: MiniLM int8 ONNX when installed, else hashing")

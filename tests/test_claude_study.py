@@ -242,6 +242,10 @@ def test_401_stops_with_one_line_keeps_finished_trials_and_resumes(tmp_path, nor
     after = ledger_rows(run_dir / "ledger.sqlite")
     assert after[:len(before)] == before and len(after) > len(before)
     assert (run_dir / "report.md").exists()
+    # research cut short by the API error was asked again, not kept as failed branches
+    research = [o for b in bodies(run_dir) for o in b["research"]]
+    assert research and all(o["status"] == "answered" for o in research), [
+        o.get("error") for o in research]
     no_secret(tmp_path, run_dir, again)
 
 
@@ -264,3 +268,48 @@ def test_brains_claude_without_a_key_exits_2(tmp_path):
     assert "ANTHROPIC_API_KEY" in r.stderr
     assert len(r.stderr.strip().splitlines()) <= 3
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_every_api_call_is_metered_and_the_spend_is_printed(normal):
+    tmp, r, log = normal
+    run_dir = tmp / "runs" / "c1"
+    calls = [json.loads(x) for x in (run_dir / "llm_calls.jsonl").read_text().splitlines()]
+    assert len(calls) == len(log)  # one line per Messages API call, as the stub served them
+    assert sum(c["input_tokens"] for c in calls) == sum(e["input_tokens"] for e in log)
+    assert {c["model"] for c in calls} == {MODEL}
+    assert {c["role"] for c in calls} >= {*ROLES, "source_researcher", "memory_researcher"}
+    tok = sum(c[k] for c in calls for k in c if k.endswith("_tokens"))
+    assert re.search(rf"LLM: {len(calls)} Messages API calls, {tok:,} tokens, est\. USD "
+                     r"\d+\.\d\d", r.stdout), r.stdout[-800:]
+    report = (run_dir / "report.md").read_text()
+    assert f"(`llm_calls.jsonl`): {len(calls)} calls, {tok:,} tokens" in report
+    assert "this run calls the paid Messages API (--brains claude)" in r.stdout
+
+
+@pytest.mark.slow
+def test_llm_token_cap_stops_the_search_and_the_rest_makes_no_api_call(tmp_path):
+    s = study()
+    s["budget"] = {**s["budget"], "max_llm_tokens": 5000}
+    write(tmp_path, "tiny.yaml", s)
+    r, log = claude_run(tmp_path, "k1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert re.search(r"stopped: LLM tokens budget reached \([\d,]+ of 5,000 tokens\); "
+                     r"validation and the frontier run with the deterministic brains",
+                     r.stdout.replace("\n", " ")), r.stdout[-1500:]
+    rows = bodies(tmp_path / "runs" / "k1")
+    later = [b for b in rows if b["phase"] != "search"]
+    assert later and all(not b["llm_usage"] for b in later)
+    calls = (tmp_path / "runs" / "k1" / "llm_calls.jsonl").read_text().splitlines()
+    assert len(calls) == len(log)  # no API call after the cap outside the ledger's view
+
+
+@pytest.mark.slow
+def test_rerendering_a_finished_run_without_a_key_keeps_its_brains(normal):
+    tmp, _, _ = normal
+    path = tmp / "tiny.yaml"
+    r = servetune("run", str(path), "--run-id", "c1", "--brains", "deterministic", tmp=tmp)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "already complete" in r.stdout
+    report = (tmp / "runs" / "c1" / "report.md").read_text()
+    assert f"model `{MODEL}`" in report and "resumed with other brains" not in report

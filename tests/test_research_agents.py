@@ -20,11 +20,11 @@ from agents.research import (
     DeterministicSourceResearcher,
     Researcher,
     is_architecture_check,
-    mentions_value,
     research_task,
 )
 from domain.lesson import Clause, Lesson, Scope
 from mcp_servers.lessons.server import build_server as lessons_server
+from mcp_servers.source.analysis import mentions_value
 from mcp_servers.source.server import build_server as source_server
 from mcp_servers.source.tree import SourceTree
 from memory.store import LessonStore

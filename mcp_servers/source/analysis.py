@@ -233,6 +233,28 @@ class Constraint(BaseModel):
     message: str = Field(description="source of the message or exception (cut at 300 chars)")
 
 
+# Other spellings of a flag value that messages and function names use (case-insensitive).
+VALUE_ALIASES: dict[str, tuple[str, ...]] = {
+    "fa3": ("flashattention v3", "flashattention3", "flash_attn_3", "flashattention 3",
+            "flashattention_v3"),
+    "fa4": ("flashattention v4", "flashattention4", "flash_attn_4", "flashattention 4",
+            "flashattention_v4"),
+    "trtllm_mla": ("tensorrt-llm mla", "trtllm mla"),
+    "trtllm_mha": ("tensorrt-llm mha", "trtllm mha"),
+    "cutedsl_mla": ("cutedsl mla",),
+}
+
+
+def mentions_value(value: str | None, *texts: str) -> bool:
+    """Whether any of ``texts`` names ``value`` (as a word, or by a known alias)."""
+    if not value:
+        return False
+    word = re.compile(rf"(?<![\w]){re.escape(value)}(?![\w])", re.IGNORECASE)
+    aliases = VALUE_ALIASES.get(value.lower(), ())
+    return any(word.search(t or "") or any(a in (t or "").lower() for a in aliases)
+               for t in texts)
+
+
 class Constraints(BaseModel):
     """Checks that involve a flag: start-up resolution code first, then runtime, then tests."""
 
@@ -240,13 +262,16 @@ class Constraints(BaseModel):
     total: int
     tests_excluded: int = Field(description="checks in test code left out (include_tests=true "
                                             "lists them)")
+    not_mentioning: int = Field(0, description="checks left out because they do not mention "
+                                               "the `mentions` text")
     items: list[Constraint]
     next_start: int | None
     elapsed_s: float
 
 
 def constraints(tree: SourceTree, inv: FlagInventory, flag: str, start: int = 0,
-                max_items: int = 50, include_tests: bool = False) -> Constraints:
+                max_items: int = 50, include_tests: bool = False,
+                mentions: str | None = None) -> Constraints:
     """Asserts, raises and warnings that involve ``flag``, with file:line.
 
     A check counts when the flag is in an assert's test, in an enclosing ``if`` condition or an
@@ -269,6 +294,9 @@ def constraints(tree: SourceTree, inv: FlagInventory, flag: str, start: int = 0,
         start: first item of the page.
         max_items: page size.
         include_tests: also list checks in test code.
+        mentions: keep only checks whose condition, guards, message or function name this
+            text as a word or by a known alias (:data:`VALUE_ALIASES`), case-insensitive, e.g.
+            the value a candidate sets ("fa3" also finds "FlashAttention v3").
 
     Raises:
         SourceError: unknown flag.
@@ -277,10 +305,15 @@ def constraints(tree: SourceTree, inv: FlagInventory, flag: str, start: int = 0,
     dest, cli = spellings(inv, flag)
     everything = _analyse(tree, dest, cli)[0]
     found = everything if include_tests else [c for c in everything if c.stage != "test"]
+    before = len(found)
+    if mentions:
+        found = [c for c in found if mentions_value(mentions, c.condition, *c.reached_only_if,
+                                                    c.message, c.function)]
     page = found[start:start + max(1, max_items)]
     nxt = start + len(page) if start + len(page) < len(found) else None
-    return Constraints(dest=dest, total=len(found), tests_excluded=len(everything) - len(found),
-                       items=page, next_start=nxt, elapsed_s=round(time.perf_counter() - t0, 4))
+    return Constraints(dest=dest, total=len(found), tests_excluded=len(everything) - before,
+                       not_mentioning=before - len(found), items=page, next_start=nxt,
+                       elapsed_s=round(time.perf_counter() - t0, 4))
 
 
 _MIGRATION_RE = re.compile(r"\b(is|was|been) (retired|removed|deprecated)\b|"

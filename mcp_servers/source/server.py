@@ -284,6 +284,11 @@ def build_server(tree: SourceTree | None, version: str = DEFAULT_VERSION,
     def constraints(flag: Flag, start: Start = 0,
                     max_items: Annotated[int, Field(ge=1, le=500, description="page size")] = 50,
                     include_tests: IncludeTests = False,
+                    mentions: Annotated[str | None, Field(
+                        description="only checks whose condition, guards, message or function "
+                                    "name this value (as a word or a known alias, "
+                                    "case-insensitive), e.g. 'fa3' also finds 'FlashAttention "
+                                    "v3'", min_length=1, max_length=200)] = None,
                     ) -> analysis.Constraints:
         """Asserts, raises and warnings that involve a flag, with file:line.
 
@@ -295,7 +300,7 @@ def build_server(tree: SourceTree | None, version: str = DEFAULT_VERSION,
         """
         t, i = need()
         with as_tool_errors():
-            return analysis.constraints(t, i, flag, start, max_items, include_tests)
+            return analysis.constraints(t, i, flag, start, max_items, include_tests, mentions)
 
     @server.tool(annotations=READ_ONLY)
     def explain_default(flag: Flag, start: Start = 0,
