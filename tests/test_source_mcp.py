@@ -508,6 +508,15 @@ def test_constraints_finds_asserts_raises_warnings(mini):
     assert analysis.constraints(mini, inv, "enable_metrics").items == []
 
 
+def test_constraints_mentions_keeps_the_checks_that_name_a_value(mini):
+    inv = extract_flags(mini)
+    mrr = analysis.constraints(mini, inv, "max_running_requests", mentions="max_num_reqs")
+    assert [(c.line, c.function) for c in mrr.items] == [
+        (7, "KVCacheConfigurator.resolve_max_num_reqs")]  # a word of the function name
+    assert mrr.total == 1 and mrr.not_mentioning == 2 and mrr.tests_excluded == 1
+    assert analysis.constraints(mini, inv, "max_running_requests", mentions="nope").items == []
+
+
 def test_constraints_report_early_exit_guards(mini):
     inv = extract_flags(mini)
     pol = "sglang/srt/arg_groups/cache_policy.py"
@@ -932,3 +941,14 @@ def test_real_constraints_and_defaults(real_tree, real_inventory, flag):
         hc = at[("hicache_hook.py", 142, "raise")]
         assert hc.condition == "cfg.speculative_algorithm not in (None, 'DSPARK')"
         assert hc.reached_only_if == ["cfg.dcp_size > 1 and cfg.enable_hierarchical_cache"]
+
+
+@real
+def test_real_constraints_mentions_finds_the_fa3_sm_check_by_its_alias(real_tree,
+                                                                      real_inventory):
+    everything = analysis.constraints(real_tree, real_inventory, "attention_backend",
+                                      max_items=500)
+    fa3 = analysis.constraints(real_tree, real_inventory, "attention_backend", mentions="fa3")
+    assert fa3.total + fa3.not_mentioning == everything.total and fa3.total < 20
+    # "FlashAttention v3 Backend requires SM>=80 and SM<=90" never says "fa3"
+    assert any("SM>=80 and SM<=90" in c.message for c in fa3.items)
