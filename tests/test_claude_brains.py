@@ -49,6 +49,15 @@ def stub_client(handler: Any) -> anthropic.AsyncAnthropic:
         http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(handler)))
 
 
+def search_trials(run_dir: Path) -> list[Any]:
+    """The search-phase ledger rows of a run folder."""
+    led = Ledger(run_dir / "ledger.sqlite")
+    try:
+        return led.trials("search")
+    finally:
+        led.close()
+
+
 def context(request: dict[str, Any]) -> dict[str, Any]:
     """The <context> block of a request's task (its first user message)."""
     first = request["messages"][0]["content"]
@@ -299,11 +308,7 @@ async def test_analyst_invalid_twice_marks_the_trial_failed_and_the_study_goes_o
     trace = Path(study.replay.trace)
     out = await run_study(study, "cb1", tmp_path / "run", store, [trace.parent], research=False,
                           claude=ClaudeSetup(client=client, model="claude-test"))
-    led = Ledger(tmp_path / "run" / "ledger.sqlite")
-    try:
-        trials = led.trials("search")
-    finally:
-        led.close()
+    trials = search_trials(tmp_path / "run")
     failed = next(t for t in trials if t.changed == broken)
     assert failed.status == "failed" and failed.objective is None
     assert failed.reason.startswith("analyst: invalid agent output after one corrective retry:")
@@ -347,11 +352,7 @@ async def test_planner_modify_after_research_launches_the_alternative(study, sto
     trace = Path(study.replay.trace)
     await run_study(study, "cb2", tmp_path / "run", store, [trace.parent], source_tree=tree,
                     claude=ClaudeSetup(client=client, model="claude-test"))
-    led = Ledger(tmp_path / "run" / "ledger.sqlite")
-    try:
-        trials = led.trials("search")
-    finally:
-        led.close()
+    trials = search_trials(tmp_path / "run")
     assert decisions, "the planner was never asked about fa3"
     fa3 = next(t for t in trials if t.changed == "attention_backend=fa3")
     assert fa3.status == "pruned" and fa3.reason.startswith("research: fa3 is Hopper-only")
