@@ -675,6 +675,76 @@ def mcp_tools(
         console.print(table)
 
 
+# ----- servetune twin serve ------------------------------------------------------------------
+twin_app = typer.Typer(no_args_is_help=True, help="The digital twin as an OpenAI-compatible "
+                                                  "server.")
+app.add_typer(twin_app, name="twin")
+
+
+def _twin_config(config: Path | None, study: Path | None, replicas: int | None) -> Any:
+    """The ServingConfig to serve: a JSON/YAML file, a study's baseline, or the default's."""
+    import yaml
+
+    from domain.config import ServingConfig
+    from servetune.study_file import load_study
+
+    if config is not None and study is not None:
+        _fail("give --config or --study, not both")
+    try:
+        if config is not None:
+            try:
+                data = yaml.safe_load(config.read_text(encoding="utf-8"))  # JSON is YAML too
+            except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+                _fail(f"--config {config}: cannot read a JSON or YAML ServingConfig "
+                      f"({type(e).__name__}: {getattr(e, 'strerror', None) or e})")
+            if not isinstance(data, dict):
+                _fail(f"--config {config}: expected a mapping of ServingConfig fields")
+            cfg = ServingConfig(**data)
+        else:
+            cfg = load_study(study or DEFAULT_STUDY).base_config()
+        if replicas is not None:
+            cfg = ServingConfig(**{**cfg.model_dump(), "replicas": replicas})
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(map(str, err["loc"])) or "config"
+        _fail(f"{config or study}: {where}: {err['msg'].removeprefix('Value error, ')}")
+    except ServetuneError as e:
+        _fail(str(e))
+    return cfg
+
+
+@twin_app.command("serve")
+def twin_serve(
+    config: Annotated[Path | None, typer.Option(
+        "--config", help="ServingConfig as a JSON or YAML file (e.g. the local backend's "
+                         "{config_json})")] = None,
+    study: Annotated[Path | None, typer.Option(
+        "--study", help="serve this study's baseline config (default: the shipped study's)")
+    ] = None,
+    host: Annotated[str, typer.Option("--host", help="address to bind")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535,
+                                      help="port to bind (0: a free one)")] = 30000,
+    port_file: Annotated[Path | None, typer.Option(
+        "--port-file", help="write the bound port here once serving")] = None,
+    speedup: Annotated[float, typer.Option(
+        "--speedup", min=1e-3, max=1e4, help="virtual seconds per wall second (10: every "
+                                             "latency is a tenth of the engine's)")] = 1.0,
+    replicas: Annotated[int | None, typer.Option(
+        "--replicas", min=1, max=512, help="serve this many replicas instead of the config's "
+                                           "(1: one replica per process, as the local "
+                                           "backend starts them)")] = None,
+) -> None:
+    """Serve a config's twin over HTTP (OpenAI API, SSE, /metrics) with the engine's timing."""
+    from servetune.twin_server import serve
+
+    cfg = _twin_config(config, study, replicas)
+    try:
+        code = serve(cfg, host=host, port=port, port_file=port_file, speedup=speedup)
+    except OSError as e:
+        _fail(f"cannot serve on {host}:{port}: {e.strerror or e}", code=1)
+    raise typer.Exit(code)
+
+
 def main() -> None:  # pragma: no cover - console entry for `python -m servetune.cli`
     """Entry point."""
     sys.exit(app())

@@ -35,7 +35,11 @@ times are read back from those arrays at the end. Inter-token gaps are reported 
 the chunk's tokens.
 
 The engine is incremental (:meth:`TwinEngine.submit`, :meth:`TwinEngine.advance`) so a router can
-run several replicas in lockstep and see their load at each arrival.
+run several replicas in lockstep and see their load at each arrival. :meth:`TwinEngine.progress`
+reads back the token times a request has so far (the same times :meth:`TwinEngine.records` ends
+with), :meth:`TwinEngine.load` the scheduler's queues and KV use, and :meth:`TwinEngine.abort`
+drops a request (a client that disconnected): what the real-time driver
+(:mod:`domain.twin.realtime`) needs to serve the twin over HTTP.
 """
 
 from __future__ import annotations
@@ -114,6 +118,42 @@ class EngineLimits:
     radix_cache: bool = True
     host_kv_tokens: int = 0
     spec: SpecParams | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestProgress:
+    """What one request has produced so far in the simulation.
+
+    Attributes:
+        token_times: virtual times (s) of its output tokens number ``since`` onward that the
+            simulated iterations produced (a token's time is the end of the iteration that
+            produced it; with speculative decoding several tokens share one time).
+        finished: every output token is in the simulation (or it failed).
+        error: why the engine refused or dropped it, or None.
+        cached_tokens: prompt tokens served from the prefix cache at its (last) admission.
+    """
+
+    token_times: list[float]
+    finished: bool
+    error: str | None
+    cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """The scheduler's state at the engine's current virtual time (SGLang's gauges).
+
+    Attributes:
+        running: requests holding a request slot (in the decode batch, or mid chunked prefill).
+        queued: requests that arrived and are not admitted (SGLang's waiting queue).
+        used_kv_tokens: KV tokens held by live requests (pool - free - evictable cache).
+        kv_tokens: the KV pool, tokens.
+    """
+
+    running: int
+    queued: int
+    used_kv_tokens: float
+    kv_tokens: int
 
 
 @dataclass
@@ -222,6 +262,83 @@ class TwinEngine:
         self._reqs.append(r)
         self._pending.append(r)
         return r.idx
+
+    @property
+    def busy(self) -> bool:
+        """Whether a submitted request is not finished (there is work to simulate)."""
+        return bool(self._pending or self._waiting or self._running or self._chunked)
+
+    def progress(self, idx: int, since: int = 0) -> RequestProgress:
+        """Token times request ``idx`` has so far, from output token number ``since`` on.
+
+        Times are those of :meth:`records`: the first token at the end of the prefill that
+        completed the prompt, then one time per decoded token (the decode step's end; a
+        recomputation after a retraction yields its token at the end of that prefill). Without
+        speculative decoding ``numpy.diff`` of all of them is the record's ``itl_s``.
+
+        Cost: O(segments + new tokens) (a log factor with speculative decoding).
+        """
+        r = self._reqs[idx]
+        done = not math.isnan(r.finish)
+        if r.error is not None or math.isnan(r.first_token):
+            return RequestProgress([], done, r.error, r.cached)
+        T, C = self._T, self._C
+        out: list[float] = [r.first_token] if since <= 0 else []
+        n = 1  # tokens accounted for so far
+        re = iter(r.reprefill_times)
+        segs = r.segments
+        if self._running.get(idx) is r:  # the open decode segment
+            open_tokens = min(int(C[len(T)] - C[r.seg_start] + _EPS), r.output - r.seg_gen)
+            segs = [*segs, (r.seg_start, len(T), open_tokens)]
+        for a, b, tokens in segs:
+            if a < 0:  # a recomputation's token
+                t = next(re)
+                if n >= since:
+                    out.append(t)
+                n += 1
+                continue
+            if b <= a or tokens <= 0:
+                continue
+            if n + tokens > since:
+                for j in range(max(0, since - n), tokens):
+                    # token j of the segment ends the first step whose cumulative count > j
+                    m = bisect.bisect_left(C, C[a] + j + 1 - _EPS, a + 1, b + 1)
+                    out.append(T[m - 1])
+            n += tokens
+        return RequestProgress(out, done, None, r.cached)
+
+    def load(self) -> EngineLoad:
+        """Running and queued requests and the KV in use, at :attr:`now` (see EngineLoad)."""
+        chunked = 1 if self._chunked is not None else 0
+        used = self.lim.kv_tokens - self._free() - self._evictable()
+        return EngineLoad(running=len(self._running) + chunked,
+                          queued=len(self._waiting) + len(self._pending),
+                          used_kv_tokens=max(0.0, used), kv_tokens=self.lim.kv_tokens)
+
+    def abort(self, idx: int, message: str = "aborted by the client") -> bool:
+        """Drop request ``idx`` now (a client disconnect): free its slot, KV and cache locks.
+
+        Returns:
+            False when it had already finished or failed (nothing to do).
+        """
+        r = self._reqs[idx]
+        if not math.isnan(r.finish):
+            return False
+        if self._running.get(idx) is r:
+            k_now = len(self._T)
+            decoded = self._leave_running(r)
+            r.segments.append((r.seg_start, k_now, int(decoded + _EPS)))
+            r.epoch += 1  # its heap entry is stale now
+        elif r is self._chunked:
+            self._chunked = None
+            self._release(r)
+        elif r in self._waiting:
+            self._waiting.remove(r)
+            self._lpm_dirty = True
+        elif r in self._pending:
+            self._pending.remove(r)
+        self._fail(r, self.now, message)
+        return True
 
     def finished_by(self, t: float) -> int:
         """Requests (of those submitted) that finished or failed at or before ``t``."""

@@ -459,7 +459,9 @@ def make_backend(kind: str = "twin", namespace: str = "servetune", state_dir: Pa
         state_dir: where records live; optional for the twin (None: in memory), required for
             ``local``.
         command: ``local`` only: server argv template (see
-            :class:`~mcp_servers.cluster.local.LocalProcessBackend`); None: ``sglang serve``.
+            :class:`~mcp_servers.cluster.local.LocalProcessBackend`); None: ``sglang serve``,
+            or on a machine without a GPU (and no ``visible_devices``) the twin server
+            (:data:`~mcp_servers.cluster.local.TWIN_SERVE_COMMAND`).
         ready_timeout_s: ``local`` only: seconds until a replica that is not Ready is Failed.
         visible_devices: ``local`` only: GPU ids handed out to replicas.
 
@@ -469,10 +471,18 @@ def make_backend(kind: str = "twin", namespace: str = "servetune", state_dir: Pa
     if kind == "twin":
         return TwinBackend(namespace, state_dir)
     if kind == "local":
-        from mcp_servers.cluster.local import LocalProcessBackend  # local imports this module
+        from mcp_servers.cluster.local import (  # local imports this module
+            TWIN_SERVE_COMMAND,
+            LocalProcessBackend,
+            gpu_present,
+        )
 
         if state_dir is None:
             raise BackendError("the local backend needs a state_dir for its records and logs")
+        if command is None and visible_devices is None and not gpu_present():
+            log.info("no GPU on this machine: the local backend starts the twin server "
+                     "(servetune twin serve); give a command to start another")
+            command = list(TWIN_SERVE_COMMAND)
         return LocalProcessBackend(namespace, state_dir, command=command,
                                    ready_timeout_s=ready_timeout_s,
                                    visible_devices=visible_devices)

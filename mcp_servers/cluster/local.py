@@ -7,6 +7,14 @@ every element (no shell ever parses it; ``{config_json}`` is the path of a JSON 
 ServingConfig; any other ``{word}`` is refused when the backend is built), or, without a command,
 the real SGLang server: ``config.to_sglang_args() + ['--host', host, '--port', port]``.
 
+On a machine without a GPU (:func:`gpu_present`), :func:`~mcp_servers.cluster.backend.make_backend`
+(what ``servetune mcp cluster --backend local`` builds) defaults the command to the twin server
+instead, one replica per process (:data:`TWIN_SERVE_COMMAND`)::
+
+    servetune twin serve --config {config_json} --host {host} --port {port} --replicas 1
+
+(add ``--speedup X`` to a ``--command`` of your own to run the twin X times faster than real time).
+
 With ``visible_devices``, each replica gets ``tp_size`` GPUs in ``CUDA_VISIBLE_DEVICES``, taken
 from the devices that no deployment of this state folder holds: a deployment holds its GPUs
 until it is torn down (a Failed one too: its processes may linger). A deploy needing more free
@@ -47,7 +55,9 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -84,6 +94,19 @@ HEALTH_PATH_RE = re.compile(r"^/[A-Za-z0-9._~/-]*$")
 DEVICE_RE = re.compile(r"^(GPU|MIG)-[0-9A-Za-z/-]+$")
 LOG_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 log = logging.getLogger("servetune.cluster.local")
+# The twin as the server program: every replica a ``servetune twin serve`` process serving one
+# replica of the config (``--replicas 1``; the deployment starts ``config.replicas`` of them).
+TWIN_SERVE_COMMAND = [sys.executable, "-m", "servetune.cli", "twin", "serve",
+                      "--config", "{config_json}", "--host", "{host}", "--port", "{port}",
+                      "--replicas", "1"]
+# NVIDIA driver device nodes (present on a machine with an NVIDIA GPU and its driver).
+NVIDIA_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0")
+
+
+def gpu_present() -> bool:
+    """Whether this machine has an NVIDIA GPU: a driver device node or ``nvidia-smi``."""
+    return any(os.path.exists(p) for p in NVIDIA_DEVICE_NODES) or \
+        shutil.which("nvidia-smi") is not None
 
 
 def _loopback(host: str) -> bool:
