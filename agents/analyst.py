@@ -72,6 +72,9 @@ class BenchOutcome(BaseModel):
     workload: dict[str, Any]
     replicas: list[dict[str, Any]]
     first_error: str | None = None
+    valid: bool = True
+    invalid_reason: str | None = None
+    flags: list[str] = []
 
 
 def replica_mean(replicas: list[dict[str, Any]], key: str) -> float | None:
@@ -291,8 +294,21 @@ class Analyst:
 
     async def verdict(self, bench: BenchOutcome, best: float | None, is_baseline: bool,
                       config: ServingConfig, changed: str) -> Verdict:
-        """The verdict on a saturation run: :meth:`judge` of its summary."""
+        """The verdict on a saturation run: :meth:`judge` of its summary.
+
+        A run the bench server marked invalid (too many failed requests) is not scored: it is
+        a ``discard`` (``crash`` if nothing completed) with the server's reason.
+        """
+        if not bench.valid:
+            return invalid_verdict(bench)
         return self.judge(bench.summary, best, is_baseline)
+
+
+def invalid_verdict(bench: BenchOutcome) -> Verdict:
+    """The verdict on a run the bench server marked invalid: never scored."""
+    status = "crash" if bench.summary.completed == 0 else "discard"
+    return Verdict(status=status, objective=None,
+                   reason=f"invalid run, not scored: {bench.invalid_reason or 'too many errors'}")
 
 
 OBJECTIVE_TOLERANCE = 0.005  # a reported objective may differ from the measured one by 0.5 %
@@ -342,12 +358,14 @@ class ClaudeAnalyst(Analyst):
 
     async def verdict(self, bench: BenchOutcome, best: float | None, is_baseline: bool,
                       config: ServingConfig, changed: str) -> Verdict:
-        """Claude's verdict on ``bench``.
+        """Claude's verdict on ``bench`` (an invalid run is not scored and asks no model).
 
         Raises:
             AgentOutputInvalid, AgentBudgetExceeded: no valid verdict (the caller records the
                 trial as failed, keeping the measurement).
         """
+        if not bench.valid:
+            return invalid_verdict(bench)
         agent: ClaudeAgent[Verdict] = ClaudeAgent(
             "analyst", self.claude.client, {"bench": self.bench, "lessons": self.lessons},
             {"bench": ["get_records", "list_runs"], "lessons": ["query_lessons"]}, Verdict,

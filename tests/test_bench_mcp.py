@@ -196,9 +196,9 @@ async def test_bench_refuses_failed_deployment(tmp_path):
 async def test_tools_and_annotations(tmp_path):
     async with Client(bench_server(service(tmp_path))) as b:
         tools = {t.name: t for t in (await b.list_tools()).tools}
-        assert set(tools) == {"run_saturation", "run_replay", "run_sweep", "get_records",
-                              "list_runs"}
-        for name in ("run_saturation", "run_replay", "run_sweep"):
+        assert set(tools) == {"run_saturation", "run_rate", "run_replay", "run_sweep",
+                              "get_records", "list_runs"}
+        for name in ("run_saturation", "run_rate", "run_replay", "run_sweep"):
             a = tools[name].annotations
             assert (a.read_only_hint, a.destructive_hint, a.open_world_hint) == \
                 (False, False, True), name
@@ -430,19 +430,24 @@ USAGE7 = "data: " + json.dumps({"choices": [], "usage": {"prompt_tokens": 5,
                                                          "completion_tokens": 7}})
 
 
-@pytest.mark.parametrize("raw, delay, out, error", [
+@pytest.mark.parametrize("raw, delay, out, error, cls", [
     (sse(": keepalive", text(""), text("a"), "event: ping", text("b"), text("c"),
-         "data: [DONE]"), 0, 3, None),
-    (sse(text("ab"), text("cd"), text("efg"), USAGE7, "data: [DONE]"), 0, 7, None),
+         "data: [DONE]"), 0, 3, None, None),
+    (sse(text("ab"), text("cd"), text("efg"), USAGE7, "data: [DONE]"), 0, 7, None, None),
     (b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 23\r\nConnection: close\r\n\r\n"
-     b'{"error": "overloaded"}', 0, 0, "HTTP 503 from"),
-    (sse(text("a"), text("b")), 0, 2, "closed before 'data: [DONE]' after 2 text chunks"),
-    (sse("data: {not json", "data: [DONE]"), 0, 0, "malformed SSE data"),
-    (sse('data: {"error": {"message": "boom"}}'), 0, 0, "error in stream"),
-    (sse(text("a"), "data: [DONE]"), 1.0, 0, "no complete response"),
+     b'{"error": "overloaded"}', 0, 0, "HTTP 503 from", "http_status"),
+    (sse(text("a"), text("b")), 0, 2, "closed before 'data: [DONE]' after 2 text chunks",
+     "disconnect"),
+    (sse("data: {not json", "data: [DONE]"), 0, 0, "malformed SSE data", "stream"),
+    (sse('data: {"error": {"message": "boom"}}'), 0, 0, "error in stream", "stream"),
+    (sse(text("a"), "data: [DONE]"), 1.0, 0, "no complete response", "timeout"),
+    (sse(text("a"), USAGE7.replace('"completion_tokens": 7', '"completion_tokens": 5'),
+         "data: [DONE]"), 0, 5, "truncated output: 5 of 7 tokens", "truncated"),
+    (sse("data: [DONE]"), 0, 0, "without any text chunk", "truncated"),
 ], ids=["keepalive-no-usage", "usage-wins", "http-503", "cut-stream", "bad-json",
-        "error-chunk", "timeout"])
-async def test_sse_parsing(raw, delay, out, error):
+        "error-chunk", "timeout", "truncated", "no-text"])
+@pytest.mark.parametrize("client", ["aiohttp", "httpx"])
+async def test_sse_parsing(raw, delay, out, error, cls, client):
     async def handle(reader, writer):
         head = await reader.readuntil(b"\r\n\r\n")
         length = int(next(ln.split(b":")[1] for ln in head.split(b"\r\n")
@@ -456,17 +461,19 @@ async def test_sse_parsing(raw, delay, out, error):
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
-        runner = HttpRunner([f"http://127.0.0.1:{port}"], request_timeout_s=0.3)
-        run = await runner.open_loop([PlannedRequest(0.0, b"{}", 3, 9)])
+        runner = HttpRunner([f"http://127.0.0.1:{port}"], request_timeout_s=0.3, client=client)
+        run = await runner.open_loop([PlannedRequest(0.0, b"{}", 3, 7)])
     finally:
         server.close()
     rec = run.records[0]
+    assert run.error_class == [cls] and run.client == client
     if error is None:
         assert rec.error is None and rec.output_tokens == out
         assert rec.input_tokens == (5 if out == 7 else 3)
         assert len(rec.itl_s) == 2 and rec.first_token_s >= 0
     else:
         assert error in rec.error and rec.output_tokens == out
+        assert run.error_counts() == {cls: 1}
 
 
 # --------------------------------------------------------------------------- stdio

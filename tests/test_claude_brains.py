@@ -370,3 +370,26 @@ async def test_planner_modify_after_research_launches_the_alternative(study, sto
         "next candidate instead)")
     # the lesson keeps fa3 out of the rest of the run: it is never launched
     assert all(t.status == "pruned" for t in trials if t.changed == "attention_backend=fa3")
+
+
+async def test_an_invalid_run_is_never_scored_by_either_analyst(study, store, tmp_path):
+    from agents.analyst import Analyst, BenchOutcome
+    from domain.metrics import MetricsSummary
+
+    backend = TwinBackend("servetune")
+    service = BenchService(backend, tmp_path / "records", [tmp_path])
+    async with Client(cluster_server(backend)) as cluster, \
+            Client(bench_server(service)) as bench, Client(lessons_server(store)) as lessons:
+        await cluster.call_tool("deploy", {"name": "trial-a",
+                                           "config": study.base_config().model_dump(mode="json")})
+        run = await Analyst(bench, study).saturation("trial-a", duration_s=5)
+        assert run.valid and isinstance(run.summary, MetricsSummary)
+        bad = BenchOutcome.model_validate({**run.model_dump(), "valid": False,
+                                           "invalid_reason": "12% of requests failed (> 5%)"})
+        script = Scripted([])  # a model must not even be asked
+        claude = ClaudeAnalyst(bench, lessons, study, ClaudeSetup(client=script.client()))
+        for analyst in (Analyst(bench, study), claude):
+            v = await analyst.verdict(bad, None, True, study.base_config(), "")
+            assert (v.status, v.objective) == ("discard", None)
+            assert v.reason == "invalid run, not scored: 12% of requests failed (> 5%)"
+    assert not script.requests

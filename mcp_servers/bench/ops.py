@@ -7,6 +7,16 @@ thread; a deployment whose status lists endpoints (local processes, Kubernetes) 
 endpoint are loaded over HTTP by :mod:`mcp_servers.bench.http_runner`. Per-request records
 are stored under the injected artifacts directory (:mod:`mcp_servers.bench.records`); results
 carry their path and id, never the records themselves.
+
+Every result says whether it can be used (:class:`BenchResult`): failed requests are counted per
+error class (:class:`~mcp_servers.bench.http_runner.ErrorClass`; ``engine`` for the twin) and a
+run whose failed share exceeds ``max_error_share`` (default 5 %) is ``valid: false`` with the
+reason -- its numbers are reported but must not be scored. An open-loop HTTP run (replay, fixed
+rate) whose dispatch lag p99 exceeds ``max_dispatch_lag_p99_ms`` (default 10 ms), or a replay
+whose achieved prefix-cache hit rate (``usage.prompt_tokens_details.cached_tokens``, else
+SGLang's ``/metrics`` counters) is more than ``hit_rate_tolerance`` (default 0.15) from the
+trace's expected rate (:func:`~mcp_servers.bench.prompts.expected_hit_rate`, an unbounded cache),
+is flagged in ``flags`` with the numbers.
 """
 
 from __future__ import annotations
@@ -33,14 +43,25 @@ from domain.workload import Trace, load_trace
 from mcp_servers.bench import records as store
 from mcp_servers.bench.endpoints import check_endpoint
 from mcp_servers.bench.http_runner import (
+    DEFAULT_CLIENT,
     MAX_CONCURRENCY,
+    ClientKind,
     HttpRun,
     HttpRunner,
     Snapshot,
     TickFn,
+    arrival_schedule,
+    fetch_cache_counters,
     fetch_model_id,
 )
-from mcp_servers.bench.prompts import completion_body, replay_plan, synthetic_template
+from mcp_servers.bench.prompts import (
+    PromptTokenizer,
+    SyntheticPrompts,
+    WordTokenizer,
+    expected_prefix_hits,
+    rate_plan,
+    replay_plan,
+)
 from mcp_servers.cluster.backend import BackendError, ClusterBackend
 
 # A twin saturation run issues at most this many requests (steady state is reached long before;
@@ -51,8 +72,13 @@ MAX_HTTP_REQUESTS = 100_000
 # Prompt words an HTTP replay may pre-build (about 6 bytes each in memory).
 MAX_REPLAY_PROMPT_TOKENS = 50_000_000
 FALLBACK_MODEL = "default"
+MAX_ERROR_SHARE = 0.05  # a run with a larger share of failed requests is invalid
+MAX_DISPATCH_LAG_P99_MS = 10.0  # an open-loop HTTP run sending later than this at p99 is flagged
+HIT_RATE_TOLERANCE = 0.15  # |achieved - expected| prefix-cache hit rate above this is flagged
+ENGINE_ERROR = "engine"  # error class of a twin request the engine did not serve
 
 TraceFormat = Literal["auto", "mooncake", "azure", "bailian"]
+ArrivalProcess = Literal["poisson", "constant"]
 ProgressFn = Callable[[float, float | None, str], Awaitable[None]]
 """``(progress, total or None, message)``, as MCP's ``Context.report_progress`` takes them."""
 
@@ -60,7 +86,7 @@ ProgressFn = Callable[[float, float | None, str], Awaitable[None]]
 class WorkloadInfo(BaseModel):
     """What was run: enough to reproduce it and to report it."""
 
-    kind: str  # saturation | replay
+    kind: str  # saturation | replay | rate
     description: str
     requests: int
     trace_file: str | None = None
@@ -70,6 +96,32 @@ class WorkloadInfo(BaseModel):
     isl: int | None = None
     osl: int | None = None
     concurrency: int | None = None
+    request_rate: float | None = Field(None, description="rate runs: requests per second")
+    arrival: str | None = Field(None, description="rate runs: poisson or constant")
+    seed: int | None = None
+    tokenizer: str | None = Field(None, description="http: tokenizer the prompts were built "
+                                                    "with (words = whitespace words)")
+
+
+class Quality(BaseModel):
+    """Thresholds that decide whether a run is valid or flagged (see the module docstring)."""
+
+    max_error_share: float = Field(MAX_ERROR_SHARE, ge=0, le=1)
+    max_dispatch_lag_p99_ms: float = Field(MAX_DISPATCH_LAG_P99_MS, gt=0)
+    hit_rate_tolerance: float = Field(HIT_RATE_TOLERANCE, ge=0, le=1)
+
+
+class PrefixCacheCheck(BaseModel):
+    """Achieved vs expected prefix-cache hit rate of a replay (shares of prompt tokens)."""
+
+    expected_hit_rate: float = Field(description="what an unbounded prefix cache would serve "
+                                                 "of the prompts sent (from the hash ids)")
+    achieved_hit_rate: float | None = Field(description="what the server reported; None when "
+                                                        "it reports no cached tokens")
+    source: str | None = Field(description="usage (prompt_tokens_details.cached_tokens) or "
+                                           "metrics (sglang:cached_tokens_total / "
+                                           "sglang:prompt_tokens_total over the run)")
+    tolerance: float
 
 
 class BenchResult(BaseModel):
@@ -91,6 +143,19 @@ class BenchResult(BaseModel):
     dispatch_lag_ms: Percentiles | None = Field(
         None, description="http: actual minus scheduled send time per request, ms")
     note: str | None = Field(None, description="e.g. why a run stopped sending early")
+    errors_by_class: dict[str, int] = Field(
+        default_factory=dict, description="failed requests per class: http_status, timeout, "
+                                          "connect, disconnect, stream, truncated (http); "
+                                          "engine (twin)")
+    error_share: float = Field(0.0, description="failed / sent requests")
+    valid: bool = Field(True, description="false: too many failed requests; the numbers are "
+                                          "reported but must not be scored")
+    invalid_reason: str | None = None
+    flags: list[str] = Field(default_factory=list, description=(
+        "measurement problems that do not void the run but must be looked at: dispatch lag, "
+        "prefix-cache hit rate far from the trace's"))
+    prefix_cache: PrefixCacheCheck | None = None
+    client: str | None = Field(None, description="http: the load generator's HTTP client")
 
 
 class SweepPoint(BaseModel):
@@ -102,6 +167,7 @@ class SweepPoint(BaseModel):
     ttft_p99_ms: float | None
     itl_p99_ms: float | None
     errors: int = 0
+    valid: bool = True
     bench_id: str
 
 
@@ -169,6 +235,30 @@ def _replay_progress(s: Snapshot) -> tuple[float, float | None, str]:
     return (s.done, s.total, f"{s.done}/{s.total} requests, {s.elapsed_s:.0f} s")
 
 
+def _prefix_check(run: HttpRun, expected: np.ndarray, before: tuple[float, float] | None,
+                  after: tuple[float, float] | None, tolerance: float) -> PrefixCacheCheck:
+    """Achieved vs expected hit rate over the requests that reached the server.
+
+    Per-request ``cached_tokens`` (usage) when the server reported them for the successful
+    requests, else the ``/metrics`` counters' difference over the run, else no achieved rate.
+    """
+    ok = np.array([r.error is None for r in run.records], dtype=bool)
+    n_in = np.array([r.input_tokens for r in run.records], dtype=float)
+    cached = run.cached_tokens
+    exp_all = float(expected.sum() / n_in.sum()) if n_in.sum() else 0.0
+    if ok.any() and (cached[ok] >= 0).all():
+        exp = float(expected[ok].sum() / n_in[ok].sum())
+        return PrefixCacheCheck(expected_hit_rate=exp,
+                                achieved_hit_rate=float(cached[ok].sum() / n_in[ok].sum()),
+                                source="usage", tolerance=tolerance)
+    if before is not None and after is not None and after[0] > before[0]:
+        return PrefixCacheCheck(expected_hit_rate=exp_all,
+                                achieved_hit_rate=(after[1] - before[1]) / (after[0] - before[0]),
+                                source="metrics", tolerance=tolerance)
+    return PrefixCacheCheck(expected_hit_rate=exp_all, achieved_hit_rate=None, source=None,
+                            tolerance=tolerance)
+
+
 class BenchService:
     """Benchmarks over a cluster backend or allowed endpoints; stores records in ``artifacts``.
 
@@ -179,12 +269,18 @@ class BenchService:
         allowed_endpoints: base URLs that may be loaded directly (default: none).
         max_requests: cap on the requests of one HTTP run.
         request_timeout_s: an HTTP request not finished this long after its send fails.
+        client: HTTP client library of the runner (``aiohttp`` or ``httpx``).
+        tokenizer: builds HTTP prompts (default :class:`~mcp_servers.bench.prompts.WordTokenizer`;
+            give the served model's, e.g. ``HFTokenizer(path)``, for exact ISL on a real server).
+        quality: default thresholds for valid/flagged results (a run may override them).
     """
 
     def __init__(self, backend: ClusterBackend, artifacts_dir: Path, trace_roots: list[Path],
                  allowed_endpoints: Sequence[str] = (), *,
                  max_requests: int = MAX_HTTP_REQUESTS,
-                 request_timeout_s: float = 600.0) -> None:
+                 request_timeout_s: float = 600.0, client: ClientKind = DEFAULT_CLIENT,
+                 tokenizer: PromptTokenizer | None = None,
+                 quality: Quality | None = None) -> None:
         self.backend = backend
         self.artifacts = Path(artifacts_dir)
         self.roots = [Path(r).resolve() for r in trace_roots]
@@ -193,6 +289,9 @@ class BenchService:
             check_endpoint(a, [a])
         self.max_requests = max_requests
         self.request_timeout_s = request_timeout_s
+        self.client = client
+        self.tokenizer: PromptTokenizer = tokenizer or WordTokenizer()
+        self.quality = quality or Quality()
         self._traces: dict[tuple[str, str], Trace] = {}
 
     # -- targets, traces, storage --------------------------------------------------------------
@@ -270,32 +369,67 @@ class BenchService:
 
     def _finish(self, t: _Target, bench_id: str, info: WorkloadInfo,
                 recs: list[RequestRecord], stats: list[ReplicaStats], run: HttpRun | None,
-                slo_ttft_ms: float | None = None) -> BenchResult:
+                slo_ttft_ms: float | None = None, quality: Quality | None = None,
+                open_loop: bool = False,
+                prefix: PrefixCacheCheck | None = None) -> BenchResult:
+        q = quality or self.quality
         lag = None if run is None else Percentiles.of(
             run.sent_s - np.array([r.arrival_s for r in recs], dtype=float))
+        if run is not None:
+            by_class = run.error_counts()
+        else:
+            n_err = sum(r.error is not None for r in recs)
+            by_class = {ENGINE_ERROR: n_err} if n_err else {}
+        n_err = sum(by_class.values())
+        share = n_err / len(recs) if recs else 0.0
+        invalid = None
+        if not recs:
+            invalid = "no request was sent"
+        elif share > q.max_error_share:
+            classes = ", ".join(f"{k} {v}" for k, v in sorted(by_class.items()))
+            invalid = (f"{n_err} of {len(recs)} requests failed ({share:.1%} > the "
+                       f"{q.max_error_share:.1%} allowed: {classes}); not scored")
+        flags = []
+        if open_loop and lag is not None and lag.p99 is not None \
+                and lag.p99 > q.max_dispatch_lag_p99_ms:
+            flags.append(f"dispatch lag p99 {lag.p99:.1f} ms > {q.max_dispatch_lag_p99_ms:g} ms: "
+                         f"the load generator fell behind its schedule (p50 {lag.p50:.1f} ms, "
+                         f"mean {lag.mean:.1f} ms); the offered load was not the trace's")
+        if prefix is not None and prefix.achieved_hit_rate is not None and \
+                abs(prefix.achieved_hit_rate - prefix.expected_hit_rate) > prefix.tolerance:
+            flags.append(f"prefix-cache hit rate {prefix.achieved_hit_rate:.1%} (from "
+                         f"{prefix.source}) vs {prefix.expected_hit_rate:.1%} expected from the "
+                         f"trace's hash ids (off by more than {prefix.tolerance:.0%}): the "
+                         "prompts do not share prefixes as the trace does, or the server's "
+                         "cache evicts or is off")
         res = BenchResult(
             bench_id=bench_id, target="http" if t.urls else "twin", deployment=t.deployment,
             endpoint=t.endpoint, config_id=t.config.config_id() if t.config else None,
             workload=info, summary=summarize(recs, t.gpus, slo_ttft_ms=slo_ttft_ms),
             replicas=stats, records_path=str(self.artifacts / f"{bench_id}.npz"),
             first_error=_first_error(recs), wall_s=None if run is None else run.wall_s,
-            dispatch_lag_ms=lag, note=None if run is None else run.stopped_early)
+            dispatch_lag_ms=lag, note=None if run is None else run.stopped_early,
+            errors_by_class=by_class, error_share=share, valid=invalid is None,
+            invalid_reason=invalid, flags=flags, prefix_cache=prefix,
+            client=None if run is None else run.client)
         store.store(self.artifacts, bench_id, recs, None if run is None else run.sent_s,
-                    res.model_dump_json())
+                    res.model_dump_json(),
+                    error_class=None if run is None else run.error_class,
+                    cached_tokens=None if run is None else run.cached_tokens)
         return res
 
     async def _model(self, t: _Target) -> str:
         return await fetch_model_id(t.urls[0]) or FALLBACK_MODEL
 
     def _runner(self, t: _Target) -> HttpRunner:
-        return HttpRunner(t.urls, request_timeout_s=self.request_timeout_s)
+        return HttpRunner(t.urls, request_timeout_s=self.request_timeout_s, client=self.client)
 
     # -- runs ---------------------------------------------------------------------------------
 
     async def saturation(self, deployment: str | None, isl: int, osl: int, concurrency: int,
                          duration_s: float, *, endpoint: str | None = None,
-                         gpus: int | None = None,
-                         progress: ProgressFn | None = None) -> BenchResult:
+                         gpus: int | None = None, progress: ProgressFn | None = None,
+                         quality: Quality | None = None) -> BenchResult:
         """Closed loop at ``concurrency`` for ``duration_s`` seconds of new load, then drain.
 
         Twin: virtual seconds; HTTP: wall seconds (the run lasts ``duration_s`` plus the drain).
@@ -305,11 +439,12 @@ class BenchService:
                 on HTTP.
         """
         t = self._target(deployment, endpoint, gpus)
-        return await self._saturation(t, isl, osl, concurrency, duration_s, progress, None)
+        return await self._saturation(t, isl, osl, concurrency, duration_s, progress, None,
+                                      quality)
 
     async def _saturation(self, t: _Target, isl: int, osl: int, concurrency: int,
                           duration_s: float, progress: ProgressFn | None,
-                          tick: TickFn | None) -> BenchResult:
+                          tick: TickFn | None, quality: Quality | None = None) -> BenchResult:
         args = {"isl": isl, "osl": osl, "c": concurrency, "d": duration_s}
         bid = self._bench_id(t, "sat", args)
         what = f"synthetic ISL {isl} / OSL {osl} at concurrency {concurrency}"
@@ -330,34 +465,90 @@ class BenchService:
                                 description=f"{what} for {duration_s:g} s" + (
                                     f" (clients stopped after {MAX_SATURATION_REQUESTS:,} "
                                     "requests)" if capped else ""))
-            return self._finish(t, bid, info, recs, stats, None)
+            return self._finish(t, bid, info, recs, stats, None, quality=quality)
         if concurrency > MAX_CONCURRENCY:
             raise BackendError(f"concurrency {concurrency} is above the HTTP runner's limit of "
                                f"{MAX_CONCURRENCY}; use a lower concurrency")
         model = await self._model(t)
-        marker, text = synthetic_template(isl)
-        pre, post = completion_body(model, text, osl).split(marker.encode())
+        prompts = SyntheticPrompts(model, isl, osl, self.tokenizer)
         run = await self._runner(t).closed_loop(
-            lambda i: pre + str(i).encode() + post, isl, concurrency, duration_s,
-            self.max_requests, tick or _tick(progress, _sat_progress))
+            prompts.body, isl, concurrency, duration_s, self.max_requests,
+            tick or _tick(progress, _sat_progress), osl=osl)
         capped = len(run.records) >= self.max_requests
         info = WorkloadInfo(kind="saturation", requests=len(run.records), isl=isl, osl=osl,
-                            concurrency=concurrency,
+                            concurrency=concurrency, tokenizer=self.tokenizer.name,
                             description=f"{what} for {duration_s:g} s of wall time against "
                                         f"{t.where}" + (f" (clients stopped after "
                                                         f"{self.max_requests:,} requests)"
                                                         if capped else ""))
-        res = self._finish(t, bid, info, run.records, [], run)
+        res = self._finish(t, bid, info, run.records, [], run, quality=quality)
         if progress and tick is None:
             s = res.summary
             await progress(s.requests, s.requests, f"done: {s.requests} requests "
                                                    f"({s.errors} failed) in {run.wall_s:.0f} s")
         return res
 
+    async def rate(self, deployment: str | None, isl: int, osl: int, request_rate: float,
+                   duration_s: float, arrival: ArrivalProcess = "poisson", seed: int = 0,
+                   slo_ttft_ms: float | None = None, *, endpoint: str | None = None,
+                   gpus: int | None = None, progress: ProgressFn | None = None,
+                   quality: Quality | None = None) -> BenchResult:
+        """Open loop at a fixed request rate for ``duration_s`` seconds of arrivals, then drain.
+
+        Arrivals from :func:`~mcp_servers.bench.http_runner.arrival_schedule` (Poisson or
+        constant, seeded: the same seed sends at the same times). Twin: virtual seconds; HTTP:
+        wall seconds.
+
+        Raises:
+            BackendError: target missing/not Ready/not allowed, or more requests than the cap.
+        """
+        t = self._target(deployment, endpoint, gpus)
+        times = arrival_schedule(request_rate, duration_s=duration_s, process=arrival, seed=seed)
+        n = len(times)
+        if n == 0:
+            raise BackendError(f"{request_rate:g} req/s for {duration_s:g} s sends no request; "
+                               "raise the rate or the duration")
+        cap = MAX_SATURATION_REQUESTS if not t.urls else self.max_requests
+        if n > cap:
+            raise BackendError(f"{request_rate:g} req/s for {duration_s:g} s is {n:,} requests; "
+                               f"a run takes at most {cap:,}: shorten it")
+        args = {"isl": isl, "osl": osl, "r": request_rate, "d": duration_s, "a": arrival,
+                "s": seed}
+        bid = self._bench_id(t, "rate", args)
+        what = (f"synthetic ISL {isl} / OSL {osl} at {request_rate:g} req/s ({arrival}, seed "
+                f"{seed}) for {duration_s:g} s")
+        info = WorkloadInfo(kind="rate", requests=n, isl=isl, osl=osl, request_rate=request_rate,
+                            arrival=arrival, seed=seed,
+                            tokenizer=self.tokenizer.name if t.urls else None,
+                            description=what + (f" against {t.where}" if t.urls else ""))
+        if not t.urls:
+            assert t.config is not None and t.fit is not None
+            config, fit = t.config, t.fit
+            reqs = [(float(x), isl, osl, (), 0) for x in times]
+            if progress:
+                await progress(0, n + config.replicas, f"twin: simulating {what}")
+            step = _from_thread(progress, lambda d, total: f"twin: {min(d, n)}/{n} requests "
+                                                           "routed")
+            recs, stats = await anyio.to_thread.run_sync(
+                lambda: simulate_open_loop(config, fit, reqs, progress=step))
+            return self._finish(t, bid, info, recs, stats, None, slo_ttft_ms, quality)
+        model = await self._model(t)
+        plan = rate_plan(times, SyntheticPrompts(model, isl, osl, self.tokenizer), isl, osl)
+        if progress:
+            await progress(0, n, f"0/{n} requests: prompts built, starting")
+        run = await self._runner(t).open_loop(plan, _tick(progress, _replay_progress))
+        res = self._finish(t, bid, info, run.records, [], run, slo_ttft_ms, quality,
+                           open_loop=True)
+        if progress:
+            await progress(n, n, f"done: {n}/{n} requests ({res.summary.errors} failed) in "
+                                 f"{run.wall_s:.0f} s")
+        return res
+
     async def replay(self, deployment: str | None, trace: str, fmt: TraceFormat, start_s: float,
                      duration_s: float, time_scale: float, slo_ttft_ms: float | None = None,
                      *, endpoint: str | None = None, gpus: int | None = None,
-                     progress: ProgressFn | None = None) -> BenchResult:
+                     progress: ProgressFn | None = None,
+                     quality: Quality | None = None) -> BenchResult:
         """Open-loop replay of a trace window at its (scaled) arrival times.
 
         Raises:
@@ -388,7 +579,7 @@ class BenchService:
                                                                        if d == total else ""))
             recs, stats = await anyio.to_thread.run_sync(
                 lambda: simulate_open_loop(config, fit, reqs, progress=step))
-            return self._finish(t, bid, info, recs, stats, None, slo_ttft_ms)
+            return self._finish(t, bid, info, recs, stats, None, slo_ttft_ms, quality)
         words = sum(r.input_tokens for r in win.requests)
         if n > self.max_requests or words > MAX_REPLAY_PROMPT_TOKENS:
             raise BackendError(
@@ -396,11 +587,21 @@ class BenchService:
                 f"takes at most {self.max_requests:,} requests and {MAX_REPLAY_PROMPT_TOKENS:,} "
                 "prompt tokens: replay a shorter window (duration_s) in several runs")
         model = await self._model(t)
-        plan = replay_plan(win.requests, model)
+        plan = replay_plan(win.requests, model, tokenizer=self.tokenizer)
+        info.tokenizer = self.tokenizer.name
+        expected = expected_prefix_hits(win.requests)
+        has_ids = any(r.hash_ids and r.block_size > 0 for r in win.requests)
+        before = await fetch_cache_counters(t.urls) if has_ids else None
         if progress:
             await progress(0, n, f"0/{n} requests: prompts built, starting")
         run = await self._runner(t).open_loop(plan, _tick(progress, _replay_progress))
-        res = self._finish(t, bid, info, run.records, [], run, slo_ttft_ms)
+        after = await fetch_cache_counters(t.urls) if before is not None else None
+        prefix = None
+        if has_ids:
+            prefix = _prefix_check(run, expected, before, after,
+                                   (quality or self.quality).hit_rate_tolerance)
+        res = self._finish(t, bid, info, run.records, [], run, slo_ttft_ms, quality,
+                           open_loop=True, prefix=prefix)
         if progress:
             await progress(n, n, f"done: {n}/{n} requests ({res.summary.errors} failed) in "
                                  f"{run.wall_s:.0f} s")
@@ -432,7 +633,7 @@ class BenchService:
             points.append(SweepPoint(concurrency=c, output_tok_s_per_gpu=s.output_tok_s_per_gpu,
                                      tok_s_per_user=s.tok_s_per_user,
                                      ttft_p99_ms=s.ttft_ms.p99, itl_p99_ms=s.itl_ms.p99,
-                                     errors=s.errors, bench_id=r.bench_id))
+                                     errors=s.errors, valid=r.valid, bench_id=r.bench_id))
         if progress is not None:
             await progress(k_total, k_total, f"done: {k_total} points")
         return points

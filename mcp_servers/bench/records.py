@@ -4,9 +4,12 @@ Pages serve the ``get_records`` and ``list_runs`` tools.
 
 Layout of ``<artifacts>/<bench_id>.npz`` (twin and HTTP runs alike; times in seconds on the
 run's clock): ``arrival_s`` (scheduled send), ``sent_s`` (actual send; = arrival for the twin),
-``first_token_s``, ``finish_s`` (NaN on error), ``input_tokens``, ``output_tokens``, ``ok``,
-``error`` (text, "" when ok), and every inter-token gap flattened into ``itl_s`` with request
-``i``'s gaps at ``itl_s[itl_offsets[i]:itl_offsets[i+1]]``. ``<bench_id>.json`` holds the
+``first_token_s``, ``finish_s`` (NaN on error), ``input_tokens``, ``output_tokens`` (the
+server's usage when it sent one), ``ok``, ``error`` (text, "" when ok), ``error_class`` (HTTP
+runs: http_status, timeout, connect, disconnect, stream, truncated; "" when ok),
+``cached_tokens`` (HTTP runs: the server's ``prompt_tokens_details.cached_tokens``, -1 when not
+reported), and every inter-token gap flattened into ``itl_s`` with request ``i``'s gaps at
+``itl_s[itl_offsets[i]:itl_offsets[i+1]]``. ``<bench_id>.json`` holds the
 run's result (summary, workload, target).
 """
 
@@ -35,6 +38,7 @@ class RecordRow(BaseModel):
 
     index: int
     arrival_s: float = Field(description="scheduled send time, s from the run start")
+    sent_s: float = Field(description="actual send time, s from the run start")
     dispatch_lag_ms: float = Field(description="actual send minus scheduled send, ms")
     ttft_ms: float | None
     e2e_ms: float | None
@@ -44,6 +48,10 @@ class RecordRow(BaseModel):
     itl_max_ms: float | None
     itl_ms: list[float] | None = Field(None, description="every gap, only with include_itl")
     error: str | None = None
+    error_class: str | None = Field(None, description="http_status, timeout, connect, "
+                                                      "disconnect, stream or truncated")
+    cached_tokens: int | None = Field(None, description="prompt tokens the server served from "
+                                                        "its prefix cache, when reported")
 
 
 class RecordPage(BaseModel):
@@ -66,6 +74,8 @@ class RunInfo(BaseModel):
     requests: int
     errors: int
     output_tok_s: float
+    valid: bool = Field(True, description="false: too many failed requests (not scored)")
+    flags: int = Field(0, description="measurement flags in the result (dispatch lag, cache)")
     created: float = Field(description="epoch s")
 
 
@@ -85,8 +95,14 @@ def _ms(x: float) -> float | None:
 
 
 def store(artifacts: Path, bench_id: str, records: Sequence[RequestRecord],
-          sent_s: np.ndarray | None, result_json: str) -> str:
-    """Write the records and the result of run ``bench_id``; return the ``.npz`` path."""
+          sent_s: np.ndarray | None, result_json: str, *,
+          error_class: Sequence[str | None] | None = None,
+          cached_tokens: np.ndarray | None = None) -> str:
+    """Write the records and the result of run ``bench_id``; return the ``.npz`` path.
+
+    ``error_class`` and ``cached_tokens`` (HTTP runs) are per record, as in
+    :class:`~mcp_servers.bench.http_runner.HttpRun`.
+    """
     artifacts.mkdir(parents=True, exist_ok=True)
     itl = [r.itl_s for r in records]
     arrival = np.array([r.arrival_s for r in records], dtype=float)
@@ -100,6 +116,10 @@ def store(artifacts: Path, bench_id: str, records: Sequence[RequestRecord],
         output_tokens=np.array([r.output_tokens for r in records], dtype=np.int64),
         ok=np.array([r.error is None for r in records], dtype=bool),
         error=np.array([r.error or "" for r in records], dtype=str),
+        error_class=np.array([c or "" for c in error_class] if error_class is not None
+                             else ["" for _ in records], dtype=str),
+        cached_tokens=(np.asarray(cached_tokens, dtype=np.int64) if cached_tokens is not None
+                       else np.full(len(records), -1, dtype=np.int64)),
         itl_offsets=np.cumsum([0] + [len(x) for x in itl]),
         itl_s=np.concatenate(itl) if itl else np.zeros(0))
     tmp.replace(path)
@@ -144,6 +164,8 @@ def _page(path: Path, bench_id: str, start: int, max_items: int,
         n = len(arrival)
         sent = z["sent_s"] if "sent_s" in z.files else arrival
         errors = z["error"] if "error" in z.files else None
+        classes = z["error_class"] if "error_class" in z.files else None
+        cached = z["cached_tokens"] if "cached_tokens" in z.files else None
         ok, first, finish = z["ok"], z["first_token_s"], z["finish_s"]
         n_in, n_out, offs, itl = z["input_tokens"], z["output_tokens"], z["itl_offsets"], z["itl_s"]
         rows = []
@@ -151,15 +173,18 @@ def _page(path: Path, bench_id: str, start: int, max_items: int,
             gaps = itl[offs[i]:offs[i + 1]]
             good = bool(ok[i])
             err = None if good else (str(errors[i]) if errors is not None else "failed")
+            cls = str(classes[i]) if classes is not None and not good else None
+            hit = int(cached[i]) if cached is not None and cached[i] >= 0 else None
             rows.append(RecordRow(
-                index=i, arrival_s=float(arrival[i]),
+                index=i, arrival_s=float(arrival[i]), sent_s=float(sent[i]),
                 dispatch_lag_ms=float(sent[i] - arrival[i]) * 1e3,
                 ttft_ms=_ms(float(first[i] - arrival[i])) if good else None,
                 e2e_ms=_ms(float(finish[i] - arrival[i])) if good else None,
                 input_tokens=int(n_in[i]), output_tokens=int(n_out[i]),
                 itl_mean_ms=float(gaps.mean()) * 1e3 if len(gaps) else None,
                 itl_max_ms=float(gaps.max()) * 1e3 if len(gaps) else None,
-                itl_ms=[float(g) * 1e3 for g in gaps] if include_itl else None, error=err))
+                itl_ms=[float(g) * 1e3 for g in gaps] if include_itl else None, error=err,
+                error_class=cls or None, cached_tokens=hit))
     nxt = start + max_items if start + max_items < n else None
     return RecordPage(bench_id=bench_id, total=n, start=start, next_start=nxt, records=rows)
 
@@ -179,7 +204,8 @@ def runs(artifacts: Path, start: int = 0, max_items: int = 100) -> RunList:
                                target=r.get("endpoint") or r.get("deployment") or "",
                                description=wl["description"], requests=s["requests"],
                                errors=s["errors"], output_tok_s=s["output_tok_s"],
-                               created=p.stat().st_mtime))
+                               valid=bool(r.get("valid", True)),
+                               flags=len(r.get("flags") or []), created=p.stat().st_mtime))
         except (OSError, ValueError, KeyError, TypeError):
             damaged.append(p.name)  # a foreign or damaged file: not a run
     nxt = start + max_items if start + max_items < len(out) else None
