@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -515,3 +517,40 @@ async def test_http_request_caps(tmp_path, stub):
         res = r.structured_content
         assert res["summary"]["requests"] == 10 and res["wall_s"] < 5
         assert "clients stopped after 10 requests" in res["workload"]["description"]
+
+
+async def test_replay_runner_aiperf_is_for_http_targets_and_names_its_install(tmp_path, stub,
+                                                                              monkeypatch):
+    trace = mooncake_file(tmp_path / "mc.jsonl")
+    backend = TwinBackend()
+    backend.deploy("d1", ServingConfig(**config()), {})
+    monkeypatch.setenv("SERVETUNE_AIPERF", str(tmp_path / "no-aiperf"))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no aiperf on PATH either
+    async with Client(bench_server(service(tmp_path, backend, roots=[tmp_path]))) as b:
+        twin = await b.call_tool("run_replay", {"deployment": "d1", "trace": trace.name,
+                                                "start_s": 0, "duration_s": 10,
+                                                "runner": "aiperf"})
+        http = await b.call_tool("run_replay", {"endpoint": stub, "trace": trace.name,
+                                                "format": "mooncake", "start_s": 0,
+                                                "duration_s": 10, "runner": "aiperf"})
+        bad = await b.call_tool("run_replay", {"endpoint": stub, "trace": trace.name,
+                                               "start_s": 0, "duration_s": 10,
+                                               "runner": "guidellm"})
+    assert twin.is_error and "runner aiperf loads HTTP endpoints" in twin.content[0].text
+    assert http.is_error and "SERVETUNE_AIPERF" in http.content[0].text
+    assert bad.is_error
+
+
+@pytest.mark.skipif(not (os.environ.get("SERVETUNE_AIPERF") or shutil.which("aiperf")),
+                    reason="needs aiperf 0.13.0 (SERVETUNE_AIPERF or PATH)")
+async def test_http_replay_with_real_aiperf(tmp_path, stub):
+    mooncake_file(tmp_path / "mc.jsonl")
+    async with Client(bench_server(service(tmp_path, roots=[tmp_path]))) as b:
+        r = await b.call_tool("run_replay", {"endpoint": stub, "trace": "mc.jsonl",
+                                             "format": "mooncake", "start_s": 0,
+                                             "duration_s": 10, "time_scale": 2.0,
+                                             "runner": "aiperf"})
+    assert not r.is_error, r.content
+    res = r.structured_content
+    assert res["summary"]["errors"] == 0 and res["summary"]["completed"] > 0
+    assert res["valid"] and res["dispatch_lag_ms"]["p50"] is not None

@@ -41,6 +41,7 @@ from domain.metrics import MetricsSummary, Percentiles, RequestRecord, summarize
 from domain.twin.cluster import ReplicaStats, simulate_closed_loop, simulate_open_loop
 from domain.workload import Trace, load_trace
 from mcp_servers.bench import records as store
+from mcp_servers.bench.aiperf import AiperfRun, AiperfRunner
 from mcp_servers.bench.endpoints import check_endpoint
 from mcp_servers.bench.http_runner import (
     DEFAULT_CLIENT,
@@ -235,8 +236,9 @@ def _replay_progress(s: Snapshot) -> tuple[float, float | None, str]:
     return (s.done, s.total, f"{s.done}/{s.total} requests, {s.elapsed_s:.0f} s")
 
 
-def _prefix_check(run: HttpRun, expected: np.ndarray, before: tuple[float, float] | None,
-                  after: tuple[float, float] | None, tolerance: float) -> PrefixCacheCheck:
+def _prefix_check(run: HttpRun | AiperfRun, expected: np.ndarray,
+                  before: tuple[float, float] | None, after: tuple[float, float] | None,
+                  tolerance: float) -> PrefixCacheCheck:
     """Achieved vs expected hit rate over the requests that reached the server.
 
     Per-request ``cached_tokens`` (usage) when the server reported them for the successful
@@ -368,7 +370,8 @@ class BenchService:
         return self._id(t.label, kind, {**args, "to": t.urls}, str(time.time_ns()))
 
     def _finish(self, t: _Target, bench_id: str, info: WorkloadInfo,
-                recs: list[RequestRecord], stats: list[ReplicaStats], run: HttpRun | None,
+                recs: list[RequestRecord], stats: list[ReplicaStats],
+                run: HttpRun | AiperfRun | None,
                 slo_ttft_ms: float | None = None, quality: Quality | None = None,
                 open_loop: bool = False,
                 prefix: PrefixCacheCheck | None = None) -> BenchResult:
@@ -548,8 +551,13 @@ class BenchService:
                      duration_s: float, time_scale: float, slo_ttft_ms: float | None = None,
                      *, endpoint: str | None = None, gpus: int | None = None,
                      progress: ProgressFn | None = None,
-                     quality: Quality | None = None) -> BenchResult:
+                     quality: Quality | None = None,
+                     runner: Literal["builtin", "aiperf"] = "builtin") -> BenchResult:
         """Open-loop replay of a trace window at its (scaled) arrival times.
+
+        ``runner="aiperf"`` replays an HTTP target with aiperf 0.13.0
+        (:class:`~mcp_servers.bench.aiperf.AiperfRunner`: the ``[aiperf]`` extra or
+        ``SERVETUNE_AIPERF``) instead of the built-in runner; the twin runs in virtual time.
 
         Raises:
             BackendError: target missing/not Ready/not allowed, trace outside the allowed
@@ -557,8 +565,12 @@ class BenchService:
             TraceInvalid: malformed trace; ConfigInvalid: empty window or bad time scale.
         """
         t = self._target(deployment, endpoint, gpus)
+        if runner == "aiperf" and not t.urls:
+            raise BackendError("runner aiperf loads HTTP endpoints; a twin deployment is "
+                               "replayed in virtual time: use runner builtin")
         path, win = self.load_window(trace, fmt, start_s, duration_s, time_scale)
-        args = {"t": str(path), "s": start_s, "d": duration_s, "x": time_scale}
+        args = {"t": str(path), "s": start_s, "d": duration_s, "x": time_scale,
+                **({"r": runner} if runner != "builtin" else {})}
         bid = self._bench_id(t, "replay", args)
         n = len(win.requests)
         info = WorkloadInfo(kind="replay", requests=n, trace_file=path.name,
@@ -594,7 +606,14 @@ class BenchService:
         before = await fetch_cache_counters(t.urls) if has_ids else None
         if progress:
             await progress(0, n, f"0/{n} requests: prompts built, starting")
-        run = await self._runner(t).open_loop(plan, _tick(progress, _replay_progress))
+        run: HttpRun | AiperfRun
+        if runner == "aiperf":
+            run = await AiperfRunner(self.artifacts / "aiperf-cache",
+                                     request_timeout_s=self.request_timeout_s).replay(
+                win.requests, t.urls, model, self.artifacts / f"{bid}.aiperf",
+                slo_ttft_ms=slo_ttft_ms)
+        else:
+            run = await self._runner(t).open_loop(plan, _tick(progress, _replay_progress))
         after = await fetch_cache_counters(t.urls) if before is not None else None
         prefix = None
         if has_ids:

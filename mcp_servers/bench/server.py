@@ -14,7 +14,7 @@ import logging
 import sys
 from collections.abc import Awaitable, Sequence
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
@@ -165,6 +165,9 @@ def build_server(service: BenchService) -> MCPServer:
         slo_ttft_ms: SloTtft = None,
         deployment: Deployment = None, endpoint: Endpoint = None, gpus: Gpus = None,
         max_error_share: MaxErrorShare = None, max_dispatch_lag_p99_ms: MaxLagP99 = None,
+        runner: Annotated[Literal["builtin", "aiperf"], Field(
+            description="HTTP load generator: the built-in runner, or aiperf 0.13.0 (needs "
+                        "the [aiperf] extra or SERVETUNE_AIPERF)")] = "builtin",
     ) -> BenchResult:
         """Replay a window of a real trace with its (scaled) arrival times (open loop).
 
@@ -175,7 +178,8 @@ def build_server(service: BenchService) -> MCPServer:
         return await _guard(service.replay(
             deployment, trace, format, start_s, duration_s, time_scale, slo_ttft_ms,
             endpoint=endpoint, gpus=gpus, progress=_progress(ctx),
-            quality=_quality(service, max_error_share, max_dispatch_lag_p99_ms)))
+            quality=_quality(service, max_error_share, max_dispatch_lag_p99_ms),
+            runner=runner))
 
     @server.tool(annotations=RUN)
     async def run_sweep(
