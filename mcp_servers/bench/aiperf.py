@@ -68,6 +68,7 @@ import numpy as np
 
 from domain.metrics import MetricsSummary, Percentiles, RequestRecord, summarize
 from domain.workload import Request, load_trace
+from mcp_servers.bench.prompts import VOCAB
 from mcp_servers.cluster.backend import BackendError
 
 AIPERF_VERSION = "0.13.0"
@@ -309,29 +310,14 @@ def read_trace(path: str | os.PathLike[str], block_size: int = 0) -> AiperfTrace
 # ---------------------------------------------------------------------------------------------
 # Offline tokenizer in the Hugging Face cache layout
 
-# The built-in tokenizer's vocabulary, one word one token: common English words, then the
+# The built-in tokenizer's vocabulary, one word one token: the HTTP runner's prompt words
+# (:data:`~mcp_servers.bench.prompts.VOCAB`), more common English words, then the
 # most frequent words of aiperf's prompt corpus (the complete works of Shakespeare,
 # ``aiperf/dataset/generator/assets/shakespeare.txt``: these 316 words, lower-cased and
 # stripped of punctuation as the normalizer does, are 63 % of its 3.0 M words; the whole list
 # covers 65 %). Duplicates are dropped in order, so ids never change for a given list.
-_WORDS = tuple(dict.fromkeys("""
-the of and to in is was for on that with as by at from his her are which this be or an had not
-but were have they one their all has been its who more would will there time story model server
-token cache prefix request latency throughput people year way day man thing woman life child
-world school state family student group country problem hand part place case week company system
-program question work government number night point home water room mother area money month lot
-right study book eye job word business issue side kind head house service friend father power
-hour game line end member law car city community name president team minute idea kid body
-information back parent face others level office door health person art war history party result
-change morning reason research girl guy moment air teacher force education foot boy age policy
-process music market sense nation plan college interest death experience effect use class control
-care field development role effort rate heart drug show leader light voice wife police mind price
-report decision son view relationship town road arm difference value building action season
-society tax director position player record paper space ground form event official matter center
-couple site project activity star table need court oil situation cost industry figure street image
-phone data picture practice piece land product doctor wall patient worker news test movie north
-love support technology step baby computer type attention film tree source organization hair
-window evidence population truth song energy it he she we you me my your our him them what when
+_WORDS = tuple(dict.fromkeys((*VOCAB, *"""
+it he she we you me my your our him them what when
 where why how if then so no yes do does did can could should may might must shall say said see
 saw make made take took give gave get got go went come came know knew think thought look want
 find tell ask seem feel try leave call good new first last long great little own other old big
@@ -359,7 +345,7 @@ thats after page tongue about room france faith boy said warwick same please tho
 forth makes ere without three gentle answer mind hope heard rest hence right rome welcome marry
 farewell nature came matter clown woman things power cause sword iago thing messenger back bid
 mother whats home shame use end thousand lie does truth
-""".split()))
+""".split())))
 _UNK = "<unk>"
 _SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", _UNK)
 _CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
