@@ -572,6 +572,13 @@ def mcp_bench(
     allow_endpoint: Annotated[list[str] | None, typer.Option(
         "--allow-endpoint", help="base URL that may be benchmarked directly, e.g. "
                                  "http://127.0.0.1:30000 (repeatable; none by default)")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(
+        "--tokenizer", help="the served model's local tokenizer.json / vocab.txt (or its "
+                            "folder) for prompts of exact token lengths (default: one token "
+                            "per word, exact for the twin server)")] = None,
+    client: Annotated[str, typer.Option(
+        "--client", help="HTTP client of the load generator: aiohttp (default) or httpx")]
+    = "aiohttp",
 ) -> None:
     """The bench server (saturation, trace replay, concurrency sweep) over stdio."""
     from mcp_servers.bench.server import main
@@ -583,9 +590,13 @@ def mcp_bench(
     for folder in traces:
         if not folder.is_dir():
             _fail(f"--trace-dir {folder}: no such folder")
+    if tokenizer is not None and not tokenizer.exists():
+        _fail(f"--tokenizer {tokenizer}: no such file or folder")
+    if client not in ("aiohttp", "httpx"):
+        _fail(f"--client {client!r}: choose aiohttp or httpx")
     try:
         main(backend, namespace, state_dir or settings.state_dir, records_dir, traces,
-             allow_endpoint or [])
+             allow_endpoint or [], tokenizer=tokenizer, client=client)  # type: ignore[arg-type]
     except (BackendError, ServetuneError, ValueError) as e:
         _fail(str(e))
     except OSError as e:

@@ -288,3 +288,16 @@ def test_unrunnable_neighbourhood_widens_until_something_runs(tmp_path):
     ran = [t for t in rows if t["phase"] == "search" and t["status"] in ("keep", "discard")]
     assert ran and ran[0]["reason"].startswith("first config that runs")
     assert ran[0]["config"]["tp_size"] == 8
+
+
+def test_mcp_bench_tokenizer_and_client_options(tmp_path):
+    vocab = Path(__file__).resolve().parent.parent / "memory" / "vocab.txt"
+    ok = subprocess.run([sys.executable, "-m", "servetune.cli", "mcp", "bench", "--tokenizer",
+                         str(vocab), "--state-dir", str(tmp_path / "state")], cwd=tmp_path,
+                        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr[-2000:]  # served until stdin closed
+    for args, said in ((["--tokenizer", "nope.json"], "--tokenizer nope.json: no such file"),
+                       (["--tokenizer", str(vocab.parent / "store.py")], "no tokenizer at"),
+                       (["--client", "curl"], "choose aiohttp or httpx")):
+        r = servetune("mcp", "bench", *args, tmp=tmp_path)
+        assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, r.stderr
