@@ -44,6 +44,7 @@ precision; TTFT counts from the *scheduled* send, so dispatch lag is part of it.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import gc
@@ -402,21 +403,26 @@ class _Stream:
                 self.cached = c
 
 
-class _Client:
-    """One HTTP client library behind the runner: open a session, stream one POST."""
+class _Client(abc.ABC):
+    """One HTTP client library behind the runner: open a session, stream one POST.
+
+    Implemented by :class:`_Aiohttp` and :class:`_Httpx`.
+    """
 
     kind: ClientKind
 
+    @abc.abstractmethod
     async def __aenter__(self) -> _Client:
-        raise NotImplementedError
+        """Open the client's connection pool."""
 
+    @abc.abstractmethod
     async def __aexit__(self, *exc: object) -> None:
-        raise NotImplementedError
+        """Close the connection pool."""
 
+    @abc.abstractmethod
     async def post(self, url: str, body: bytes,
                    acc: _Stream) -> tuple[str, ErrorClass] | None:
         """Stream one request into ``acc``; the transport error and its class, if any."""
-        raise NotImplementedError
 
 
 class _Aiohttp(_Client):
