@@ -1,9 +1,16 @@
 """How faithfully the built-in HTTP runner measures a server with known latency, per client.
 
-Against ``tests/fixtures/openai_stub.py`` on 127.0.0.1 (TTFT ``--ttft-ms``, ITL ``--itl-ms``,
-kept-alive chunked SSE like SGLang's uvicorn, its asyncio engine by default since the threaded
-one saturates near 100 req/s x 64 tokens, server-side timing recorded with CLOCK_MONOTONIC),
-open-loop constant-rate load of ISL/OSL ``--isl``/``--osl`` tokens, the runner of
+The server (``--server``, on 127.0.0.1, server-side timing recorded with CLOCK_MONOTONIC):
+
+- ``twin`` (default): ``servetune twin serve --record`` of ``--twin-config`` (Llama-3.1-8B BF16
+  on one H100 unless given; uvicorn + uvloop like SGLang's HTTP server): its known TTFT and ITL
+  are the twin engine's own token times for each request (``GET /twin/timing``: ``first_due -
+  recv`` and ``(last_due - first_due) / (tokens - 1)``), so they follow batching under load;
+- ``stub``: ``tests/fixtures/openai_stub.py`` (a fixed TTFT ``--ttft-ms`` and ITL ``--itl-ms``,
+  kept-alive chunked SSE, its asyncio engine by default since the threaded one saturates near
+  100 req/s x 64 tokens).
+
+Load: open-loop constant-rate requests of ISL/OSL ``--isl``/``--osl`` tokens, the runner of
 ``mcp_servers/bench/http_runner.py`` with each client variant:
 
 - ``httpx/asyncio`` -- **the baseline**: the runner as issue 5 shipped it (httpx on asyncio's
@@ -14,12 +21,14 @@ open-loop constant-rate load of ISL/OSL ``--isl``/``--osl`` tokens, the runner o
 
 Per variant, measured in the same run:
 
-1. At ``--rate`` (50 req/s): TTFT bias = client TTFT (from the *scheduled* send) - configured
-   TTFT; client overhead = client TTFT - server TTFT, mean and median (server TTFT = the stub's
-   own first write minus its read of the request line, so the stub's lateness on a loaded
-   machine is not charged to the client), its mean split into dispatch lag (send - schedule),
-   upstream (send -> stub read the request line) and downstream (stub wrote the first chunk ->
-   client parsed it); ITL bias; dispatch lag p50/p99.
+1. At ``--rate`` (50 req/s): TTFT bias = client TTFT (from the *scheduled* send) - the known
+   TTFT (the server's model), mean and median -- it includes the server's own lateness on a
+   loaded machine; client overhead ("the runner's bias") = client TTFT - server TTFT, mean and
+   median (server TTFT = the server's own first write minus its read of the request line, so
+   the server's lateness is not charged to the client), its mean split into dispatch lag
+   (send - schedule), upstream (send -> server read the request line) and downstream (server
+   wrote the first chunk -> client parsed it); ITL bias (client mean ITL - known mean ITL);
+   dispatch lag p50/p99.
 2. The highest rate of ``--ladder`` each variant sustains: no failed request, achieved send rate
    >= 95 % of the target, and median client overhead <= 5 ms (the issue's "its own overhead adds
    more than 5 ms to TTFT"; the median, because other processes on the 2 cores add bursts that
@@ -29,9 +38,10 @@ Per variant, measured in the same run:
    same ladder; the ratio of highest sustainable rates (target: built-in >= 2x aiperf).
 
 Every ratio is printed against the baseline measured in the same run. Targets (issue 6, 2 cores,
-server on the same machine): TTFT bias <= 2 ms and dispatch lag p99 <= 5 ms at 50 req/s.
+server on the same machine): TTFT bias <= 2 ms and dispatch lag p99 <= 5 ms at 50 req/s; both
+the bias against the model (server lateness included) and the runner's own are printed.
 
-    .venv/bin/python benchmarks/loadgen_fidelity.py [--quick] [--point-s 6] [--ladder 50,100,...]
+    .venv/bin/python benchmarks/loadgen_fidelity.py [--quick] [--server twin|stub] [--point-s 6]
 
 Numbers depend on what else runs on the 2 cores: the script prints the load average before and
 after; compare ratios within one run, not absolute values across runs.
@@ -42,9 +52,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import json
+import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -59,6 +70,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from fixtures.stub_process import free_port, stop, wait_healthy  # noqa: E402
 
 from mcp_servers.bench.http_runner import HttpRunner, arrival_schedule  # noqa: E402
 from mcp_servers.bench.prompts import SyntheticPrompts, rate_plan  # noqa: E402
@@ -80,9 +94,10 @@ class Point:
     achieved_rate: float
     ttft_ms: float  # client, mean, from the scheduled send
     ttft_p50_ms: float
-    bias_ms: float  # client TTFT mean - configured TTFT
+    bias_ms: float  # client TTFT mean - known TTFT mean
     bias_p50_ms: float
-    server_ttft_ms: float  # stub: first write - body received, mean
+    known_ttft_ms: float  # the server's model: the twin's token times, the stub's config
+    server_ttft_ms: float  # first write - request received, mean
     overhead_ms: float  # client TTFT mean - server TTFT mean
     overhead_p50_ms: float  # client TTFT median - server TTFT median
     lag_p50_ms: float
@@ -104,37 +119,85 @@ class Point:
         return not self.why_not
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+# the twin served by default: fast enough that its TTFT/ITL are milliseconds at --twin-speedup,
+# with 2 replicas behind round-robin so the ladder's top rates stay below its saturation
+TWIN_CONFIG = {"model": "llama-3.1-8b", "gpu": "H100", "tp_size": 1, "weights": "bf16",
+               "replicas": 2, "router_policy": "round_robin"}
 
 
-def start_stub(ttft_ms: float, itl_ms: float,
-               engine: str = "asyncio") -> tuple[subprocess.Popen[bytes], str]:
+@dataclass
+class Server:
+    """A server under load with server-side timing; known TTFT/ITL per request."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    kind: str  # "twin" or "stub"
+    ttft_ms: float = math.nan  # stub: configured
+    itl_ms: float = math.nan
+
+    def timing(self) -> list[dict[str, Any]]:
+        """Requests finished since the last call: ``recv``/``first`` (monotonic s) and the
+        known ``ttft``/``itl`` (s) of each (the twin's own token times, or the stub's config)."""
+        path = "/twin/timing" if self.kind == "twin" else "/stub/timing"
+        rows: list[dict[str, Any]] = httpx.get(self.url + path, timeout=10,
+                                               trust_env=False).json()["requests"]
+        for r in rows:
+            if self.kind == "stub":
+                r["ttft"], r["itl"] = self.ttft_ms / 1e3, self.itl_ms / 1e3
+                continue
+            due = r["first_due"] is not None and r["recv"] is not None
+            r["ttft"] = r["first_due"] - r["recv"] if due else None
+            r["itl"] = ((r["last_due"] - r["first_due"]) / (r["tokens"] - 1)
+                        if due and r["tokens"] > 1 else None)
+        return rows
+
+    def describe(self) -> str:
+        if self.kind == "stub":
+            return (f"stub: TTFT {self.ttft_ms:g} ms, ITL {self.itl_ms:g} ms, keep-alive chunked "
+                    "SSE, TCP_NODELAY")
+        return "twin server (servetune twin serve --record, uvicorn)"
+
+    def stop(self) -> None:
+        stop(self.proc, 10)
+
+
+def start_stub(ttft_ms: float, itl_ms: float, engine: str = "asyncio") -> Server:
     port = free_port()
     proc = subprocess.Popen([sys.executable, str(STUB), "--port", str(port), "--ttft-ms",
                              str(ttft_ms), "--itl-ms", str(itl_ms), "--keep-alive", "--record",
                              "--engine", engine],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=1, trust_env=False).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
+    wait_healthy(proc, url, 15)
+    return Server(proc, url, "stub", ttft_ms, itl_ms)
+
+
+def start_twin(config: dict[str, Any], speedup: float, work: Path) -> Server:
+    cfg, port_file = work / "twin-config.json", work / "twin.port"
+    cfg.write_text(json.dumps(config))
+    proc = subprocess.Popen([sys.executable, "-m", "servetune.cli", "twin", "serve", "--config",
+                             str(cfg), "--port", "0", "--port-file", str(port_file), "--record",
+                             "--speedup", str(speedup)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not port_file.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            raise SystemExit("the stub did not start")
+            raise SystemExit(f"the twin server did not start (config {config})")
         time.sleep(0.05)
+    url = f"http://127.0.0.1:{int(port_file.read_text())}"
+    wait_healthy(proc, url, 30, "the twin server")
+    return Server(proc, url, "twin")
 
 
-def stub_timing(url: str) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = httpx.get(url + "/stub/timing", timeout=10,
-                                           trust_env=False).json()["requests"]
-    return rows
+def _known(server: list[dict[str, Any]], key: str) -> float:
+    vals = [r[key] for r in server if r.get(key) is not None]
+    return float(np.mean(vals)) * 1e3 if vals else math.nan
+
+
+def _known_p50(server: list[dict[str, Any]], key: str) -> float:
+    vals = [r[key] for r in server if r.get(key) is not None]
+    return float(np.median(vals)) * 1e3 if vals else math.nan
 
 
 async def _raw_open_loop(url: str, plan: list[Any]) -> Any:
@@ -142,7 +205,7 @@ async def _raw_open_loop(url: str, plan: list[Any]) -> Any:
 
     One pooled keep-alive connection per request in flight, the request bytes built before the
     clock starts, one ``write`` per request, chunked SSE read with ``readline`` and the first
-    text chunk timestamped. No error handling beyond what a benchmark of the stub needs. It
+    text chunk timestamped. No error handling beyond what a benchmark of a local server needs. It
     shows how much of the overhead is the machine (loopback, the stub's loop, the event loop)
     rather than the HTTP library.
     """
@@ -173,8 +236,9 @@ async def _raw_open_loop(url: str, plan: list[Any]) -> Any:
                 await r.readline()
                 break
             data = await r.readexactly(size + 2)
-            if b'"text": " ' in data:
-                times.append(time.perf_counter() - t0)
+            n = data.count(b'"text": "') + data.count(b'"text":"')  # stub, twin
+            if n:
+                times += [time.perf_counter() - t0] * n
         pool.append((r, w))
         recs[i] = RequestRecord(arrival_s=plan[i].arrival_s, input_tokens=plan[i].input_tokens,
                                 output_tokens=len(times), first_token_s=times[0],
@@ -201,11 +265,12 @@ def _loop_runner(loop: str) -> Callable[[Any], Any]:
     return asyncio.run
 
 
-def measure(variant: str, url: str, rate: float, seconds: float, isl: int, osl: int,
-            ttft_ms: float, itl_ms: float) -> Point:
-    """One open-loop constant-rate run of ``variant`` ('client/loop') against the stub."""
+def measure(variant: str, srv: Server, rate: float, seconds: float, isl: int,
+            osl: int) -> Point:
+    """One open-loop constant-rate run of ``variant`` ('client/loop') against ``srv``."""
     client, loop = variant.split("/")
-    stub_timing(url)  # clear what an earlier run left
+    url = srv.url
+    srv.timing()  # clear what an earlier run left
     prompts = SyntheticPrompts("stub-model", isl, osl)
     plan = rate_plan(arrival_schedule(rate, duration_s=seconds, process="constant"), prompts,
                      isl, osl)
@@ -214,7 +279,7 @@ def measure(variant: str, url: str, rate: float, seconds: float, isl: int, osl: 
     else:
         runner = HttpRunner([url], client=client, request_timeout_s=60)  # type: ignore[arg-type]
         run = _loop_runner(loop)(runner.open_loop(plan))
-    server = stub_timing(url)
+    server = srv.timing()
     recs = run.records
     ok = [r for r in recs if r.error is None]
     sched = np.array([r.arrival_s for r in recs])
@@ -230,7 +295,9 @@ def measure(variant: str, url: str, rate: float, seconds: float, isl: int, osl: 
         variant=variant, rate=rate, sent=n, errors=n - len(ok),
         achieved_rate=(n - 1) / span if span > 0 else 0.0,
         ttft_ms=float(ttft.mean()), ttft_p50_ms=float(np.median(ttft)),
-        bias_ms=float(ttft.mean() - ttft_ms), bias_p50_ms=float(np.median(ttft) - ttft_ms),
+        bias_ms=float(ttft.mean() - _known(server, "ttft")),
+        bias_p50_ms=float(np.median(ttft) - _known_p50(server, "ttft")),
+        known_ttft_ms=_known(server, "ttft"),
         server_ttft_ms=float(srv_ttft.mean()),
         overhead_ms=float(ttft.mean() - srv_ttft.mean()),
         overhead_p50_ms=float(np.median(ttft) - np.median(srv_ttft)),
@@ -239,7 +306,7 @@ def measure(variant: str, url: str, rate: float, seconds: float, isl: int, osl: 
         upstream_ms=float(recv_run.mean() * 1e3 - run.sent_s.mean() * 1e3),
         downstream_ms=float(np.mean([r.first_token_s for r in ok]) * 1e3
                             - first_run.mean() * 1e3),
-        itl_bias_ms=float(itl.mean() - itl_ms))
+        itl_bias_ms=float(itl.mean() - _known(server, "itl")))
 
 
 # --------------------------------------------------------------------------------------- aiperf
@@ -250,8 +317,8 @@ def aiperf_binary() -> str | None:
     return exe if exe and Path(exe).exists() else None
 
 
-def run_aiperf_point(exe: str, url: str, rate: float, seconds: float, isl: int, osl: int,
-                     ttft_ms: float, itl_ms: float, work: Path) -> Point | None:
+def run_aiperf_point(exe: str, srv: Server, rate: float, seconds: float, isl: int, osl: int,
+                     work: Path) -> Point | None:
     """One aiperf run at ``rate`` req/s (constant) against ``url``, as a :class:`Point`.
 
     Through the adapter in ``mcp_servers/bench/aiperf.py`` (``AiperfRunner.synthetic``: its
@@ -264,31 +331,34 @@ def run_aiperf_point(exe: str, url: str, rate: float, seconds: float, isl: int, 
         return None
     from mcp_servers.bench.aiperf import AiperfRunner
 
-    stub_timing(url)
+    srv.timing()
     runner = AiperfRunner(work / "cache", binary=exe, request_timeout_s=60)
-    run = asyncio.run(runner.synthetic("rate", [url], "stub-model", work / f"r{rate:g}",
+    run = asyncio.run(runner.synthetic("rate", [srv.url], "stub-model", work / f"r{rate:g}",
                                        isl=isl, osl=osl, duration_s=seconds, request_rate=rate,
                                        arrival="constant"))
-    server = stub_timing(url)
+    server = srv.timing()
     recs = [r for r in run.records if r.error is None]
     if not recs or not server:
         return None
     ttft = np.array([r.ttft_s for r in recs]) * 1e3
-    srv = np.array([s["first"] - s["recv"] for s in server if s["first"]]) * 1e3
+    srv_ttft = np.array([s["first"] - s["recv"] for s in server if s["first"]]) * 1e3
     lag = (np.asarray(run.sent_s) - np.array([r.arrival_s for r in run.records])) * 1e3
     span = float(np.ptp(run.sent_s)) or 1.0
     itl = np.concatenate([r.itl_s for r in recs]) * 1e3
     return Point(variant="aiperf", rate=rate, sent=len(run.records),
                  errors=len(run.records) - len(recs),
                  achieved_rate=(len(run.records) - 1) / span, ttft_ms=float(ttft.mean()),
-                 ttft_p50_ms=float(np.median(ttft)), bias_ms=float(ttft.mean() - ttft_ms),
-                 bias_p50_ms=float(np.median(ttft) - ttft_ms), server_ttft_ms=float(srv.mean()),
-                 overhead_ms=float(ttft.mean() - srv.mean()),
-                 overhead_p50_ms=float(np.median(ttft) - np.median(srv)),
+                 ttft_p50_ms=float(np.median(ttft)),
+                 bias_ms=float(ttft.mean() - _known(server, "ttft")),
+                 bias_p50_ms=float(np.median(ttft) - _known_p50(server, "ttft")),
+                 known_ttft_ms=_known(server, "ttft"), server_ttft_ms=float(srv_ttft.mean()),
+                 overhead_ms=float(ttft.mean() - srv_ttft.mean()),
+                 overhead_p50_ms=float(np.median(ttft) - np.median(srv_ttft)),
                  lag_p50_ms=float(np.percentile(lag, 50)),
                  lag_p99_ms=float(np.percentile(lag, 99)), lag_mean_ms=float(lag.mean()),
                  upstream_ms=float("nan"), downstream_ms=float("nan"),
-                 itl_bias_ms=float(itl.mean() - itl_ms) if len(itl) else float("nan"))
+                 itl_bias_ms=float(itl.mean() - _known(server, "itl")) if len(itl)
+                 else float("nan"))
 
 
 # ---------------------------------------------------------------------------------------- main
@@ -314,6 +384,14 @@ def main() -> None:
     ap.add_argument("--no-aiperf", action="store_true", help="skip the aiperf comparison")
     ap.add_argument("--stub-engine", choices=["asyncio", "threads"], default="asyncio",
                     help="the stub's server engine (threads saturate near 100 req/s)")
+    ap.add_argument("--server", choices=["twin", "stub"], default="twin",
+                    help="twin: servetune twin serve (known TTFT/ITL from the twin engine); "
+                         "stub: tests/fixtures/openai_stub.py (--ttft-ms, --itl-ms)")
+    ap.add_argument("--twin-config", default=None,
+                    help="ServingConfig JSON for the twin (default: Llama-3.1-8B BF16 on "
+                         "H100, 2 replicas, round robin)")
+    ap.add_argument("--twin-speedup", type=float, default=2.0,
+                    help="virtual seconds per wall second of the twin")
     args = ap.parse_args()
     if args.quick:
         args.point_s, args.ladder = 4.0, "50,100,200"
@@ -324,32 +402,39 @@ def main() -> None:
     if BASELINE not in variants:
         variants.insert(0, BASELINE)
     ladder = [float(x) for x in args.ladder.split(",")]
-    print(f"stub ({args.stub_engine} engine): TTFT {args.ttft_ms:g} ms, ITL {args.itl_ms:g} ms, "
-          "keep-alive chunked SSE, TCP_NODELAY; load: ISL "
-          f"{args.isl} / OSL {args.osl}, constant rate, {args.point_s:g} s per point; "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start")
+    work_dir = tempfile.TemporaryDirectory(prefix="loadgen-fidelity-")
+    if args.server == "twin":
+        twin_cfg = json.loads(args.twin_config) if args.twin_config else TWIN_CONFIG
+        srv = start_twin(twin_cfg, args.twin_speedup, Path(work_dir.name))
+        what = (f"{srv.describe()}: {json.dumps(twin_cfg)} at {args.twin_speedup:g}x")
+    else:
+        srv = start_stub(args.ttft_ms, args.itl_ms, args.stub_engine)
+        what = f"{srv.describe()} ({args.stub_engine} engine)"
+    print(f"{what}; load: ISL {args.isl} / OSL {args.osl}, constant rate, {args.point_s:g} s "
+          f"per point; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start")
     print(f"baseline: {BASELINE} (the runner before issue 6)")
-    proc, url = start_stub(args.ttft_ms, args.itl_ms, args.stub_engine)
     try:
-        measure(BASELINE, url, 10, 1.0, args.isl, args.osl, args.ttft_ms, args.itl_ms)  # warm
+        measure(BASELINE, srv, 10, 1.0, args.isl, args.osl)  # warm
         # 1. headline point, variants interleaved twice; the better of the two is kept (noise
         # from other processes only ever adds latency)
         head: dict[str, Point] = {}
         for _ in range(2):
             for v in variants:
-                p = measure(v, url, args.rate, args.point_s, args.isl, args.osl, args.ttft_ms,
-                            args.itl_ms)
+                p = measure(v, srv, args.rate, args.point_s, args.isl, args.osl)
                 if v not in head or p.overhead_ms < head[v].overhead_ms:
                     head[v] = p
         b = head[BASELINE]
-        print(f"\n1. at {args.rate:g} req/s (ms; bias vs configured TTFT {args.ttft_ms:g}; "
-              "overhead = client TTFT - stub's own TTFT; ratio = variant / baseline)")
-        print(f"{'variant':<16} {'sent':>5} {'err':>4} {'TTFT':>7} {'bias':>6} {'bias50':>6} "
+        print(f"\n1. at {args.rate:g} req/s (ms; bias = client TTFT - the server model's known "
+              "TTFT; overhead = client TTFT - the server's own TTFT (first write - request "
+              "read), the runner's bias; ratio = variant / baseline)")
+        print(f"{'variant':<16} {'sent':>5} {'err':>4} {'TTFT':>7} {'known':>7} {'bias':>6} "
+              f"{'bias50':>6} "
               f"{'srvTTFT':>7} {'ovrhd':>6} {'ovr50':>6} {'ratio':>6} {'lag50':>6} {'lag99':>6} "
               f"{'ratio':>6} {'up':>5} {'down':>5} {'ITLbias':>7}")
         for v in variants:
             p = head[v]
-            print(f"{v:<16} {p.sent:>5} {p.errors:>4} {p.ttft_ms:>7.2f} {p.bias_ms:>6.2f} "
+            print(f"{v:<16} {p.sent:>5} {p.errors:>4} {p.ttft_ms:>7.2f} {p.known_ttft_ms:>7.2f} "
+                  f"{p.bias_ms:>6.2f} "
                   f"{p.bias_p50_ms:>6.2f} {p.server_ttft_ms:>7.2f} {p.overhead_ms:>6.2f} "
                   f"{p.overhead_p50_ms:>6.2f} "
                   f"{_ratio(p.overhead_ms, b.overhead_ms):>6} {p.lag_p50_ms:>6.2f} "
@@ -358,7 +443,7 @@ def main() -> None:
         # 2. ladder
         print(f"\n2. highest sustainable open-loop rate (no error, >= 95 % of the rate sent, "
               f"median overhead <= {OVERHEAD_LIMIT_MS:g} ms; one retry)\n   cells: median "
-              "client overhead ms / dispatch lag p99 ms / the stub's own TTFT lateness ms "
+              "client overhead ms / dispatch lag p99 ms / the server's own TTFT lateness ms "
               "(how loaded the server side is)")
         best: dict[str, float] = {}
         alive = set(variants)
@@ -368,13 +453,12 @@ def main() -> None:
                 if v not in alive:
                     continue
                 for _ in range(2):  # one retry: noise from other processes only adds
-                    p = measure(v, url, rate, args.point_s, args.isl, args.osl, args.ttft_ms,
-                                args.itl_ms)
+                    p = measure(v, srv, rate, args.point_s, args.isl, args.osl)
                     if p.sustained:
                         break
                 ok = p.sustained
                 cells[(v, rate)] = (f"{p.overhead_p50_ms:.1f}/{p.lag_p99_ms:.1f}/"
-                                    f"{p.server_ttft_ms - args.ttft_ms:+.1f}"
+                                    f"{p.server_ttft_ms - p.known_ttft_ms:+.1f}"
                                     + ("" if ok else f" {p.why_not}"))
                 if ok:
                     best[v] = rate
@@ -405,8 +489,8 @@ def main() -> None:
                 for rate in ladder:
                     p = None
                     for _ in range(2):  # one retry, as for the built-in runner
-                        p = run_aiperf_point(exe, url, rate, args.point_s, args.isl, args.osl,
-                                             args.ttft_ms, args.itl_ms, Path(work))
+                        p = run_aiperf_point(exe, srv, rate, args.point_s, args.isl, args.osl,
+                                             Path(work))
                         if p is None or p.sustained:
                             break
                     if p is None:
@@ -428,16 +512,16 @@ def main() -> None:
                       f"{best.get(builtin, 0):g} req/s: ratio built-in / aiperf "
                       f"{_ratio(best.get(builtin, 0.0), ai_best)} (target >= 2x)")
         t = head[builtin]
-        print(f"\ntargets at {args.rate:g} req/s for {builtin}: TTFT bias {t.bias_ms:.2f} ms "
-              f"(<= 2: {'met' if t.bias_ms <= 2 else 'NOT met'}), dispatch lag p99 "
-              f"{t.lag_p99_ms:.2f} ms (<= 5: {'met' if t.lag_p99_ms <= 5 else 'NOT met'})")
+        print(f"\ntargets at {args.rate:g} req/s for {builtin}: TTFT bias vs the model "
+              f"{t.bias_ms:.2f} ms (of which the server's own lateness "
+              f"{t.server_ttft_ms - t.known_ttft_ms:.2f}), the runner's own (client - server "
+              f"TTFT) {t.overhead_ms:.2f} ms (<= 2: "
+              f"{'met' if t.overhead_ms <= 2 else 'NOT met'}), ITL bias {t.itl_bias_ms:.3f} ms, "
+              f"dispatch lag p99 {t.lag_p99_ms:.2f} ms "
+              f"(<= 5: {'met' if t.lag_p99_ms <= 5 else 'NOT met'})")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        srv.stop()
+        work_dir.cleanup()
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 

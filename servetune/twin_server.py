@@ -177,6 +177,12 @@ class _Stream:
     finished: bool = False
     error: str | None = None
     event: asyncio.Event = field(default_factory=asyncio.Event)
+    # --record: server-side times, time.perf_counter() s (CLOCK_MONOTONIC on Linux)
+    recv: float = math.nan  # the handler began (request line and headers read)
+    first_due: float = math.nan  # the twin's time for the first token
+    last_due: float = math.nan  # ... and for the last token released so far
+    first_write: float = math.nan  # the first token's chunk handed to the server
+    last_write: float = math.nan
 
 
 class TwinService:
@@ -187,10 +193,15 @@ class TwinService:
         report: its memory layout.
         speedup: virtual seconds per wall second (> 0).
         model_name: the served model's name (``/v1/models``; requests may name any model).
+        record: keep each request's server-side timing for ``GET /twin/timing`` (the known
+            TTFT/ITL a load generator's measurement is compared with).
+
+    The clock is ``time.perf_counter`` (not the event loop's: uvloop's ``loop.time()`` has
+    millisecond resolution).
     """
 
     def __init__(self, config: ServingConfig, report: FitReport, speedup: float = 1.0,
-                 model_name: str | None = None) -> None:
+                 model_name: str | None = None, record: bool = False) -> None:
         if not speedup > 0 or math.isinf(speedup):
             raise ValueError(f"speedup must be a positive number, got {speedup}")
         self.config, self.speedup = config, speedup
@@ -202,11 +213,13 @@ class TwinService:
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
         self.created = int(time.time())
+        self.record = record
+        self._timing: list[dict[str, float]] = []
 
     # ---------------------------------------------------------------- clock and driver
     def virtual_now(self) -> float:
         """Virtual seconds since the server started."""
-        return (asyncio.get_running_loop().time() - self._t0) * self.speedup
+        return (time.perf_counter() - self._t0) * self.speedup
 
     def _kick(self) -> None:
         if self._wake is not None:
@@ -220,7 +233,7 @@ class TwinService:
         # first use (tens of ms), which would otherwise delay the first streamed response.
         async with anyio.create_task_group():
             pass
-        self._t0 = asyncio.get_running_loop().time()
+        self._t0 = time.perf_counter()
         self._wake = asyncio.Event()
         self._task = asyncio.create_task(self._drive())
 
@@ -244,25 +257,31 @@ class TwinService:
                 if st is None:
                     continue
                 st.due, st.finished, st.error = u.due, u.finished, u.error
+                if self.record and u.due:
+                    if math.isnan(st.first_due):
+                        st.first_due = self._t0 + u.first_s / self.speedup
+                    st.last_due = self._t0 + u.last_s / self.speedup
                 st.event.set()
             nxt = self.twin.next_wake(ahead)
             if math.isfinite(nxt):
-                when = self._t0 + nxt / self.speedup
-                if when <= loop.time():
+                delay = self._t0 + nxt / self.speedup - time.perf_counter()
+                if delay <= 0:
                     await asyncio.sleep(0)  # let handlers run between catch-up polls
                     continue
-                self._timer = loop.call_at(when, wake.set)
+                self._timer = loop.call_later(delay, wake.set)
             await wake.wait()
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
 
-    def submit(self, req: ParsedRequest, arrival: float | None = None) -> _Stream:
+    def submit(self, req: ParsedRequest, arrival: float | None = None,
+               recv: float = math.nan) -> _Stream:
         """Admit a parsed request, or raise BadRequest with SGLang's refusal.
 
         Args:
             req: the request.
             arrival: its virtual arrival time (when its HTTP request began), default now.
+            recv: when its HTTP request began, ``time.perf_counter()`` s (for ``--record``).
         """
         n_in = max(1, len(req.tokens))
         refusal = self.twin.refusal(n_in, req.max_tokens)
@@ -271,7 +290,7 @@ class TwinService:
         hashes = block_hashes(req.tokens, self.twin.block)
         v = self.virtual_now() if arrival is None else arrival
         rid = self.twin.submit(v, n_in, req.max_tokens, hashes)
-        st = _Stream(rid, req.max_tokens)
+        st = _Stream(rid, req.max_tokens, recv=recv)
         self._streams[rid] = st
         self._kick()
         return st
@@ -279,6 +298,11 @@ class TwinService:
     def release(self, st: _Stream) -> None:
         """Forget a stream; abort its request in the engine if it is not finished."""
         self._streams.pop(st.rid, None)
+        if self.record:
+            self._timing.append({"recv": st.recv, "first_due": st.first_due,
+                                 "last_due": st.last_due, "first": st.first_write,
+                                 "last": st.last_write, "tokens": st.due,
+                                 "finished": st.finished and st.error is None})
         if not st.finished:
             self.twin.abort(st.rid)
             self._kick()
@@ -326,6 +350,10 @@ class TwinService:
                                      + json.dumps(self.usage(st, n_in)) + "}\n\n")
                     parts.append("data: [DONE]\n\n")
                 if parts:
+                    if self.record and sent:
+                        st.last_write = time.perf_counter()
+                        if math.isnan(st.first_write):
+                            st.first_write = st.last_write
                     yield "".join(parts).encode()
                 if st.finished:
                     return
@@ -358,14 +386,15 @@ class TwinService:
     def generate_route(self, chat: bool) -> Callable[[Request], Any]:
         """The handler of ``/v1/chat/completions`` (``chat``) or ``/v1/completions``."""
         async def handle(request: Request) -> Response:
-            arrival = self.virtual_now()  # the request line and headers are in
+            recv = time.perf_counter()  # the request line and headers are in
+            arrival = (recv - self._t0) * self.speedup
             try:
                 try:
                     body = json.loads(await request.body())
                 except ValueError as e:
                     raise BadRequest(f"the request body is not JSON: {e}") from e
                 req = parse_request(body, chat)
-                st = self.submit(req, arrival)
+                st = self.submit(req, arrival, recv)
             except BadRequest as e:
                 return JSONResponse(error_body(str(e)), status_code=400)
             n_in = max(1, len(req.tokens))
@@ -391,6 +420,20 @@ class TwinService:
         return Response(metrics_text(self.twin, self.model),
                          media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    async def timing(self, request: Request) -> Response:
+        """``GET /twin/timing`` (``--record`` only): the requests finished since the last call.
+
+        Each: ``recv`` (the handler began), ``first_due``/``last_due`` (the twin's times of the
+        first and last token), ``first``/``last`` (their chunks handed to the server), all
+        ``time.perf_counter()`` seconds (CLOCK_MONOTONIC, comparable across processes on
+        Linux; null when it did not happen), ``tokens`` sent and ``finished`` (no error).
+        The list is cleared by the call.
+        """
+        rows, self._timing = self._timing, []
+        return JSONResponse({"requests": [
+            {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+            for r in rows]})
+
     def app(self, on_ready: Callable[[], None] | None = None) -> Starlette:
         """The ASGI app; ``on_ready`` runs once the driver started (before serving)."""
         @contextlib.asynccontextmanager
@@ -409,6 +452,7 @@ class TwinService:
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
+            *([Route("/twin/timing", self.timing, methods=["GET"])] if self.record else []),
         ], lifespan=lifespan)
 
 
@@ -479,7 +523,7 @@ def _write_port(path: Path, port: int) -> None:
 
 
 def serve(config: ServingConfig, host: str = "127.0.0.1", port: int = 0,
-          port_file: Path | None = None, speedup: float = 1.0) -> int:
+          port_file: Path | None = None, speedup: float = 1.0, record: bool = False) -> int:
     """Start the twin of ``config`` and serve it until SIGINT/SIGTERM; returns the exit code.
 
     Prints the twin startup's log (the engine's lines) to stdout. A config the engine refuses
@@ -497,7 +541,7 @@ def serve(config: ServingConfig, host: str = "127.0.0.1", port: int = 0,
         print(line, flush=True)
     if not boot.ready or boot.fit is None:
         return boot.exit_code or 1
-    service = TwinService(config, boot.fit, speedup)
+    service = TwinService(config, boot.fit, speedup, record=record)
     sock = bind(host, port)
     bound = sock.getsockname()[1]
 

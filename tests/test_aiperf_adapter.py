@@ -14,8 +14,6 @@ import json
 import math
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import textwrap
 import time
@@ -24,6 +22,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from fixtures.stub_process import running_stub
 
 from domain.metrics import summarize
 from domain.workload import Request, load_trace
@@ -57,7 +56,6 @@ AZURE = TRACES / "AzureLLMInferenceTrace_conv.csv"
 BAILIAN = REPO / "tests" / "fixtures" / "qwen_bailian_tiny.jsonl"
 SHARED = REPO.parent / "shared" / "traces"
 FIX = REPO / "tests" / "fixtures" / "aiperf"
-STUB = REPO / "tests" / "fixtures" / "openai_stub.py"
 
 
 def head_lines(src: Path, dst: Path, n: int) -> Path:
@@ -678,11 +676,6 @@ def _real_aiperf() -> str | None:
         return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 TTFT_MS, ITL_MS = 20.0, 5.0
 
@@ -694,30 +687,9 @@ def stub_url():
     The last three options are newer than the stub's first version, which ignores unknown
     flags; the checks that need them are skipped when the stub does not report them.
     """
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, str(STUB), "--port", str(port), "--ttft-ms",
-                             str(TTFT_MS), "--itl-ms", str(ITL_MS), "--keep-alive", "--record",
-                             "--cached-tokens", "prefix"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1, trust_env=False).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "stub did not start"
-            time.sleep(0.05)
+    with running_stub("--keep-alive", "--record", "--cached-tokens", "prefix",
+                      ttft_ms=TTFT_MS, itl_ms=ITL_MS) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _cached_tokens(url: str) -> float | None:

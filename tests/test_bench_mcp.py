@@ -11,15 +11,13 @@ import asyncio
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
+from fixtures.stub_process import free_port, running_stub
 from mcp import Client, StdioServerParameters
 
 from domain.config import ServingConfig
@@ -34,7 +32,6 @@ from mcp_servers.cluster.server import build_server as cluster_server
 pytestmark = pytest.mark.anyio
 REPO = Path(__file__).resolve().parent.parent
 TRACES = REPO / "data" / "traces"
-STUB = REPO / "tests" / "fixtures" / "openai_stub.py"
 TTFT_MS, ITL_MS = 20.0, 5.0
 LOCAL = ["http://127.0.0.1"]
 # Timing bounds catch scheduling errors (requests sent late, serially or all at once), not
@@ -50,38 +47,12 @@ def config(**kw):
     return c
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def stub():
     """Base URL of a running stub (TTFT 20 ms, ITL 5 ms); stopped by PID afterwards."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, str(STUB), "--host", "127.0.0.1", "--port",
-                             str(port), "--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1, trust_env=False).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "stub did not start"
-            time.sleep(0.05)
+    with running_stub(ttft_ms=TTFT_MS, itl_ms=ITL_MS) as url:
         yield url
-    finally:
-        proc.terminate()  # Popen signals its own PID
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def service(tmp_path, backend=None, roots=(TRACES,), allowed=LOCAL) -> BenchService:
@@ -554,3 +525,60 @@ async def test_http_replay_with_real_aiperf(tmp_path, stub):
     res = r.structured_content
     assert res["summary"]["errors"] == 0 and res["summary"]["completed"] > 0
     assert res["valid"] and res["dispatch_lag_ms"]["p50"] is not None
+
+
+class ClusterLike:
+    """A backend of kind ``kubernetes`` whose one Ready deployment serves at ``url``."""
+
+    kind, namespace = "kubernetes", "sandbox"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def status(self, name: str) -> DeploymentStatus:
+        return DeploymentStatus(name=name, namespace=self.namespace, phase="Ready", replicas=1,
+                                ready_replicas=1, config=ServingConfig(**config()),
+                                endpoints=[self.url], created_at=time.time())
+
+
+def test_auto_runner_is_aiperf_for_cluster_deployments_when_installed(tmp_path, stub,
+                                                                      monkeypatch):
+    fake = tmp_path / "bin" / "aiperf"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("SERVETUNE_AIPERF", str(fake))
+    twin = TwinBackend()
+    twin.deploy("d1", ServingConfig(**config()), {})
+    on_twin = service(tmp_path, twin)
+    assert on_twin.pick_runner(on_twin._target("d1", None, None), "auto") == "builtin"
+    cluster = service(tmp_path, ClusterLike(stub))
+    dep = cluster._target("d1", None, None)
+    assert cluster.pick_runner(dep, "auto") == "aiperf"
+    assert cluster.pick_runner(dep, "builtin") == "builtin"
+    # an endpoint given by URL is not a cluster deployment: the built-in runner
+    assert cluster.pick_runner(cluster._target(None, stub, None), "auto") == "builtin"
+    forced = BenchService(ClusterLike(stub), tmp_path / "r2", [TRACES], LOCAL,
+                          default_runner="builtin")
+    assert forced.pick_runner(dep, "auto") == "builtin"
+    # not installed: auto falls back to the built-in runner, an explicit aiperf is refused
+    monkeypatch.setenv("SERVETUNE_AIPERF", str(tmp_path / "missing"))
+    assert cluster.pick_runner(dep, "auto") == "builtin"
+    with pytest.raises(Exception, match="SERVETUNE_AIPERF"):
+        cluster.pick_runner(dep, "aiperf")
+
+
+@pytest.mark.skipif(not (os.environ.get("SERVETUNE_AIPERF") or shutil.which("aiperf")),
+                    reason="needs aiperf 0.13.0 (SERVETUNE_AIPERF or PATH)")
+async def test_cluster_saturation_and_rate_run_with_aiperf_by_default(tmp_path, stub):
+    async with Client(bench_server(service(tmp_path, ClusterLike(stub)))) as b:
+        sat = await b.call_tool("run_saturation", {"deployment": "d1", "isl": 32, "osl": 4,
+                                                   "concurrency": 2, "duration_s": 2})
+        rate = await b.call_tool("run_rate", {"deployment": "d1", "isl": 32, "osl": 4,
+                                              "request_rate": 10, "duration_s": 2,
+                                              "arrival": "constant"})
+    for r in (sat, rate):
+        assert not r.is_error, r.content
+        res = r.structured_content
+        assert res["client"].startswith("aiperf") and res["valid"]
+        assert res["summary"]["completed"] > 0 and res["summary"]["errors"] == 0

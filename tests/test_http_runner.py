@@ -8,17 +8,13 @@ its fault and cache-report options. Timing bounds catch scheduling errors, not f
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
+from fixtures.stub_process import running_stub
 from mcp import Client
 
 from domain.config import ServingConfig
@@ -41,43 +37,16 @@ from mcp_servers.cluster.backend import TwinBackend
 
 pytestmark = pytest.mark.anyio
 REPO = Path(__file__).resolve().parent.parent
-STUB = REPO / "tests" / "fixtures" / "openai_stub.py"
 LOCAL = ["http://127.0.0.1"]
 LAX = Quality(max_dispatch_lag_p99_ms=1000)  # no lag flag from a loaded test machine
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager
 def stub(*args: str) -> Iterator[str]:
     """A stub (TTFT 20 ms, ITL 5 ms) with extra options; its base URL; stopped by PID."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, str(STUB), "--port", str(port), "--ttft-ms", "20",
-                             "--itl-ms", "5", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1, trust_env=False).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "stub did not start"
-            time.sleep(0.05)
+    with running_stub(*args) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def mooncake_file(path: Path) -> Path:

@@ -84,12 +84,16 @@ class Update:
         due: output tokens whose time has come (cumulative; send those not yet sent).
         finished: no more tokens will come (all sent, or ``error``).
         error: why the engine refused or dropped the request, or None.
+        first_s: virtual time of the first token newly due in this update, s (nan if none).
+        last_s: virtual time of the last token newly due in this update, s (nan if none).
     """
 
     rid: int
     due: int
     finished: bool
     error: str | None = None
+    first_s: float = math.nan
+    last_s: float = math.nan
 
 
 @dataclass(slots=True)
@@ -243,15 +247,18 @@ class RealtimeTwin:
                 lv.times.extend(p.token_times)
                 lv.known += len(p.token_times)
             times, n = lv.times, 0
+            first = last = math.nan
             while times and times[0] <= release:
-                times.popleft()
+                last = times.popleft()
+                if not n:
+                    first = last
                 n += 1
             if not n:
                 continue
             lv.due += n
             self._generated[lv.replica] += n
             done = lv.due >= lv.output
-            out.append(Update(rid, lv.due, done))
+            out.append(Update(rid, lv.due, done, None, first, last))
             if done:
                 del self._live[rid]
         return out

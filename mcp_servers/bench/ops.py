@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ from domain.metrics import MetricsSummary, Percentiles, RequestRecord, summarize
 from domain.twin.cluster import ReplicaStats, simulate_closed_loop, simulate_open_loop
 from domain.workload import Trace, load_trace
 from mcp_servers.bench import records as store
-from mcp_servers.bench.aiperf import AiperfRun, AiperfRunner
+from mcp_servers.bench.aiperf import AiperfError, AiperfRun, AiperfRunner, find_aiperf
 from mcp_servers.bench.endpoints import check_endpoint
 from mcp_servers.bench.http_runner import (
     DEFAULT_CLIENT,
@@ -80,6 +81,12 @@ ENGINE_ERROR = "engine"  # error class of a twin request the engine did not serv
 
 TraceFormat = Literal["auto", "mooncake", "azure", "bailian"]
 ArrivalProcess = Literal["poisson", "constant"]
+log = logging.getLogger("servetune.bench")
+RunnerKind = Literal["builtin", "aiperf"]
+RunnerChoice = Literal["auto", "builtin", "aiperf"]
+# backends whose deployments are benchmarked with aiperf by default (runner "auto"): a real
+# cluster, where the engine is far from this process and aiperf's reports are the reference
+CLUSTER_BACKENDS = frozenset({"kubernetes"})
 ProgressFn = Callable[[float, float | None, str], Awaitable[None]]
 """``(progress, total or None, message)``, as MCP's ``Context.report_progress`` takes them."""
 
@@ -275,6 +282,11 @@ class BenchService:
         tokenizer: builds HTTP prompts (default :class:`~mcp_servers.bench.prompts.WordTokenizer`;
             give the served model's, e.g. ``HFTokenizer(path)``, for exact ISL on a real server).
         quality: default thresholds for valid/flagged results (a run may override them).
+        default_runner: the HTTP load generator of runs that ask for ``auto``; None: aiperf
+            on a cluster backend (:data:`CLUSTER_BACKENDS`) when it is installed, else the
+            built-in runner.
+        aiperf_binary: the aiperf executable (default: :func:`~mcp_servers.bench.aiperf.
+            find_aiperf`).
     """
 
     def __init__(self, backend: ClusterBackend, artifacts_dir: Path, trace_roots: list[Path],
@@ -282,7 +294,8 @@ class BenchService:
                  max_requests: int = MAX_HTTP_REQUESTS,
                  request_timeout_s: float = 600.0, client: ClientKind = DEFAULT_CLIENT,
                  tokenizer: PromptTokenizer | None = None,
-                 quality: Quality | None = None) -> None:
+                 quality: Quality | None = None, default_runner: RunnerKind | None = None,
+                 aiperf_binary: str | None = None) -> None:
         self.backend = backend
         self.artifacts = Path(artifacts_dir)
         self.roots = [Path(r).resolve() for r in trace_roots]
@@ -294,6 +307,8 @@ class BenchService:
         self.client = client
         self.tokenizer: PromptTokenizer = tokenizer or WordTokenizer()
         self.quality = quality or Quality()
+        self.default_runner = default_runner
+        self.aiperf_binary = aiperf_binary
         self._traces: dict[tuple[str, str], Trace] = {}
 
     # -- targets, traces, storage --------------------------------------------------------------
@@ -427,15 +442,51 @@ class BenchService:
     def _runner(self, t: _Target) -> HttpRunner:
         return HttpRunner(t.urls, request_timeout_s=self.request_timeout_s, client=self.client)
 
+    def _aiperf(self) -> AiperfRunner:
+        return AiperfRunner(self.artifacts / "aiperf-cache", binary=self.aiperf_binary,
+                            request_timeout_s=self.request_timeout_s)
+
+    def pick_runner(self, t: _Target, runner: RunnerChoice) -> RunnerKind:
+        """The load generator of a run: ``runner``, or for ``auto`` the server's default.
+
+        ``auto`` is aiperf for HTTP targets of a cluster backend (when aiperf is installed;
+        otherwise the built-in runner, with a warning in the log) and the built-in runner
+        elsewhere; the twin (virtual time) always runs in the simulation.
+
+        Raises:
+            BackendError: ``aiperf`` asked for a twin deployment, or aiperf is not installed.
+        """
+        if runner == "auto":
+            if not t.urls:
+                return "builtin"
+            want = self.default_runner or (
+                "aiperf" if self.backend.kind in CLUSTER_BACKENDS and t.deployment else
+                "builtin")
+            if want == "aiperf" and self.default_runner is None:
+                try:
+                    find_aiperf(self.aiperf_binary)
+                except AiperfError as e:
+                    log.warning("cluster benchmark with the built-in runner: %s", e)
+                    return "builtin"
+            return want
+        if runner == "aiperf":
+            if not t.urls:
+                raise BackendError("runner aiperf loads HTTP endpoints; a twin deployment is "
+                                   "simulated in virtual time: use runner builtin or auto")
+            find_aiperf(self.aiperf_binary)
+        return runner
+
     # -- runs ---------------------------------------------------------------------------------
 
     async def saturation(self, deployment: str | None, isl: int, osl: int, concurrency: int,
                          duration_s: float, *, endpoint: str | None = None,
                          gpus: int | None = None, progress: ProgressFn | None = None,
-                         quality: Quality | None = None) -> BenchResult:
+                         quality: Quality | None = None,
+                         runner: RunnerChoice = "auto") -> BenchResult:
         """Closed loop at ``concurrency`` for ``duration_s`` seconds of new load, then drain.
 
-        Twin: virtual seconds; HTTP: wall seconds (the run lasts ``duration_s`` plus the drain).
+        Twin: virtual seconds; HTTP: wall seconds (the run lasts ``duration_s`` plus the drain),
+        with the load generator :meth:`pick_runner` picks for ``runner``.
 
         Raises:
             BackendError: target missing, not Ready, not allowed, or concurrency over 4096
@@ -443,12 +494,14 @@ class BenchService:
         """
         t = self._target(deployment, endpoint, gpus)
         return await self._saturation(t, isl, osl, concurrency, duration_s, progress, None,
-                                      quality)
+                                      quality, self.pick_runner(t, runner))
 
     async def _saturation(self, t: _Target, isl: int, osl: int, concurrency: int,
                           duration_s: float, progress: ProgressFn | None,
-                          tick: TickFn | None, quality: Quality | None = None) -> BenchResult:
-        args = {"isl": isl, "osl": osl, "c": concurrency, "d": duration_s}
+                          tick: TickFn | None, quality: Quality | None = None,
+                          runner: RunnerKind = "builtin") -> BenchResult:
+        args = {"isl": isl, "osl": osl, "c": concurrency, "d": duration_s,
+                **({"r": runner} if runner != "builtin" else {})}
         bid = self._bench_id(t, "sat", args)
         what = f"synthetic ISL {isl} / OSL {osl} at concurrency {concurrency}"
         if not t.urls:
@@ -473,10 +526,18 @@ class BenchService:
             raise BackendError(f"concurrency {concurrency} is above the HTTP runner's limit of "
                                f"{MAX_CONCURRENCY}; use a lower concurrency")
         model = await self._model(t)
-        prompts = SyntheticPrompts(model, isl, osl, self.tokenizer)
-        run = await self._runner(t).closed_loop(
-            prompts.body, isl, concurrency, duration_s, self.max_requests,
-            tick or _tick(progress, _sat_progress), osl=osl)
+        run: HttpRun | AiperfRun
+        if runner == "aiperf":
+            if progress:
+                await progress(0, None, f"aiperf: {what} for {duration_s:g} s")
+            run = await self._aiperf().synthetic(
+                "concurrency", t.urls, model, self.artifacts / f"{bid}.aiperf", isl=isl,
+                osl=osl, duration_s=duration_s, concurrency=concurrency)
+        else:
+            prompts = SyntheticPrompts(model, isl, osl, self.tokenizer)
+            run = await self._runner(t).closed_loop(
+                prompts.body, isl, concurrency, duration_s, self.max_requests,
+                tick or _tick(progress, _sat_progress), osl=osl)
         capped = len(run.records) >= self.max_requests
         info = WorkloadInfo(kind="saturation", requests=len(run.records), isl=isl, osl=osl,
                             concurrency=concurrency, tokenizer=self.tokenizer.name,
@@ -495,17 +556,20 @@ class BenchService:
                    duration_s: float, arrival: ArrivalProcess = "poisson", seed: int = 0,
                    slo_ttft_ms: float | None = None, *, endpoint: str | None = None,
                    gpus: int | None = None, progress: ProgressFn | None = None,
-                   quality: Quality | None = None) -> BenchResult:
+                   quality: Quality | None = None,
+                   runner: RunnerChoice = "auto") -> BenchResult:
         """Open loop at a fixed request rate for ``duration_s`` seconds of arrivals, then drain.
 
         Arrivals from :func:`~mcp_servers.bench.http_runner.arrival_schedule` (Poisson or
-        constant, seeded: the same seed sends at the same times). Twin: virtual seconds; HTTP:
-        wall seconds.
+        constant, seeded: the same seed sends at the same times; aiperf draws its own
+        schedule of the same process and rate). Twin: virtual seconds; HTTP: wall seconds,
+        with the load generator :meth:`pick_runner` picks for ``runner``.
 
         Raises:
             BackendError: target missing/not Ready/not allowed, or more requests than the cap.
         """
         t = self._target(deployment, endpoint, gpus)
+        kind = self.pick_runner(t, runner)
         times = arrival_schedule(request_rate, duration_s=duration_s, process=arrival, seed=seed)
         n = len(times)
         if n == 0:
@@ -516,7 +580,7 @@ class BenchService:
             raise BackendError(f"{request_rate:g} req/s for {duration_s:g} s is {n:,} requests; "
                                f"a run takes at most {cap:,}: shorten it")
         args = {"isl": isl, "osl": osl, "r": request_rate, "d": duration_s, "a": arrival,
-                "s": seed}
+                "s": seed, **({"g": kind} if kind != "builtin" else {})}
         bid = self._bench_id(t, "rate", args)
         what = (f"synthetic ISL {isl} / OSL {osl} at {request_rate:g} req/s ({arrival}, seed "
                 f"{seed}) for {duration_s:g} s")
@@ -536,10 +600,18 @@ class BenchService:
                 lambda: simulate_open_loop(config, fit, reqs, progress=step))
             return self._finish(t, bid, info, recs, stats, None, slo_ttft_ms, quality)
         model = await self._model(t)
-        plan = rate_plan(times, SyntheticPrompts(model, isl, osl, self.tokenizer), isl, osl)
-        if progress:
-            await progress(0, n, f"0/{n} requests: prompts built, starting")
-        run = await self._runner(t).open_loop(plan, _tick(progress, _replay_progress))
+        run: HttpRun | AiperfRun
+        if kind == "aiperf":
+            if progress:
+                await progress(0, n, f"aiperf: {what}")
+            run = await self._aiperf().synthetic(
+                "rate", t.urls, model, self.artifacts / f"{bid}.aiperf", isl=isl, osl=osl,
+                duration_s=duration_s, request_rate=request_rate, arrival=arrival, seed=seed)
+        else:
+            plan = rate_plan(times, SyntheticPrompts(model, isl, osl, self.tokenizer), isl, osl)
+            if progress:
+                await progress(0, n, f"0/{n} requests: prompts built, starting")
+            run = await self._runner(t).open_loop(plan, _tick(progress, _replay_progress))
         res = self._finish(t, bid, info, run.records, [], run, slo_ttft_ms, quality,
                            open_loop=True)
         if progress:
@@ -552,12 +624,13 @@ class BenchService:
                      *, endpoint: str | None = None, gpus: int | None = None,
                      progress: ProgressFn | None = None,
                      quality: Quality | None = None,
-                     runner: Literal["builtin", "aiperf"] = "builtin") -> BenchResult:
+                     runner: RunnerChoice = "auto") -> BenchResult:
         """Open-loop replay of a trace window at its (scaled) arrival times.
 
         ``runner="aiperf"`` replays an HTTP target with aiperf 0.13.0
         (:class:`~mcp_servers.bench.aiperf.AiperfRunner`: the ``[aiperf]`` extra or
-        ``SERVETUNE_AIPERF``) instead of the built-in runner; the twin runs in virtual time.
+        ``SERVETUNE_AIPERF``) instead of the built-in runner; ``auto`` (default) picks as
+        :meth:`pick_runner` says; the twin runs in virtual time.
 
         Raises:
             BackendError: target missing/not Ready/not allowed, trace outside the allowed
@@ -565,9 +638,7 @@ class BenchService:
             TraceInvalid: malformed trace; ConfigInvalid: empty window or bad time scale.
         """
         t = self._target(deployment, endpoint, gpus)
-        if runner == "aiperf" and not t.urls:
-            raise BackendError("runner aiperf loads HTTP endpoints; a twin deployment is "
-                               "replayed in virtual time: use runner builtin")
+        runner = self.pick_runner(t, runner)
         path, win = self.load_window(trace, fmt, start_s, duration_s, time_scale)
         args = {"t": str(path), "s": start_s, "d": duration_s, "x": time_scale,
                 **({"r": runner} if runner != "builtin" else {})}
@@ -608,8 +679,7 @@ class BenchService:
             await progress(0, n, f"0/{n} requests: prompts built, starting")
         run: HttpRun | AiperfRun
         if runner == "aiperf":
-            run = await AiperfRunner(self.artifacts / "aiperf-cache",
-                                     request_timeout_s=self.request_timeout_s).replay(
+            run = await self._aiperf().replay(
                 win.requests, t.urls, model, self.artifacts / f"{bid}.aiperf",
                 slo_ttft_ms=slo_ttft_ms)
         else:
@@ -629,13 +699,17 @@ class BenchService:
     async def sweep(self, deployment: str | None, isl: int, osl: int,
                     concurrencies: list[int], duration_s: float, *,
                     endpoint: str | None = None, gpus: int | None = None,
-                    progress: ProgressFn | None = None) -> list[SweepPoint]:
+                    progress: ProgressFn | None = None,
+                    runner: RunnerChoice = "auto") -> list[SweepPoint]:
         """Saturation runs over ``concurrencies`` (the frontier's points), one after another.
+
+        Over HTTP with the load generator :meth:`pick_runner` picks for ``runner``.
 
         Progress counts points (``k`` of ``len(concurrencies)``, fractional within an HTTP
         point by elapsed wall time).
         """
         t = self._target(deployment, endpoint, gpus)
+        kind = self.pick_runner(t, runner)
         k_total = len(concurrencies)
         points = []
         for k, c in enumerate(concurrencies):
@@ -647,7 +721,7 @@ class BenchService:
                 async def tick(s: Snapshot, k: int = k, head: str = head) -> None:
                     frac = min(s.elapsed_s / duration_s, 0.99) if duration_s else 0.0
                     await progress(k + frac, k_total, f"{head}: {_sat_progress(s)[2]}")
-            r = await self._saturation(t, isl, osl, c, duration_s, None, tick)
+            r = await self._saturation(t, isl, osl, c, duration_s, None, tick, runner=kind)
             s = r.summary
             points.append(SweepPoint(concurrency=c, output_tok_s_per_gpu=s.output_tok_s_per_gpu,
                                      tok_s_per_user=s.tok_s_per_user,
