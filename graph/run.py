@@ -26,7 +26,7 @@ from graph.state import Progress, StudyContext
 from graph.supervisor import build_graph
 from mcp_servers.bench.ops import BenchService
 from mcp_servers.bench.server import build_server as bench_server
-from mcp_servers.cluster.backend import TwinBackend
+from mcp_servers.cluster.backend import ClusterBackend, TwinBackend
 from mcp_servers.cluster.server import build_server as cluster_server
 from mcp_servers.lessons.server import build_server as lessons_server
 from mcp_servers.source.server import build_server as source_server
@@ -65,7 +65,8 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
                     trace_roots: list[Path], progress: Progress | None = None,
                     source_tree: SourceTree | None = None, research: bool = True,
                     research_parallel: int = 4,
-                    claude: ClaudeSetup | None = None) -> StudyOutcome:
+                    claude: ClaudeSetup | None = None,
+                    backend: ClusterBackend | None = None) -> StudyOutcome:
     """Run ``study`` as ``run_id`` in ``run_dir`` (resuming from its checkpoint if present).
 
     Args:
@@ -81,6 +82,8 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
         research_parallel: research branches that run at once.
         claude: run the planner, deployer, analyst and researchers as Claude agents (None:
             the deterministic brains, no API key needed).
+        backend: the cluster backend trials are deployed on; the cluster and bench servers
+            share it (None: the twin, records in memory, namespace ``servetune``).
 
     Raises:
         anthropic.APIError: the Messages API refused a call for good (bad key, no credit);
@@ -88,7 +91,7 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(run_dir / "ledger.sqlite")
-    backend = TwinBackend(namespace="servetune")
+    backend = backend if backend is not None else TwinBackend(namespace="servetune")
     bench = BenchService(backend, run_dir / "records", trace_roots)
     try:
         async with Client(cluster_server(backend)) as c_cluster, \

@@ -30,6 +30,7 @@ from rich.table import Table
 
 from domain.errors import ServetuneError
 from domain.ledger import Ledger
+from servetune.sandbox_cli import sandbox_app
 from servetune.settings import DEFAULT_STUDY, MODEL_NAME, Settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -42,6 +43,7 @@ source_app = typer.Typer(no_args_is_help=True, help="The SGLang source tree the 
 app.add_typer(lessons_app, name="lessons")
 app.add_typer(mcp_app, name="mcp")
 app.add_typer(source_app, name="source")
+app.add_typer(sandbox_app, name="sandbox")
 console = Console()
 RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 err_console = Console(stderr=True)
@@ -83,6 +85,13 @@ def _run_lock(run_dir: Path) -> Iterator[None]:
         yield
 
 
+KubeconfigOpt = Annotated[Path | None, typer.Option(
+    "--kubeconfig", help="kubernetes backend: kubeconfig file (default $KUBECONFIG or "
+                         "~/.kube/config; in a pod, its service account)")]
+ContextOpt = Annotated[str | None, typer.Option(
+    "--context", help="kubernetes backend: kubeconfig context (default: the current one)")]
+
+
 @app.command()
 def run(
     study_file: Annotated[Path | None, typer.Argument(
@@ -100,6 +109,16 @@ def run(
     model: Annotated[str | None, typer.Option(
         "--model", help="Claude model of every agent (default $SERVETUNE_MODEL or "
                         "claude-sonnet-5-5)")] = None,
+    backend: Annotated[str, typer.Option(
+        "--backend", help="where trials run: twin (simulated SGLang, default), local (server "
+                          "processes on 127.0.0.1) or kubernetes (SGLang pods in --namespace of "
+                          "the --kubeconfig/--context cluster, GPU budget = the study's GPUs)")]
+    = "twin",
+    namespace: Annotated[str, typer.Option(
+        "--namespace", help="the one namespace trials are deployed in (kubernetes: the "
+                            "sandbox namespace)")] = "servetune",
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
 ) -> None:
     """Run (or resume) a study and write runs/<run-id>/ with report.md, plots and the ledger."""
     t0 = time.time()
@@ -124,6 +143,8 @@ def run(
         window = check_replay(study, trace_path)
     except ServetuneError as e:
         _fail(str(e))
+    cluster, cluster_flags = _cluster_backend(backend, namespace, kubeconfig, context,
+                                              study.gpu_count, settings)
     if run_id is not None and not RUN_ID_RE.fullmatch(run_id):
         _fail(f"--run-id {run_id!r}: start with a letter or digit, then use ASCII letters, "
               "digits, '-' and '_' (at most 64 characters)")
@@ -133,9 +154,40 @@ def run(
         run_dir.mkdir(parents=True, exist_ok=True)
         with _run_lock(run_dir):
             _run_locked(study, path, trace_path, window, rid, run_dir, settings, lessons_dir,
-                        t0, announce=run_id is None, claude=claude)
+                        t0, announce=run_id is None, claude=claude, cluster=cluster,
+                        cluster_flags=cluster_flags)
     except OSError as e:
         _fail(f"cannot write the run folder {run_dir}: {e.strerror or e}")
+
+
+def _cluster_backend(kind: str, namespace: str, kubeconfig: Path | None, context: str | None,
+                     gpus: int, settings: Settings) -> tuple[Any, str]:
+    """The run's cluster backend and the flags that rebuild it (for the resume hint).
+
+    The twin keeps its records in memory, as before; local and kubernetes share the state
+    folder with the MCP servers. The kubernetes backend's GPU budget is the study's GPU count.
+    """
+    from mcp_servers.cluster.backend import BACKEND_KINDS, BackendError, make_backend
+
+    if kind not in BACKEND_KINDS:
+        _fail(f"--backend {kind!r}: choose {', '.join(BACKEND_KINDS)}")
+    if kind != "kubernetes" and (kubeconfig is not None or context is not None):
+        _fail("--kubeconfig and --context choose a cluster: give them with --backend kubernetes")
+    if kubeconfig is not None and not kubeconfig.is_file():
+        _fail(f"--kubeconfig {kubeconfig}: no such file")
+    try:
+        backend = make_backend(kind, namespace, None if kind == "twin" else settings.state_dir,
+                               kubeconfig=kubeconfig, context=context,
+                               gpu_budget=gpus if kind == "kubernetes" else None)
+    except BackendError as e:
+        _fail(str(e))
+    import shlex
+
+    flags = "" if kind == "twin" else f" --backend {kind}"
+    flags += f" --namespace {namespace}" if namespace != "servetune" else ""
+    flags += f" --kubeconfig {shlex.quote(str(kubeconfig))}" if kubeconfig is not None else ""
+    flags += f" --context {shlex.quote(context)}" if context is not None else ""
+    return backend, flags
 
 
 def _claude_setup(settings: Settings) -> Any:
@@ -158,7 +210,7 @@ def _claude_setup(settings: Settings) -> Any:
 
 def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str, run_dir: Path,
                 settings: Settings, lessons_dir: Path | None, t0: float, announce: bool,
-                claude: Any = None) -> None:
+                claude: Any = None, cluster: Any = None, cluster_flags: str = "") -> None:
     digest = study.digest()
     led = Ledger(run_dir / "ledger.sqlite")
     try:
@@ -231,6 +283,7 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
     led.close()
     again = (f" --brains claude --model {claude.model}" if claude is not None else
              " --brains deterministic" if settings.brains == "deterministic" else "")
+    again += cluster_flags
     import anthropic
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
@@ -254,7 +307,8 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
         err: Exception | None = None
         try:
             outcome = asyncio.run(run_study(study_run, rid, run_dir, store, [trace_path.parent],
-                                            progress, source_tree=tree, claude=claude))
+                                            progress, source_tree=tree, claude=claude,
+                                            backend=cluster))
         except KeyboardInterrupt:
             bar.stop()
             _save_elapsed(run_dir, prior_s + time.time() - t0)
@@ -513,7 +567,8 @@ def mcp_lessons(lessons_dir: Annotated[Path | None, typer.Option("--lessons-dir"
 
 
 BackendOpt = Annotated[str, typer.Option(
-    "--backend", help="twin (simulated SGLang, default) or local (server processes on 127.0.0.1)")]
+    "--backend", help="twin (simulated SGLang, default), local (server processes on 127.0.0.1) "
+                      "or kubernetes (pods in --namespace of the --kubeconfig/--context cluster)")]
 NamespaceOpt = Annotated[str, typer.Option(
     "--namespace", help="the one namespace the server acts in")]
 StateDirOpt = Annotated[Path | None, typer.Option(
@@ -536,6 +591,31 @@ def mcp_cluster(
         "--visible-devices", help="local backend: GPUs to hand out, e.g. 0,1,2,3 or GPU-<uuid>; "
                                   "each replica gets tp_size GPUs not held by another live "
                                   "deployment")] = None,
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
+    gpu_budget: Annotated[int | None, typer.Option(
+        "--gpu-budget", min=0, help="kubernetes backend (required): GPUs the deployments may "
+                                    "hold together (the sandbox's ResourceQuota)")] = None,
+    image_allow: Annotated[list[str] | None, typer.Option(
+        "--image-allow", help="kubernetes backend: allowed image prefix (repeatable; default "
+                              "lmsysorg/sglang: and ghcr.io/servetune/)")] = None,
+    lws: Annotated[bool, typer.Option(
+        "--lws", help="kubernetes backend: the sandbox Role grants LeaderWorkerSets (replicas "
+                      "spanning nodes)")] = False,
+    dra: Annotated[bool, typer.Option(
+        "--dra", help="kubernetes backend: GPUs through DRA ResourceClaimTemplates")] = False,
+    k8s_version: Annotated[str, typer.Option(
+        "--k8s-version", help="kubernetes backend: the cluster's release (DRA API version)")]
+    = "1.33",
+    gpus_per_node: Annotated[int, typer.Option(
+        "--gpus-per-node", min=1, help="kubernetes backend: GPUs of one node (a larger "
+                                       "replica needs --lws)")] = 8,
+    model_cache_pvc: Annotated[str | None, typer.Option(
+        "--model-cache-pvc", help="kubernetes backend: PVC for the weights and JIT caches "
+                                  "(default an emptyDir per pod)")] = None,
+    router: Annotated[bool, typer.Option(
+        "--router", help="kubernetes backend: the SGLang router in front of the replicas")]
+    = False,
 ) -> None:
     """The cluster server ("kubectl": deploy, status, logs, events, teardown) over stdio."""
     import shlex
@@ -551,8 +631,29 @@ def mcp_cluster(
         if not all(devices):
             _fail(f"--visible-devices {visible_devices!r}: give GPU ids separated by commas, "
                   "e.g. 0,1,2,3 (no empty entries)")
+    kube: dict[str, Any] = {}
+    if backend == "kubernetes":
+        from sandbox.manifests import SglangOptions
+
+        if gpu_budget is None:
+            _fail("--backend kubernetes needs --gpu-budget N: the GPUs its deployments may hold "
+                  "together (the sandbox's ResourceQuota requests.nvidia.com/gpu)")
+        try:
+            opts = SglangOptions(gpus_per_node=gpus_per_node, model_cache_pvc=model_cache_pvc,
+                                 router=router, dra=dra, k8s_version=k8s_version)
+        except ValidationError as e:
+            _fail(f"kubernetes options: {e.errors()[0]['msg']}")
+        if kubeconfig is not None and not kubeconfig.is_file():
+            _fail(f"--kubeconfig {kubeconfig}: no such file")
+        kube = dict(kubeconfig=kubeconfig, context=context, gpu_budget=gpu_budget,
+                    image_allow=image_allow, lws=lws, sglang_options=opts)
+    elif kubeconfig or context or gpu_budget is not None or image_allow or lws or dra or \
+            router or model_cache_pvc:
+        _fail("--kubeconfig, --context, --gpu-budget, --image-allow, --lws, --dra, --router and "
+              "--model-cache-pvc are options of --backend kubernetes")
     try:
-        main(backend, namespace, state_dir or settings.state_dir, argv, ready_timeout_s, devices)
+        main(backend, namespace, state_dir or settings.state_dir, argv, ready_timeout_s, devices,
+             **kube)
     except (BackendError, ServetuneError) as e:
         _fail(str(e))
     except OSError as e:
@@ -579,11 +680,20 @@ def mcp_bench(
     client: Annotated[str, typer.Option(
         "--client", help="HTTP client of the load generator: aiohttp (default) or httpx")]
     = "aiohttp",
+    runner: Annotated[str, typer.Option(
+        "--runner", help="load generator of runs that ask for auto: auto (aiperf for a "
+                         "cluster backend's deployments when installed, else the built-in "
+                         "runner), builtin, or aiperf (the [aiperf] extra)")] = "auto",
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
 ) -> None:
     """The bench server (saturation, trace replay, concurrency sweep) over stdio."""
     from mcp_servers.bench.server import main
     from mcp_servers.cluster.backend import BackendError
     from servetune.settings import REPO_ROOT
+
+    if backend != "kubernetes" and (kubeconfig is not None or context is not None):
+        _fail("--kubeconfig and --context are options of --backend kubernetes")
 
     settings = _settings()
     traces = trace_dir or [REPO_ROOT / "data" / "traces"]
@@ -594,9 +704,12 @@ def mcp_bench(
         _fail(f"--tokenizer {tokenizer}: no such file or folder")
     if client not in ("aiohttp", "httpx"):
         _fail(f"--client {client!r}: choose aiohttp or httpx")
+    if runner not in ("auto", "builtin", "aiperf"):
+        _fail(f"--runner {runner!r}: choose auto, builtin or aiperf")
     try:
         main(backend, namespace, state_dir or settings.state_dir, records_dir, traces,
-             allow_endpoint or [], tokenizer=tokenizer, client=client)  # type: ignore[arg-type]
+             allow_endpoint or [], tokenizer=tokenizer, client=client,  # type: ignore[arg-type]
+             runner=runner, kubeconfig=kubeconfig, context=context)  # type: ignore[arg-type]
     except (BackendError, ServetuneError, ValueError) as e:
         _fail(str(e))
     except OSError as e:
@@ -744,13 +857,18 @@ def twin_serve(
         "--replicas", min=1, max=512, help="serve this many replicas instead of the config's "
                                            "(1: one replica per process, as the local "
                                            "backend starts them)")] = None,
+    record: Annotated[bool, typer.Option(
+        "--record", help="keep each request's server-side timing (the twin's token times and "
+                         "when each was written) for GET /twin/timing, to check a load "
+                         "generator's bias")] = False,
 ) -> None:
     """Serve a config's twin over HTTP (OpenAI API, SSE, /metrics) with the engine's timing."""
     from servetune.twin_server import serve
 
     cfg = _twin_config(config, study, replicas)
     try:
-        code = serve(cfg, host=host, port=port, port_file=port_file, speedup=speedup)
+        code = serve(cfg, host=host, port=port, port_file=port_file, speedup=speedup,
+                     record=record)
     except OSError as e:
         _fail(f"cannot serve on {host}:{port}: {e.strerror or e}", code=1)
     raise typer.Exit(code)

@@ -207,8 +207,8 @@ def test_make_backend_kinds(tmp_path):
     assert make_backend("local", "ns", tmp_path).kind == "local"
     with pytest.raises(BackendError, match="state_dir"):
         make_backend("local", "ns")
-    with pytest.raises(BackendError, match="twin, local"):
-        make_backend("kubernetes")
+    with pytest.raises(BackendError, match="twin, local, kubernetes"):
+        make_backend("k8s")
 
 
 async def test_cluster_server_over_stdio(tmp_path):

@@ -14,7 +14,7 @@ import logging
 import sys
 from collections.abc import Awaitable, Sequence
 from pathlib import Path
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, TypeVar
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
@@ -31,11 +31,12 @@ from mcp_servers.bench.ops import (
     BenchService,
     ProgressFn,
     Quality,
+    RunnerChoice,
     SweepPoint,
     TraceFormat,
 )
 from mcp_servers.bench.prompts import HFTokenizer
-from mcp_servers.cluster.backend import BackendError, ClusterBackend
+from mcp_servers.cluster.backend import BackendError, ClusterBackend, make_backend
 from mcp_servers.tool_errors import StrictMCPServer, as_tool_errors
 
 log = logging.getLogger("servetune.mcp.bench")
@@ -66,6 +67,10 @@ MaxLagP99 = Annotated[float | None, Field(
     gt=0, le=60_000, description="HTTP open loop: flag the run when the dispatch lag p99 "
                                  f"exceeds this, ms (default {MAX_DISPATCH_LAG_P99_MS:g})")]
 SloTtft = Annotated[float | None, Field(gt=0, description="TTFT SLO for goodput, ms")]
+Runner = Annotated[RunnerChoice, Field(
+    description="HTTP load generator: auto (aiperf for a cluster deployment when installed, "
+                "else the built-in runner), builtin, or aiperf 0.13.0 (the [aiperf] extra or "
+                "SERVETUNE_AIPERF); the twin is simulated whatever this says")]
 
 RUN = ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False,
                       openWorldHint=True)
@@ -116,7 +121,8 @@ def build_server(service: BenchService) -> MCPServer:
                              duration_s: Duration, ctx: Context,
                              deployment: Deployment = None, endpoint: Endpoint = None,
                              gpus: Gpus = None,
-                             max_error_share: MaxErrorShare = None) -> BenchResult:
+                             max_error_share: MaxErrorShare = None,
+                             runner: Runner = "auto") -> BenchResult:
         """Closed-loop synthetic load (fixed ISL/OSL) at a fixed concurrency, then drain.
 
         Target: `deployment` XOR `endpoint`. On the twin, `duration_s` is virtual time and the
@@ -125,7 +131,8 @@ def build_server(service: BenchService) -> MCPServer:
         return await _guard(service.saturation(deployment, isl, osl, concurrency, duration_s,
                                                endpoint=endpoint, gpus=gpus,
                                                progress=_progress(ctx),
-                                               quality=_quality(service, max_error_share)))
+                                               quality=_quality(service, max_error_share),
+                                               runner=runner))
 
     @server.tool(annotations=RUN)
     async def run_rate(
@@ -140,6 +147,7 @@ def build_server(service: BenchService) -> MCPServer:
         slo_ttft_ms: SloTtft = None,
         deployment: Deployment = None, endpoint: Endpoint = None, gpus: Gpus = None,
         max_error_share: MaxErrorShare = None, max_dispatch_lag_p99_ms: MaxLagP99 = None,
+        runner: Runner = "auto",
     ) -> BenchResult:
         """Open-loop synthetic load (fixed ISL/OSL) at a fixed request rate, then drain.
 
@@ -149,7 +157,7 @@ def build_server(service: BenchService) -> MCPServer:
         return await _guard(service.rate(
             deployment, isl, osl, request_rate, duration_s, arrival, seed, slo_ttft_ms,
             endpoint=endpoint, gpus=gpus, progress=_progress(ctx),
-            quality=_quality(service, max_error_share, max_dispatch_lag_p99_ms)))
+            quality=_quality(service, max_error_share, max_dispatch_lag_p99_ms), runner=runner))
 
     @server.tool(annotations=RUN)
     async def run_replay(
@@ -165,9 +173,7 @@ def build_server(service: BenchService) -> MCPServer:
         slo_ttft_ms: SloTtft = None,
         deployment: Deployment = None, endpoint: Endpoint = None, gpus: Gpus = None,
         max_error_share: MaxErrorShare = None, max_dispatch_lag_p99_ms: MaxLagP99 = None,
-        runner: Annotated[Literal["builtin", "aiperf"], Field(
-            description="HTTP load generator: the built-in runner, or aiperf 0.13.0 (needs "
-                        "the [aiperf] extra or SERVETUNE_AIPERF)")] = "builtin",
+        runner: Runner = "auto",
     ) -> BenchResult:
         """Replay a window of a real trace with its (scaled) arrival times (open loop).
 
@@ -188,6 +194,7 @@ def build_server(service: BenchService) -> MCPServer:
                                  Field(min_length=1, max_length=32)],
         duration_s: Duration, ctx: Context,
         deployment: Deployment = None, endpoint: Endpoint = None, gpus: Gpus = None,
+        runner: Runner = "auto",
     ) -> list[SweepPoint]:
         """Saturation runs at each concurrency: points of the tok/s/GPU vs tok/s/user frontier.
 
@@ -195,7 +202,7 @@ def build_server(service: BenchService) -> MCPServer:
         """
         return await _guard(service.sweep(deployment, isl, osl, concurrencies, duration_s,
                                           endpoint=endpoint, gpus=gpus,
-                                          progress=_progress(ctx)))
+                                          progress=_progress(ctx), runner=runner))
 
     @server.tool(annotations=READ)
     def get_records(
@@ -222,31 +229,26 @@ def build_server(service: BenchService) -> MCPServer:
     return server
 
 
-def _backend(kind: str, namespace: str, state_dir: Path | None) -> ClusterBackend:
-    if kind == "twin":
-        from mcp_servers.cluster.backend import TwinBackend
-
-        return TwinBackend(namespace, state_dir=state_dir)
-    if kind == "local":
-        if state_dir is None:
-            raise BackendError("the local backend needs a state_dir (the one the cluster server "
-                               "uses)")
-        from mcp_servers.cluster.local import LocalProcessBackend
-
-        return LocalProcessBackend(namespace, state_dir=state_dir)
-    raise BackendError(f"unknown backend kind {kind!r}; use 'twin' or 'local'")
+def _backend(kind: str, namespace: str, state_dir: Path | None,
+             kubeconfig: Path | None = None, context: str | None = None) -> ClusterBackend:
+    """The cluster server's backend, read-only here: the bench server never deploys."""
+    if kind == "local" and state_dir is None:
+        raise BackendError("the local backend needs a state_dir (the one the cluster server "
+                           "uses)")
+    return make_backend(kind, namespace, state_dir, kubeconfig=kubeconfig, context=context)
 
 
 def main(backend_kind: str = "twin", namespace: str = "servetune",
          state_dir: Path | str | None = None, artifacts_dir: Path | str | None = None,
          trace_roots: Sequence[Path | str] = (),
          allowed_endpoints: Sequence[str] = (), tokenizer: Path | str | None = None,
-         client: ClientKind = DEFAULT_CLIENT) -> None:
+         client: ClientKind = DEFAULT_CLIENT, runner: RunnerChoice = "auto",
+         kubeconfig: Path | None = None, context: str | None = None) -> None:
     """Run the bench server over stdio (logs go to stderr; stdout is the protocol).
 
     Args:
-        backend_kind: ``twin`` or ``local``; built over ``state_dir`` like the cluster server's,
-            so deployments made there can be benchmarked here by name.
+        backend_kind: ``twin``, ``local`` or ``kubernetes``; built over ``state_dir`` like the
+            cluster server's, so deployments made there can be benchmarked here by name.
         namespace: the namespace of the deployments (must match the cluster server's).
         state_dir: shared state folder of the cluster backend (required for ``local``).
         artifacts_dir: where records are stored (default ``<state_dir>/bench``, else
@@ -258,6 +260,11 @@ def main(backend_kind: str = "twin", namespace: str = "servetune",
             model, for prompts of exact token lengths (default: whitespace words, exact for the
             twin and the test stub; see :mod:`mcp_servers.bench.prompts`).
         client: HTTP client of the load generator (``aiohttp`` or ``httpx``).
+        runner: the load generator of runs that ask for ``auto`` (``auto``: aiperf for a
+            cluster backend's deployments when it is installed, else the built-in runner).
+        kubeconfig: ``kubernetes`` backend: kubeconfig file (None: the default, or the pod's
+            service account).
+        context: ``kubernetes`` backend: kubeconfig context (None: the current one).
 
     The event loop is uvloop's when it is installed (it comes with ``uvicorn[standard]``): the
     HTTP runner's own TTFT overhead at 50 req/s was 1.96 ms on uvloop vs 2.67 ms on asyncio's
@@ -269,9 +276,11 @@ def main(backend_kind: str = "twin", namespace: str = "servetune",
     if artifacts_dir is None:
         artifacts_dir = sdir / "bench" if sdir is not None else Path(".servetune") / "bench"
     tok = HFTokenizer(tokenizer) if tokenizer is not None else None
-    service = BenchService(_backend(backend_kind, namespace, sdir), Path(artifacts_dir),
+    service = BenchService(_backend(backend_kind, namespace, sdir, kubeconfig, context),
+                           Path(artifacts_dir),
                            [Path(r) for r in trace_roots], list(allowed_endpoints),
-                           client=client, tokenizer=tok)
+                           client=client, tokenizer=tok,
+                           default_runner=None if runner == "auto" else runner)
     server = build_server(service)
     anyio.run(server.run_stdio_async, backend_options={"use_uvloop": _have_uvloop()})
 

@@ -2,8 +2,9 @@
 
 A backend owns deployments in ONE namespace, fixed when it is built (the model never picks it).
 Backends: ``twin`` (here: simulated SGLang servers that answer at once), ``local``
-(:mod:`mcp_servers.cluster.local`: server processes on 127.0.0.1) and, in a later issue,
-``kubernetes``. The protocol is shaped so that the Kubernetes backend maps onto it directly:
+(:mod:`mcp_servers.cluster.local`: server processes on 127.0.0.1) and ``kubernetes``
+(:mod:`mcp_servers.cluster.kubernetes`). The protocol is shaped so that the Kubernetes backend
+maps onto it directly:
 
 - ``deploy``: server-side apply of a Deployment (``replicas``, the SGLang argv from
   ``config.to_sglang_args()``) and its Service, named ``name``, carrying ``labels`` (at least
@@ -33,10 +34,10 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -444,29 +445,43 @@ class TwinBackend:
         return d.config, s.fit
 
 
-BACKEND_KINDS = ("twin", "local")
+BACKEND_KINDS = ("twin", "local", "kubernetes")
 MAX_HISTORY = 1000  # events kept of earlier deployments of one name
 
 
 def make_backend(kind: str = "twin", namespace: str = "servetune", state_dir: Path | None = None,
                  command: list[str] | None = None, ready_timeout_s: float = 600.0,
-                 visible_devices: list[str] | None = None) -> ClusterBackend:
+                 visible_devices: list[str] | None = None, *, kubeconfig: Path | None = None,
+                 context: str | None = None, gpu_budget: int | None = None,
+                 image_allow: Sequence[str] | None = None, lws: bool = False,
+                 sglang_options: Any = None) -> ClusterBackend:
     """The backend ``kind`` over ``state_dir`` (what the cluster and bench servers share).
 
     Args:
-        kind: ``twin`` or ``local``.
+        kind: ``twin``, ``local`` or ``kubernetes``.
         namespace: the one namespace the backend acts in.
-        state_dir: where records live; optional for the twin (None: in memory), required for
-            ``local``.
+        state_dir: where records live; optional for the twin (None: in memory) and for
+            ``kubernetes`` (records of torn-down deployments), required for ``local``.
         command: ``local`` only: server argv template (see
             :class:`~mcp_servers.cluster.local.LocalProcessBackend`); None: ``sglang serve``,
             or on a machine without a GPU (and no ``visible_devices``) the twin server
             (:data:`~mcp_servers.cluster.local.TWIN_SERVE_COMMAND`).
         ready_timeout_s: ``local`` only: seconds until a replica that is not Ready is Failed.
         visible_devices: ``local`` only: GPU ids handed out to replicas.
+        kubeconfig: ``kubernetes`` only: kubeconfig file (None: ``$KUBECONFIG`` or
+            ``~/.kube/config``, or the pod's service account in a pod).
+        context: ``kubernetes`` only: kubeconfig context (None: the current one).
+        gpu_budget: ``kubernetes`` only: GPUs the deployments may hold together (the sandbox
+            policy's budget); None builds a read-only backend (the bench server's).
+        image_allow: ``kubernetes`` only: allowed image prefixes (default the policy's:
+            ``lmsysorg/sglang:``, ``ghcr.io/servetune/``).
+        lws: ``kubernetes`` only: the sandbox Role grants LeaderWorkerSets (a replica spanning
+            nodes).
+        sglang_options: ``kubernetes`` only: a :class:`sandbox.manifests.SglangOptions`
+            (None: its defaults); its ``dra`` also allows DRA claims in the policy.
 
     Raises:
-        BackendError: unknown kind, or ``local`` without a state_dir.
+        BackendError: unknown kind, ``local`` without a state_dir, or a bad policy.
     """
     if kind == "twin":
         return TwinBackend(namespace, state_dir)
@@ -486,5 +501,20 @@ def make_backend(kind: str = "twin", namespace: str = "servetune", state_dir: Pa
         return LocalProcessBackend(namespace, state_dir, command=command,
                                    ready_timeout_s=ready_timeout_s,
                                    visible_devices=visible_devices)
+    if kind == "kubernetes":
+        from mcp_servers.cluster.kubeapi import RealKubeApi  # imports the kubernetes client
+        from mcp_servers.cluster.kubernetes import KubernetesBackend
+        from sandbox.manifests import SglangOptions
+        from sandbox.policy import DEFAULT_IMAGE_ALLOW, Policy
+
+        opts = sglang_options if sglang_options is not None else SglangOptions()
+        try:
+            policy = None if gpu_budget is None else Policy(
+                namespace, gpu_budget, tuple(image_allow or DEFAULT_IMAGE_ALLOW), lws=lws,
+                dra=opts.dra)
+        except ValueError as e:
+            raise BackendError(str(e)) from e
+        return KubernetesBackend(namespace, RealKubeApi(namespace, kubeconfig, context), opts,
+                                 policy, state_dir)
     raise BackendError(f"unknown cluster backend {kind!r}; choose one of "
                        f"{', '.join(BACKEND_KINDS)}")

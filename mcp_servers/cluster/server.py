@@ -162,11 +162,12 @@ def build_server(backend: ClusterBackend) -> MCPServer:
 
 def main(backend_kind: str = "twin", namespace: str = "servetune",
          state_dir: Path | None = None, command: list[str] | None = None,
-         ready_timeout_s: float = 600.0, visible_devices: list[str] | None = None) -> None:
+         ready_timeout_s: float = 600.0, visible_devices: list[str] | None = None,
+         **kube: Any) -> None:
     """Run the cluster server over stdio (logs go to stderr).
 
     Args:
-        backend_kind: ``twin`` or ``local``.
+        backend_kind: ``twin``, ``local`` or ``kubernetes``.
         namespace: the namespace the server is confined to.
         state_dir: records shared with the bench server (``local`` requires it; the twin keeps
             them in memory without it).
@@ -176,9 +177,12 @@ def main(backend_kind: str = "twin", namespace: str = "servetune",
         ready_timeout_s: ``local`` only: seconds until a replica that is not Ready is Failed.
         visible_devices: ``local`` only: GPU indices or UUIDs; each replica gets ``tp_size``
             of those not held by a deployment that is not torn down yet.
+        **kube: ``kubernetes`` only: ``kubeconfig``, ``context``, ``gpu_budget``,
+            ``image_allow``, ``lws``, ``sglang_options`` (see
+            :func:`~mcp_servers.cluster.backend.make_backend`).
     """
     logging.basicConfig(stream=sys.stderr, level=logging.INFO)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per health probe
     backend = make_backend(backend_kind, namespace, state_dir, command, ready_timeout_s,
-                           visible_devices)
+                           visible_devices, **kube)
     build_server(backend).run()

@@ -1,0 +1,362 @@
+"""Kubernetes manifests of one SGLang deployment, rendered from a ServingConfig.
+
+``render_sglang`` gives the objects the Kubernetes backend applies for one trial: the engine
+(a Deployment, or a LeaderWorkerSet when one replica spans nodes), the Service clients use
+(``http://<name>.<namespace>.svc:<port>``), and optionally the SGLang router and a DRA
+ResourceClaimTemplate. Every pod meets the ``restricted`` Pod Security profile: it runs as
+uid 1000 with every capability dropped, and the caches SGLang writes (HOME, /tmp, the JIT caches
+under ``SGLANG_CACHE_DIR``, the Hugging Face cache) are volumes, so the image's root-owned
+paths are never written.
+
+Facts used here come from servetune's SGLang reference (``sglang-knobs.md``, SGLang 0.5.23,
+sglang-router 0.3.2) and the LeaderWorkerSet sources (kubernetes-sigs/lws v0.10.0); each
+constant names its source. The sandbox the backend runs in is rendered by
+``sandbox.namespace.render_sandbox`` (re-exported here).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from domain.config import ServingConfig, flag_for
+from domain.trial import manifest_for
+from sandbox.namespace import render_sandbox
+from sandbox.podspec import (
+    COMPONENT_LABEL,
+    DEPLOYMENT_LABEL,
+    check_labels,
+    check_name,
+    container_security,
+    pod_security,
+)
+from sandbox.validate import minor
+
+__all__ = ["SglangOptions", "dra_api_version", "render_sandbox", "render_sglang",
+           "service_url"]
+
+HEALTH_PATH = "/health"
+# /health blocks up to SGLANG_HEALTH_CHECK_TIMEOUT = 20 s waiting for one generated token
+# (sglang-knobs.md 5 and 7.2), so every probe on it waits longer than that.
+PROBE_TIMEOUT_S = 30
+PROBE_PERIOD_S = 10
+READY_FAILURES = 3          # sglang-knobs.md 7.2 readinessProbe
+LIVENESS_PERIOD_S = 30      # sglang-knobs.md 7.2 livenessProbe: lenient, a long prefill
+LIVENESS_FAILURES = 5       # can starve the health request
+DIST_INIT_PORT = 20000      # torch.distributed rendezvous, as kubernetes-sigs/lws
+#                             docs/examples/sglang/lws.yaml
+ROUTER_METRICS_PORT = 29000  # sglang-router 0.3.2 --prometheus-port default (sglang-knobs.md 6)
+# Standard DRA attribute: devices under one PCIe root (kubernetes.io/docs/reference/node/
+# dra-standard-device-attributes/).
+PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
+CACHE_DIR = "/cache"
+HOME_DIR = "/home/sglang"
+DRA_CLAIM = "devices"
+# Longest deployment name: leaves room for '-router', '-r<i>' and LWS pod suffixes in 63.
+MAX_NAME = 40
+
+
+class SglangOptions(BaseModel):
+    """How a ServingConfig becomes Kubernetes objects (cluster facts, not tuning knobs)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    image: str | None = Field(None, description="engine image; None = lmsysorg/sglang:v<engine "
+                              "version> (domain.trial.manifest_for)")
+    gpus_per_node: int = Field(8, ge=1, le=64, description="GPUs of one node; a replica with "
+                               "more GPUs (tp_size) spans nodes as a LeaderWorkerSet")
+    model_cache_pvc: str | None = Field(None, description="PVC mounted at /cache for weights "
+                                        "(HF_HOME) and JIT caches; None = an emptyDir per pod "
+                                        "(ReadWriteMany when replicas share it)")
+    router: bool = Field(False, description="put the SGLang router (config.router_policy) in "
+                         "front of the replicas")
+    dra: bool = Field(False, description="GPUs (and NICs) through a DRA ResourceClaimTemplate "
+                      "instead of the nvidia.com/gpu device-plugin resource")
+    k8s_version: str = Field("1.33", description="target Kubernetes release; picks the DRA "
+                             "apiVersion")
+    startup_budget_s: int = Field(1800, ge=60, description="seconds the startup probe allows "
+                                  "for weight load + graph capture (DeepSeek-class models "
+                                  "take 10-30+ min, sglang-knobs.md 7.3)")
+    port: int = Field(30000, ge=1, le=65535, description="HTTP port of engine and router")
+    shm_size: str = Field("32Gi", description="/dev/shm size (sglang-knobs.md 7.2 template)")
+    cpu_per_gpu: int = Field(8, ge=1, description="CPU request per GPU: a sizing default, "
+                             "not a measurement")
+    memory_per_gpu_gib: int = Field(64, ge=1, description="memory request and limit per GPU, "
+                                    "GiB; must hold /dev/shm and the HiCache host pool")
+    hf_token_secret: str | None = Field(None, description="Secret whose key 'token' becomes "
+                                        "HF_TOKEN (optional: gated models need it)")
+    dra_gpu_class: str = Field("gpu.nvidia.com", description="DeviceClass of the NVIDIA DRA "
+                               "GPU driver")
+    dra_nic_class: str | None = Field(None, description="DeviceClass of NICs (e.g. 'dranet'); "
+                                      "set: one NIC per GPU under the same PCIe root")
+
+
+def dra_api_version(k8s_version: str) -> str:
+    """The ``resource.k8s.io`` apiVersion the release serves by default.
+
+    v1 is GA from 1.34, v1beta2 from 1.33, v1beta1 (structured parameters) from 1.32
+    (Kubernetes release notes; kubernetes-validate ships the matching schemas).
+
+    Raises:
+        ValueError: before 1.32 (only the v1alpha3 API, off by default).
+    """
+    n = minor(k8s_version)
+    if n >= 34:
+        return "resource.k8s.io/v1"
+    if n == 33:
+        return "resource.k8s.io/v1beta2"
+    if n == 32:
+        return "resource.k8s.io/v1beta1"
+    raise ValueError(f"DRA needs Kubernetes 1.32 or later (resource.k8s.io/v1beta1); "
+                     f"{k8s_version} serves only v1alpha3")
+
+
+def service_url(name: str, namespace: str, port: int = 30000) -> str:
+    """The URL of a Service inside the cluster: ``http://<name>.<namespace>.svc:<port>``."""
+    return f"http://{name}.{namespace}.svc:{port}"
+
+
+def render_sglang(config: ServingConfig, name: str, namespace: str, labels: dict[str, str], *,
+                  opts: SglangOptions = SglangOptions()) -> list[dict[str, Any]]:  # noqa: B008
+    """The objects that serve ``config`` as deployment ``name`` in ``namespace``.
+
+    Layouts (``replicas`` = config.replicas, GPUs per replica = config.tp_size):
+
+    - tp_size <= gpus_per_node, no router: Deployment ``name`` (replicas pods) + Service ``name``.
+    - with ``opts.router``: one Deployment and Service ``name-r<i>`` per replica (a stable DNS
+      name per worker for ``--worker-urls``), Deployment ``name-router``; Service ``name``
+      selects the router.
+    - tp_size > gpus_per_node: LeaderWorkerSet ``name-engine`` of tp_size / gpus_per_node pods
+      per replica (``--nnodes``/``--node-rank``/``--dist-init-addr`` from the LWS env); Service
+      ``name`` selects the leaders, or the router, whose workers are the leaders' DNS names.
+    - ``opts.dra``: ResourceClaimTemplate ``name-devices``; pods claim it instead of
+      ``nvidia.com/gpu``.
+
+    Args:
+        config: the serving configuration (one replica = ``config.to_sglang_args()``).
+        name: deployment name, a DNS label of at most 40 characters.
+        namespace: target namespace.
+        labels: put on every object and pod; should hold ``app.kubernetes.io/managed-by``,
+            ``servetune.io/study`` and ``servetune.io/trial``; ``servetune.io/deployment`` is
+            set to ``name``.
+        opts: cluster facts.
+
+    Returns:
+        Manifests as dicts, in apply order (claim template, engine, router, Services).
+
+    Raises:
+        ValueError: bad name or labels, tp_size spanning nodes unevenly, DRA before 1.32.
+    """
+    check_name(name, MAX_NAME)
+    labels = check_labels(labels, name)
+    gpus = config.tp_size
+    nodes = 1
+    if gpus > opts.gpus_per_node:
+        if gpus % opts.gpus_per_node:
+            raise ValueError(f"tp_size {gpus} spans nodes of {opts.gpus_per_node} GPUs unevenly: "
+                             "SGLang needs tp*pp divisible by --nnodes (sglang-knobs.md 7.2)")
+        nodes = gpus // opts.gpus_per_node
+    per_pod = gpus // nodes
+    ctx = _Ctx(config, name, namespace, labels, opts, per_pod)
+    objs: list[dict[str, Any]] = []
+    if opts.dra:
+        objs.append(ctx.claim_template())
+    if nodes > 1:
+        objs.append(ctx.leader_worker_set(nodes))
+        lws = f"{name}-engine"  # pod DNS: lws pkg/utils/pod/pod_utils.go (Shared subdomain)
+        workers = [f"http://{lws}-{i}.{lws}.{namespace}:{opts.port}"
+                   for i in range(config.replicas)]
+    elif opts.router:
+        for i in range(config.replicas):
+            objs.append(ctx.deployment(f"{name}-r{i}", 1, {"servetune.io/replica": str(i)}))
+        workers = [service_url(f"{name}-r{i}", namespace, opts.port)
+                   for i in range(config.replicas)]
+    else:
+        objs.append(ctx.deployment(name, config.replicas, {}))
+        workers = []
+    if opts.router:
+        objs.append(ctx.router(workers))
+        if nodes == 1:
+            objs += [ctx.service(f"{name}-r{i}", {"servetune.io/replica": str(i)})
+                     for i in range(config.replicas)]
+        objs.append(ctx.service(name, {COMPONENT_LABEL: "router"}))
+    else:
+        objs.append(ctx.service(name, {}))
+    return objs
+
+
+class _Ctx:
+    """What every object of one deployment shares."""
+
+    def __init__(self, config: ServingConfig, name: str, namespace: str, labels: dict[str, str],
+                 opts: SglangOptions, per_pod: int) -> None:
+        self.config, self.name, self.ns, self.labels = config, name, namespace, labels
+        self.opts, self.per_pod = opts, per_pod
+        self.image = opts.image or manifest_for(config, "kubernetes").image
+
+    def meta(self, name: str) -> dict[str, Any]:
+        return {"name": name, "namespace": self.ns, "labels": dict(self.labels)}
+
+    def pod_labels(self, component: str, extra: dict[str, str]) -> dict[str, str]:
+        return {**self.labels, COMPONENT_LABEL: component, **extra}
+
+    def engine_args(self, multi_node: int = 0) -> tuple[list[str], list[str]]:
+        argv = self.config.to_sglang_args()
+        v = self.config.engine_version
+        args = argv[2:] + [flag_for("host", v), "0.0.0.0", flag_for("port", v),
+                           str(self.opts.port), flag_for("enable_metrics", v)]
+        if multi_node:  # LWS injects these env vars into every container of the group
+            args += [flag_for("nnodes", v), str(multi_node),
+                     flag_for("node_rank", v), "$(LWS_WORKER_INDEX)",
+                     flag_for("dist_init_addr", v), f"$(LWS_LEADER_ADDRESS):{DIST_INIT_PORT}"]
+        return argv[:2], args
+
+    def engine_pod(self, serves_http: bool, multi_node: int = 0) -> dict[str, Any]:
+        o = self.opts
+        command, args = self.engine_args(multi_node)
+        memory = f"{o.memory_per_gpu_gib * self.per_pod}Gi"
+        resources: dict[str, Any] = {
+            "requests": {"cpu": str(o.cpu_per_gpu * self.per_pod), "memory": memory},
+            "limits": {"memory": memory}}
+        if o.dra:
+            resources["claims"] = [{"name": DRA_CLAIM}]
+        else:
+            resources["requests"]["nvidia.com/gpu"] = str(self.per_pod)
+            resources["limits"]["nvidia.com/gpu"] = str(self.per_pod)
+        env = [{"name": "HOME", "value": HOME_DIR},
+               {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
+               # 0.5.23: the triton/inductor/flashinfer/deep_gemm JIT caches (sglang-knobs 7.2)
+               {"name": "SGLANG_CACHE_DIR", "value": f"{CACHE_DIR}/sglang"},
+               {"name": "TRITON_CACHE_DIR", "value": f"{CACHE_DIR}/triton"}]
+        if o.hf_token_secret:
+            env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+                "name": o.hf_token_secret, "key": "token", "optional": True}}})
+        container: dict[str, Any] = {
+            "name": "sglang", "image": self.image, "command": command, "args": args,
+            "env": env, "resources": resources, "securityContext": container_security(),
+            "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
+                             {"name": "cache", "mountPath": CACHE_DIR},
+                             {"name": "home", "mountPath": HOME_DIR},
+                             {"name": "tmp", "mountPath": "/tmp"}]}
+        if multi_node:
+            container["ports"] = [{"name": "dist-init", "containerPort": DIST_INIT_PORT}]
+        if serves_http:
+            container["ports"] = [{"name": "http", "containerPort": o.port},
+                                  *container.get("ports", [])]
+            probe = {"httpGet": {"path": HEALTH_PATH, "port": "http"},
+                     "timeoutSeconds": PROBE_TIMEOUT_S}
+            container["startupProbe"] = {
+                **probe, "periodSeconds": PROBE_PERIOD_S,
+                "failureThreshold": math.ceil(o.startup_budget_s / PROBE_PERIOD_S)}
+            container["readinessProbe"] = {**probe, "periodSeconds": PROBE_PERIOD_S,
+                                           "failureThreshold": READY_FAILURES}
+            container["livenessProbe"] = {**probe, "periodSeconds": LIVENESS_PERIOD_S,
+                                          "failureThreshold": LIVENESS_FAILURES}
+        cache: dict[str, Any] = ({"persistentVolumeClaim": {"claimName": o.model_cache_pvc}}
+                                 if o.model_cache_pvc else {"emptyDir": {}})
+        spec: dict[str, Any] = {
+            "securityContext": pod_security(), "containers": [container],
+            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory",
+                                                      "sizeLimit": o.shm_size}},
+                        {"name": "cache", **cache},
+                        {"name": "home", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}],
+            "automountServiceAccountToken": False, "enableServiceLinks": False}
+        if o.dra:
+            spec["resourceClaims"] = [{"name": DRA_CLAIM,
+                                       "resourceClaimTemplateName": f"{self.name}-devices"}]
+        return spec
+
+    def deployment(self, name: str, replicas: int, extra: dict[str, str]) -> dict[str, Any]:
+        pod_labels = self.pod_labels("engine", extra)
+        selector = {k: pod_labels[k] for k in (DEPLOYMENT_LABEL, COMPONENT_LABEL, *extra)}
+        return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": self.meta(name),
+                "spec": {"replicas": replicas, "selector": {"matchLabels": selector},
+                         # a rolling update would need a second replica's GPUs
+                         "strategy": {"type": "Recreate"},
+                         "template": {"metadata": {"labels": pod_labels},
+                                      "spec": self.engine_pod(serves_http=True)}}}
+
+    def leader_worker_set(self, nodes: int) -> dict[str, Any]:
+        return {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+                "metadata": self.meta(f"{self.name}-engine"),
+                "spec": {"replicas": self.config.replicas, "startupPolicy": "LeaderCreated",
+                         "leaderWorkerTemplate": {
+                             "size": nodes, "restartPolicy": "RecreateGroupOnPodRestart",
+                             "leaderTemplate": {
+                                 "metadata": {"labels": self.pod_labels("engine", {})},
+                                 "spec": self.engine_pod(True, nodes)},
+                             "workerTemplate": {
+                                 "metadata": {"labels": self.pod_labels("engine-worker", {})},
+                                 "spec": self.engine_pod(False, nodes)}}}}
+
+    def router(self, workers: list[str]) -> dict[str, Any]:
+        o = self.opts
+        labels = self.pod_labels("router", {})
+        args = ["--worker-urls", *workers, "--policy", self.config.router_policy,
+                "--host", "0.0.0.0", "--port", str(o.port),
+                "--prometheus-port", str(ROUTER_METRICS_PORT),
+                # the router's own wait for healthy workers (default 1800 s, sglang-knobs 6)
+                "--worker-startup-timeout-secs", str(o.startup_budget_s)]
+        probe = {"httpGet": {"port": "http"}, "timeoutSeconds": PROBE_TIMEOUT_S,
+                 "periodSeconds": PROBE_PERIOD_S}
+        container = {
+            "name": "router", "image": self.image,
+            "command": ["python3", "-m", "sglang_router.launch_router"], "args": args,
+            "env": [{"name": "HOME", "value": HOME_DIR}],
+            "ports": [{"name": "http", "containerPort": o.port},
+                      {"name": "metrics", "containerPort": ROUTER_METRICS_PORT}],
+            "resources": {"requests": {"cpu": "2", "memory": "4Gi"},
+                          "limits": {"memory": "4Gi"}},
+            "securityContext": container_security(),
+            # router endpoints /readiness and /liveness (sglang-router 0.3.2, sglang-knobs 6.4)
+            "readinessProbe": {**probe, "httpGet": {"path": "/readiness", "port": "http"}},
+            "livenessProbe": {**probe, "httpGet": {"path": "/liveness", "port": "http"},
+                              "failureThreshold": LIVENESS_FAILURES},
+            "volumeMounts": [{"name": "home", "mountPath": HOME_DIR},
+                             {"name": "tmp", "mountPath": "/tmp"}]}
+        return {"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": self.meta(f"{self.name}-router"),
+                "spec": {"replicas": 1,
+                         "selector": {"matchLabels": {DEPLOYMENT_LABEL: self.name,
+                                                      COMPONENT_LABEL: "router"}},
+                         "template": {"metadata": {"labels": labels}, "spec": {
+                             "securityContext": pod_security(), "containers": [container],
+                             "volumes": [{"name": "home", "emptyDir": {}},
+                                         {"name": "tmp", "emptyDir": {}}],
+                             "automountServiceAccountToken": False,
+                             "enableServiceLinks": False}}}}
+
+    def service(self, name: str, select: dict[str, str]) -> dict[str, Any]:
+        selector = {DEPLOYMENT_LABEL: self.name, COMPONENT_LABEL: "engine", **select}
+        return {"apiVersion": "v1", "kind": "Service", "metadata": self.meta(name),
+                "spec": {"selector": selector,
+                         "ports": [{"name": "http", "port": self.opts.port,
+                                    "targetPort": "http", "protocol": "TCP"}]}}
+
+    def claim_template(self) -> dict[str, Any]:
+        o = self.opts
+        api = dra_api_version(o.k8s_version)
+        beta1 = api.endswith("v1beta1")
+
+        def request(rname: str, device_class: str, count: int) -> dict[str, Any]:
+            exact = {"deviceClassName": device_class, "allocationMode": "ExactCount",
+                     "count": count}
+            return {"name": rname, **exact} if beta1 else {"name": rname, "exactly": exact}
+
+        if o.dra_nic_class is None:
+            devices: dict[str, Any] = {"requests": [request("gpus", o.dra_gpu_class,
+                                                            self.per_pod)]}
+        else:  # one NIC per GPU, each pair under one PCIe root
+            devices = {"requests": [], "constraints": []}
+            for i in range(self.per_pod):
+                devices["requests"] += [request(f"gpu-{i}", o.dra_gpu_class, 1),
+                                        request(f"nic-{i}", o.dra_nic_class, 1)]
+                devices["constraints"].append({"requests": [f"gpu-{i}", f"nic-{i}"],
+                                               "matchAttribute": PCIE_ROOT_ATTRIBUTE})
+        return {"apiVersion": api, "kind": "ResourceClaimTemplate",
+                "metadata": self.meta(f"{self.name}-devices"),
+                "spec": {"metadata": {"labels": dict(self.labels)},
+                         "spec": {"devices": devices}}}
+
