@@ -335,6 +335,24 @@ def test_job_manifest():
             job_manifest(**kw)
 
 
+def test_job_manifest_passes_the_sandbox_validation_and_policy():
+    """The Job is one the sandbox's Role may create: strict schema for k8s 1.33, and the
+    manifest policy (namespace, restricted pod, allowed image, no GPU)."""
+    from sandbox.policy import Policy, violations
+    from sandbox.validate import validate
+
+    argv = profile_argv(mode="replay", input_file="/data/trace.jsonl", **BASE)
+    job = job_manifest("bench-t3-replay", namespace="servetune-sbx",
+                       image="ghcr.io/servetune/servetune:0.1.0", aiperf_args=argv,
+                       client_cpus=2, data_claim="servetune-data",
+                       engine_labels={"servetune.io/deployment": "t3"})
+    assert validate([job], "1.33") == []
+    assert violations(job, Policy(namespace="servetune-sbx", gpu_budget=0)) == []
+    other = violations(job, Policy(namespace="elsewhere", gpu_budget=0,
+                                   image_allow=("lmsysorg/sglang:",)))
+    assert any("namespace" in v for v in other) and any("image" in v for v in other)
+
+
 # ------------------------------------------------------------------ artifacts (recorded fixtures)
 
 def raw_records(adir: Path) -> list[dict]:

@@ -15,8 +15,10 @@ account. Secrets are never read.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import threading
 from pathlib import Path
 from typing import Any, Protocol
@@ -96,10 +98,27 @@ def _error(e: BaseException) -> KubeApiError:
     body = getattr(e, "body", None)
     if body:
         try:
-            message = json.loads(body).get("message", message)
+            status_obj = json.loads(body)
+            message = status_obj.get("message", message)
+            # the Status's reason (NotFound), not the HTTP phrase ApiException keeps (Not Found)
+            reason = str(status_obj.get("reason") or reason)
         except (ValueError, TypeError, AttributeError):
             message = str(body)[:2000]
     return KubeApiError(status, reason, message)
+
+
+def discovery_cache(host: str) -> str:
+    """A private file for the dynamic client's discovery cache of ``host``.
+
+    By default the kubernetes client caches discovery in ``/tmp/osrcp-<md5(host)>.json``, a
+    predictable path other users of the machine can write, and trusts it on the next run. This
+    puts it under ``$XDG_CACHE_HOME`` (default ``~/.cache``)``/servetune/kube`` (mode 0700).
+    """
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "servetune" / "kube"
+    base.mkdir(parents=True, exist_ok=True, mode=0o700)
+    base.chmod(0o700)
+    digest = hashlib.sha256(host.encode()).hexdigest()[:16]
+    return str(base / f"discovery-{digest}.json")
 
 
 class RealKubeApi:
@@ -142,7 +161,10 @@ class RealKubeApi:
                     api_client = config.new_client_from_config(
                         config_file=str(self.kubeconfig) if self.kubeconfig else None,
                         context=self.context)
-                self._clients = (dynamic.DynamicClient(api_client), client.CoreV1Api(api_client))
+                self._clients = (
+                    dynamic.DynamicClient(api_client, cache_file=discovery_cache(
+                        api_client.configuration.host)),
+                    client.CoreV1Api(api_client))
             except (config.ConfigException, OSError) as e:
                 where = self.kubeconfig or "the default kubeconfig"
                 raise KubeApiError(0, "NoCredentials",
