@@ -76,6 +76,45 @@ class Budget(BaseModel):
         "research questions per run; once asked, candidates launch without research"))
 
 
+class SearchSpec(BaseModel):
+    """Which planner brain proposes candidates (lessons and the memory-fit estimate prune every
+    brain's candidates before launch)."""
+
+    model_config = ConfigDict(extra="forbid")
+    brain: Literal["ovat", "tpe", "grid"] = Field(
+        "ovat", description="ovat: one knob at a time from the current best; tpe: Optuna's "
+        "TPE sampler (constrained by pruning); grid: every combination of the knob values in "
+        "a seeded order")
+    seed: int = Field(0, ge=0, le=2**31, description="seed of the tpe and grid brains")
+
+
+class AcceptanceSpec(BaseModel):
+    """Noise-gated acceptance: a candidate replaces the best only if its gain exceeds the noise."""
+
+    model_config = ConfigDict(extra="forbid")
+    repeats: int | None = Field(None, ge=1, le=20, description=(
+        "saturation runs per launched candidate (and of the incumbent); None: the settings' "
+        "SERVETUNE_REPEATS (default 1)"))
+    confidence: float = Field(0.95, gt=0.5, lt=1, description=(
+        "level of the bootstrap confidence interval on the relative gain"))
+    twin_noise_pct: float = Field(0.0, ge=0, le=50, description=(
+        "twin only: run-to-run noise injected into each benchmark, in percent (the standard "
+        "deviation of a per-run multiplicative factor on step times), to test the gate"))
+
+
+class ValidationSpec(BaseModel):
+    """The validate phase beyond the replay of the finalists."""
+
+    model_config = ConfigDict(extra="forbid")
+    tune_admission: bool = Field(True, description=(
+        "when the replay shows over-admission (throughput flat while TTFT and queue keep "
+        "rising), retune max_running_requests (and hicache_ratio where prefixes repeat) under "
+        "the trace"))
+    quality_min_token_match: float = Field(0.98, gt=0, le=1, description=(
+        "quality gate on real endpoints: greedy outputs of a numerics-changing winner must "
+        "match the reference config's on at least this share of tokens"))
+
+
 class Study(BaseModel):
     """A whole study as written in ``studies/*.yaml``."""
 
@@ -104,6 +143,9 @@ class Study(BaseModel):
         default_factory=lambda: [8, 32, 128, 512], min_length=1, max_length=32,
         description="concurrencies of the frontier sweep")
     budget: Budget
+    search: SearchSpec = Field(default_factory=SearchSpec)
+    acceptance: AcceptanceSpec = Field(default_factory=AcceptanceSpec)
+    validation: ValidationSpec = Field(default_factory=ValidationSpec)
 
     @model_validator(mode="after")
     def _check(self) -> Study:

@@ -51,5 +51,8 @@ class Settings(BaseSettings):
     price_cache_write_per_mtok: float = Field(
         2.5, ge=0, le=MAX_PRICE, allow_inf_nan=False, description=(
         "USD per million 5-minute cache-write input tokens (same source)"))
+    repeats: int = Field(1, ge=1, le=20, description=(
+        "saturation runs per launched candidate when the study's acceptance.repeats is unset: "
+        "the acceptance gate's bootstrap interval uses the repeats"))
     embedding: Literal["auto", "minilm", "hashing"] = Field(
         "auto", description="lesson embedding: MiniLM int8 ONNX when installed, else hashing")
