@@ -6,9 +6,17 @@ failure into a lesson whose condition covers the whole family of configs it doom
 
 The benchmarks themselves run in code, so the ledger's numbers are what the bench server measured.
 The verdict has two brains: :meth:`Analyst.verdict` (deterministic: the study's
-``min_improvement`` rule) and :meth:`ClaudeAnalyst.verdict` (prompt ``agents/prompts/analyst.md``,
-may read the per-request records and lessons; its verdict is checked against the measured
-summary). Outputs: :class:`Verdict` and :class:`~domain.lesson.Lesson`.
+``min_improvement`` rule, gated by the noise) and :meth:`ClaudeAnalyst.verdict` (prompt
+``agents/prompts/analyst.md``, may read the per-request records and lessons; its verdict is
+checked against the measured summary and the gate). Outputs: :class:`Verdict` and
+:class:`~domain.lesson.Lesson`.
+
+Acceptance gate (:func:`acceptance`, :mod:`domain.acceptance`): computed in code before any
+brain judges. With repeated runs of both the candidate and the incumbent it decides: a candidate
+is kept only when the bootstrap interval of its gain lies above ``min_improvement``. With one run
+each its interval rests on time slices of the runs, which see no run-to-run noise (and on the
+twin swing with its synchronised prefill/decode waves), so it is recorded but the point rule
+decides, as without the gate.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from pydantic import BaseModel
 from agents.claude import AgentFailure, AgentUsage, ClaudeAgent, ClaudeSetup, context_block
 from agents.deployer import DeployOutcome
 from agents.mcp_tools import call
+from domain.acceptance import AcceptDecision, decide, pick_samples
 from domain.config import ServingConfig
 from domain.fit import MEMORY_FIELDS
 from domain.lesson import Clause, Lesson, Scope
@@ -75,6 +84,27 @@ class BenchOutcome(BaseModel):
     valid: bool = True
     invalid_reason: str | None = None
     flags: list[str] = []
+    block_tok_s_per_gpu: list[float] = []
+
+
+def acceptance(candidate_runs: list[float], candidate_blocks: list[float],
+               incumbent_runs: list[float], incumbent_blocks: list[float], study: Study,
+               seed: int = 0) -> AcceptDecision | None:
+    """The gate's decision on a candidate against the incumbent (None: nothing to compare).
+
+    Runs are the samples when both have at least two, else the time blocks of one run each
+    (:func:`domain.acceptance.pick_samples`); ``study.acceptance.confidence`` sets the level.
+    """
+    c, i, kind = pick_samples(candidate_runs, incumbent_runs, candidate_blocks,
+                              incumbent_blocks)
+    if not c or not i or not sum(i) > 0:
+        return None
+    return decide(c, i, study.min_improvement, study.acceptance.confidence, seed, kind)
+
+
+def gates(gate: AcceptDecision | None) -> bool:
+    """Whether ``gate`` decides keep/discard (repeated runs) or only informs (one run each)."""
+    return gate is not None and gate.samples == "runs"
 
 
 def replica_mean(replicas: list[dict[str, Any]], key: str) -> float | None:
@@ -251,13 +281,16 @@ class Analyst:
         self.bench, self.study = bench, study
 
     async def saturation(self, deployment: str, concurrency: int | None = None,
-                         duration_s: float | None = None) -> BenchOutcome:
-        """The study's synthetic saturation run on ``deployment``."""
+                         duration_s: float | None = None, repeat: int = 0) -> BenchOutcome:
+        """The study's synthetic saturation run on ``deployment``.
+
+        ``repeat`` numbers it among repeated runs of the same candidate (0 = the first).
+        """
         s = self.study.saturation
         r = await call(self.bench, "run_saturation", {
             "deployment": deployment, "isl": s.isl, "osl": s.osl,
             "concurrency": concurrency or s.concurrency,
-            "duration_s": duration_s or s.duration_s})
+            "duration_s": duration_s or s.duration_s, **({"repeat": repeat} if repeat else {})})
         return BenchOutcome.model_validate(r)
 
     async def replay(self, deployment: str) -> BenchOutcome:
@@ -269,12 +302,28 @@ class Analyst:
             "slo_ttft_ms": self.study.slo.ttft_p99_ms})
         return BenchOutcome.model_validate(r)
 
-    def judge(self, summary: MetricsSummary, best: float | None, is_baseline: bool) -> Verdict:
+    async def saturation_runs(self, deployment: str, repeats: int) -> list[BenchOutcome]:
+        """``repeats`` saturation runs of ``deployment`` (``repeat`` 0, 1, ...).
+
+        Stops at the first invalid run: an invalid run is never scored, so more would not help.
+        """
+        out: list[BenchOutcome] = []
+        for r in range(repeats):
+            out.append(await self.saturation(deployment, repeat=r))
+            if not out[-1].valid:
+                break
+        return out
+
+    def judge(self, summary: MetricsSummary, best: float | None, is_baseline: bool,
+              gate: AcceptDecision | None = None, objective: float | None = None) -> Verdict:
         """Keep if tok/s/GPU beats the incumbent by ``min_improvement``, else discard.
 
-        A run that completed no request is a crash (the server served nothing).
+        With a deciding ``gate`` (repeated runs, :func:`gates`) the interval decides instead:
+        keep iff its low end exceeds ``min_improvement``. ``objective`` is the measured
+        tok/s/GPU when it is not the summary's (the mean of repeated runs). A run that
+        completed no request is a crash (the server served nothing).
         """
-        obj = summary.output_tok_s_per_gpu
+        obj = summary.output_tok_s_per_gpu if objective is None else objective
         if summary.completed == 0:
             return Verdict(status="crash", objective=None,
                            reason=f"no request completed ({summary.errors} errors)")
@@ -285,23 +334,30 @@ class Analyst:
             return Verdict(status="keep", objective=obj,
                            reason=f"first config that runs: {obj:,.0f} output tok/s/GPU")
         gain = obj / best - 1
+        if gate is not None and gates(gate):
+            return Verdict(status="keep" if gate.accepted else "discard", objective=obj,
+                           reason=f"{obj:,.0f} tok/s/GPU vs best {best:,.0f}: {gate.text()}")
+        note = "" if gate is None else (
+            f"; not noise-gated, one run each (time-block CI {gate.ci_low:+.1%} .. "
+            f"{gate.ci_high:+.1%})")
         if gain > self.study.min_improvement:
             return Verdict(status="keep", objective=obj,
-                           reason=f"{obj:,.0f} tok/s/GPU, {gain:+.1%} vs best {best:,.0f}")
+                           reason=f"{obj:,.0f} tok/s/GPU, {gain:+.1%} vs best {best:,.0f}{note}")
         return Verdict(status="discard", objective=obj,
                        reason=f"{obj:,.0f} tok/s/GPU, {gain:+.1%} vs best {best:,.0f} "
-                              f"(needs > {self.study.min_improvement:.0%})")
+                              f"(needs > {self.study.min_improvement:.0%}){note}")
 
     async def verdict(self, bench: BenchOutcome, best: float | None, is_baseline: bool,
-                      config: ServingConfig, changed: str) -> Verdict:
-        """The verdict on a saturation run: :meth:`judge` of its summary.
+                      config: ServingConfig, changed: str, gate: AcceptDecision | None = None,
+                      objective: float | None = None) -> Verdict:
+        """The verdict on a saturation run: :meth:`judge` of its summary and the gate.
 
         A run the bench server marked invalid (too many failed requests) is not scored: it is
         a ``discard`` (``crash`` if nothing completed) with the server's reason.
         """
         if not bench.valid:
             return invalid_verdict(bench)
-        return self.judge(bench.summary, best, is_baseline)
+        return self.judge(bench.summary, best, is_baseline, gate, objective)
 
 
 def invalid_verdict(bench: BenchOutcome) -> Verdict:
@@ -315,15 +371,17 @@ OBJECTIVE_TOLERANCE = 0.005  # a reported objective may differ from the measured
 
 
 def check_verdict(v: Verdict, summary: MetricsSummary, best: float | None,
-                  is_baseline: bool) -> str | None:
+                  is_baseline: bool, gate: AcceptDecision | None = None,
+                  objective: float | None = None) -> str | None:
     """What is wrong with an agent's verdict against the measured ``summary`` (None: fine).
 
     Rules: ``crash`` only when no request completed (and then it is the only choice);
     ``baseline`` exactly for the baseline; the objective is the measured output tok/s/GPU
-    (within :data:`OBJECTIVE_TOLERANCE`); ``keep`` needs a gain over ``best`` and no failed
-    request.
+    (``objective`` when given: the mean of repeated runs; within :data:`OBJECTIVE_TOLERANCE`);
+    ``keep`` needs a gain over ``best``, no failed request, and no rejection by a deciding
+    acceptance ``gate``.
     """
-    measured = summary.output_tok_s_per_gpu
+    measured = summary.output_tok_s_per_gpu if objective is None else objective
     if summary.completed == 0:
         return None if v.status == "crash" else "no request completed: the status is crash"
     if v.status == "crash":
@@ -339,6 +397,9 @@ def check_verdict(v: Verdict, summary: MetricsSummary, best: float | None,
             return f"{summary.errors} requests failed: a run with errors cannot be kept"
         if best is not None and measured <= best:
             return f"keep needs more than the best's {best:.1f} tok/s/GPU (measured {measured:.1f})"
+        if gate is not None and gates(gate) and not gate.accepted:
+            return (f"the acceptance gate rejected this candidate ({gate.text()}): the gain "
+                    "is within run-to-run noise, so it cannot be kept; discard it")
     return None
 
 
@@ -357,8 +418,12 @@ class ClaudeAnalyst(Analyst):
         self.usage = AgentUsage()
 
     async def verdict(self, bench: BenchOutcome, best: float | None, is_baseline: bool,
-                      config: ServingConfig, changed: str) -> Verdict:
+                      config: ServingConfig, changed: str, gate: AcceptDecision | None = None,
+                      objective: float | None = None) -> Verdict:
         """Claude's verdict on ``bench`` (an invalid run is not scored and asks no model).
+
+        The gate's decision is computed in code and given to the model; a keep it rejected is
+        refused by :func:`check_verdict` (repeated runs only: one run each, it only informs).
 
         Raises:
             AgentOutputInvalid, AgentBudgetExceeded: no valid verdict (the caller records the
@@ -379,10 +444,14 @@ class ClaudeAnalyst(Analyst):
                     "changed": changed or "baseline", "is_baseline": is_baseline,
                     "best_objective": best, "min_improvement": self.study.min_improvement,
                     "summary": bench.summary.model_dump(mode="json"),
-                    "bench_id": bench.bench_id}))
+                    "bench_id": bench.bench_id,
+                    **({} if objective is None else {"objective_mean_of_runs": objective}),
+                    **({} if gate is None else {"acceptance_gate": {
+                        **gate.model_dump(mode="json"), "decides": gates(gate),
+                        "text": gate.text()}})}))
 
         async def check(v: Verdict) -> str | None:
-            return check_verdict(v, bench.summary, best, is_baseline)
+            return check_verdict(v, bench.summary, best, is_baseline, gate, objective)
 
         try:
             v, usage = await agent.run(task, check)

@@ -15,7 +15,7 @@ pruned on the way. After a research round, ``decide`` keeps, modifies or drops t
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, Literal
 
 from mcp import Client
@@ -226,7 +226,8 @@ class Planner:
             yield verdict
 
     async def step(self, best: ServingConfig, seen: set[str], run_id: str,
-                   losers: dict[str, str] | None = None) -> PlanStep:
+                   losers: dict[str, str] | None = None,
+                   history: Sequence[Any] = ()) -> PlanStep:
         """Next candidate from ``best``, skipping config ids in ``seen``.
 
         Args:
@@ -236,6 +237,8 @@ class Planner:
             losers: ``knob=value`` changes that already cost more than the study's
                 ``drop_regressions`` share from an earlier incumbent, with the reason; they
                 are pruned instead of launched again.
+            history: the run's search trials (ledger order); unused by this brain (the
+                space brains of ``agents.brains`` learn from it).
 
         Pruned candidates are returned (and their new lessons stored through the lessons
         server) so the caller can ledger them before anything launches.
@@ -290,17 +293,20 @@ def research_questions(changed: str, config: ServingConfig, seen_changes: set[st
         config: the candidate.
         seen_changes: 'knob=value' strings researched before in this run.
         tool_budget: tool calls allowed per question.
+
+    A space brain's candidate changes several knobs (``'a=1, b=2'``, ``agents.brains``): the
+    questions are about its first research-worthy change not researched yet
+    (:func:`research_change`).
     """
-    if not changed or "=" not in changed or changed in seen_changes:
+    part = research_change(changed, seen_changes)
+    if part is None:
         return []
-    knob, value = changed.split("=", 1)
-    flag = RESEARCH_FLAGS.get(knob)
-    if flag is None:
-        return []
+    knob, value = part.split("=", 1)
+    flag = RESEARCH_FLAGS[knob]
     cli = "--" + flag.replace("_", "-")
     scope = dict(gpu=config.gpu, model=config.model, quantization=config.weights,
                  engine_version=config.engine_version)
-    slug = re.sub(r"[^a-z0-9]+", "-", changed.lower()).strip("-")[:40]
+    slug = re.sub(r"[^a-z0-9]+", "-", part.lower()).strip("-")[:40]
     return [
         ResearchQuestion(id=f"src-{slug}", kind="source", flag=flag, value=value,
                          tool_budget=tool_budget, **scope,
@@ -313,6 +319,20 @@ def research_questions(changed: str, config: ServingConfig, seen_changes: set[st
                                   f"{config.model} ({config.weights}) on {config.gpu} or "
                                   "similar hardware?"),
     ]
+
+
+def research_change(changed: str, seen_changes: set[str] = frozenset()) -> str | None:
+    """The 'knob=value' part of ``changed`` to research, or None.
+
+    ``changed`` is one 'knob=value' (one-knob brains) or several joined by ', ' (space brains);
+    the first part whose knob is in :data:`RESEARCH_FLAGS` and that no entry of
+    ``seen_changes`` (split the same way) contains is the one.
+    """
+    done = {p for c in seen_changes for p in c.split(", ")}
+    for part in changed.split(", ") if changed else []:
+        if "=" in part and part not in done and part.split("=", 1)[0] in RESEARCH_FLAGS:
+            return part
+    return None
 
 
 def research_verdict(outcomes: list[dict[str, Any]], config: ServingConfig) -> str | None:
@@ -362,7 +382,7 @@ def research_lesson(config: ServingConfig, changed: str, reason: str, run_id: st
         reason: :func:`research_verdict`'s reason (the claim and its file:line evidence).
         run_id: the run that asked.
     """
-    knob = changed.split("=", 1)[0]
+    knob = (research_change(changed) or changed).split("=", 1)[0]
     field = knob if knob in ServingConfig.model_fields else RESEARCH_FLAGS.get(knob, knob)
     value = getattr(config, field)
     flag = "--" + field.replace("_", "-")
@@ -419,7 +439,8 @@ class ClaudePlanner(Planner):
         return out
 
     async def step(self, best: ServingConfig, seen: set[str], run_id: str,
-                   losers: dict[str, str] | None = None) -> PlanStep:
+                   losers: dict[str, str] | None = None,
+                   history: Sequence[Any] = ()) -> PlanStep:
         """Screen every unseen neighbour of ``best``, then ask Claude which one to launch.
 
         Same arguments as :meth:`Planner.step`. Viable candidates that are not chosen stay

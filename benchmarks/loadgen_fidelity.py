@@ -412,7 +412,7 @@ def main() -> None:
         what = f"{srv.describe()} ({args.stub_engine} engine)"
     print(f"{what}; load: ISL {args.isl} / OSL {args.osl}, constant rate, {args.point_s:g} s "
           f"per point; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start")
-    print(f"baseline: {BASELINE} (the runner before issue 6)")
+    print(f"baseline: {BASELINE} (the earlier runner: httpx on asyncio's default loop)")
     try:
         measure(BASELINE, srv, 10, 1.0, args.isl, args.osl)  # warm
         # 1. headline point, variants interleaved twice; the better of the two is kept (noise
@@ -426,11 +426,12 @@ def main() -> None:
         b = head[BASELINE]
         print(f"\n1. at {args.rate:g} req/s (ms; bias = client TTFT - the server model's known "
               "TTFT; overhead = client TTFT - the server's own TTFT (first write - request "
-              "read), the runner's bias; ratio = variant / baseline)")
+              "read), the runner's bias; ovr/b, lag/b = overhead and lag p99, variant / "
+              "baseline)")
         print(f"{'variant':<16} {'sent':>5} {'err':>4} {'TTFT':>7} {'known':>7} {'bias':>6} "
               f"{'bias50':>6} "
-              f"{'srvTTFT':>7} {'ovrhd':>6} {'ovr50':>6} {'ratio':>6} {'lag50':>6} {'lag99':>6} "
-              f"{'ratio':>6} {'up':>5} {'down':>5} {'ITLbias':>7}")
+              f"{'srvTTFT':>7} {'ovrhd':>6} {'ovr50':>6} {'ovr/b':>6} {'lag50':>6} {'lag99':>6} "
+              f"{'lag/b':>6} {'up':>5} {'down':>5} {'ITLbias':>7}")
         for v in variants:
             p = head[v]
             print(f"{v:<16} {p.sent:>5} {p.errors:>4} {p.ttft_ms:>7.2f} {p.known_ttft_ms:>7.2f} "

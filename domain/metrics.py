@@ -1,4 +1,4 @@
-"""Per-request records -> a metrics summary, and the Pareto frontier.
+"""Per-request records -> a metrics summary (the Pareto frontier lives in :mod:`domain.pareto`).
 
 Definitions follow SGLang's ``bench_serving`` (``sglang/benchmark/serving.py: calculate_metrics``;
 sglang-knobs reference section 5.4):
@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from pydantic import BaseModel
+
+from domain.pareto import pareto_front as pareto_front  # re-exported; defined there
 
 
 @dataclass(slots=True)
@@ -137,21 +139,3 @@ def summarize(records: Sequence[RequestRecord], gpus: int,
         ttft_ms=Percentiles.of(ttft), itl_ms=Percentiles.of(itl), tpot_ms=Percentiles.of(tpot),
         e2e_ms=Percentiles.of(e2e), goodput_req_s=good, gpus=gpus,
     )
-
-
-def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
-    """Indices of the points not dominated when maximising both coordinates.
-
-    Args:
-        points: (x, y) pairs, e.g. (tok/s/user, tok/s/GPU).
-
-    Returns:
-        Indices of the frontier sorted by increasing x.
-    """
-    order = sorted(range(len(points)), key=lambda i: (-points[i][0], -points[i][1]))
-    front, best_y = [], -math.inf
-    for i in order:
-        if points[i][1] > best_y:
-            front.append(i)
-            best_y = points[i][1]
-    return sorted(front, key=lambda i: points[i][0])

@@ -77,8 +77,10 @@ class Budget(BaseModel):
 
 
 class SearchSpec(BaseModel):
-    """Which planner brain proposes candidates (lessons and the memory-fit estimate prune every
-    brain's candidates before launch)."""
+    """Which planner brain proposes candidates.
+
+    Lessons and the memory-fit estimate prune every brain's candidates before launch.
+    """
 
     model_config = ConfigDict(extra="forbid")
     brain: Literal["ovat", "tpe", "grid"] = Field(

@@ -7,9 +7,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from domain.acceptance import AcceptDecision
+from domain.admission import OverAdmission
 from domain.config import ServingConfig, flag_inventory
 from domain.lesson import Lesson
 from domain.metrics import MetricsSummary
+from domain.quality import QualityGate
 
 # "failed": an agent (Claude brain) gave an invalid output twice or ran out of budget; the trial
 # used a slot of the trial budget but measured nothing that can win.
@@ -55,12 +58,29 @@ class Trial(BaseModel):
         default_factory=list, description="lessons this trial taught (stored again on resume)")
     saturation: MetricsSummary | None = None
     replay: MetricsSummary | None = None
-    objective: float | None = Field(None, description="output tok/s/GPU on the saturation run")
+    objective: float | None = Field(None, description="output tok/s/GPU on the saturation run "
+                                    "(the mean over its repeats when it ran several times)")
+    objective_runs: list[float] = Field(
+        default_factory=list, description="output tok/s/GPU of each repeated saturation run "
+        "(acceptance.repeats / SERVETUNE_REPEATS); ``saturation`` is the first run's summary")
+    objective_blocks: list[float] = Field(
+        default_factory=list, description="output tok/s/GPU of equal time slices of the first "
+        "saturation run: the gate's samples when a candidate or the incumbent ran once")
+    acceptance: AcceptDecision | None = Field(
+        None, description="the acceptance gate's decision against the incumbent: relative "
+        "gain, its bootstrap interval and the samples it rests on (None: baseline, first "
+        "config that ran, or no valid run)")
     decode_roofline_share: float | None = Field(
         None, description="decode time at 100% of the roofline / measured decode time on the "
         "saturation run (twin: from the engine's step model; mean over replicas)")
     cache_hit_rate: float | None = Field(
         None, description="prompt tokens served from the prefix cache on the trace replay")
+    admission: OverAdmission | None = Field(
+        None, description="validate: the over-admission verdict read from the replay's own "
+        "time series (queue, TTFT, throughput per bin) and the admission caps it suggests")
+    quality: QualityGate | None = Field(
+        None, description="validate: the quality gate on outputs (not-needed, not-applicable "
+        "on the twin, pass or fail on real endpoints)")
     predicted: dict[str, Any] = Field(default_factory=dict,
                                       description="the estimator's numbers before launch")
     log_tail: list[str] = Field(default_factory=list)

@@ -66,7 +66,7 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
                     source_tree: SourceTree | None = None, research: bool = True,
                     research_parallel: int = 4,
                     claude: ClaudeSetup | None = None,
-                    backend: ClusterBackend | None = None) -> StudyOutcome:
+                    backend: ClusterBackend | None = None, repeats: int = 1) -> StudyOutcome:
     """Run ``study`` as ``run_id`` in ``run_dir`` (resuming from its checkpoint if present).
 
     Args:
@@ -84,6 +84,8 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
             the deterministic brains, no API key needed).
         backend: the cluster backend trials are deployed on; the cluster and bench servers
             share it (None: the twin, records in memory, namespace ``servetune``).
+        repeats: saturation runs per search candidate when the study's
+            ``acceptance.repeats`` is unset (``SERVETUNE_REPEATS``).
 
     Raises:
         anthropic.APIError: the Messages API refused a call for good (bad key, no credit);
@@ -92,7 +94,8 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
     run_dir.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(run_dir / "ledger.sqlite")
     backend = backend if backend is not None else TwinBackend(namespace="servetune")
-    bench = BenchService(backend, run_dir / "records", trace_roots)
+    bench = BenchService(backend, run_dir / "records", trace_roots,
+                         twin_noise_pct=study.acceptance.twin_noise_pct)
     try:
         async with Client(cluster_server(backend)) as c_cluster, \
                 Client(bench_server(bench)) as c_bench, \
@@ -122,7 +125,7 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
                                bench=c_bench, lessons=c_lessons, backend_kind=backend.kind,
                                progress=progress, events_path=run_dir / "events.jsonl",
                                researchers=researchers, research_parallel=research_parallel,
-                               claude=claude, namespace=backend.namespace)
+                               claude=claude, namespace=backend.namespace, repeats=repeats)
             already_done = resumed and snap.values.get("phase") == "done"
             if already_done:
                 final = snap.values  # finished before: nothing to do

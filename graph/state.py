@@ -58,6 +58,7 @@ class StudyContext:
     research_parallel: int = 4
     claude: ClaudeSetup | None = None  # None: deterministic planner, deployer and analyst
     namespace: str = "servetune"  # the cluster server's namespace (fixed in deployer tools)
+    repeats: int = 1  # saturation runs per candidate when the study's acceptance.repeats is unset
 
     def event(self, kind: str, **data: Any) -> None:
         """Append one audit event (e.g. every deploy) to ``events.jsonl``, flushed at once."""

@@ -16,7 +16,8 @@ from typing import Any
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 
-from agents.analyst import Analyst, ClaudeAnalyst, failure_lesson, replica_mean
+from agents.analyst import Analyst, ClaudeAnalyst, acceptance, failure_lesson, replica_mean
+from agents.brains import make_planner
 from agents.claude import AgentFailure, AgentUsage, failure_reason
 from agents.deployer import ClaudeDeployer, Deployer
 from agents.mcp_tools import call
@@ -35,6 +36,13 @@ from domain.study import Study
 from domain.trial import Trial, manifest_for
 from graph.research import run_research
 from graph.state import StudyContext, StudyState
+from graph.validation import (
+    admission_of,
+    candidate_outputs,
+    frontier_targets,
+    quality_gate,
+    retune,
+)
 
 SUCCESS = ("baseline", "keep", "discard")
 EXTRA_USAGE = "llm_usage_unattached"  # ledger meta: agent runs that produced no trial row
@@ -97,8 +105,9 @@ def spent(ledger: Ledger) -> dict[str, float]:
         out["wall_s"] += t.wall_s + branch_s
         out["llm_tokens"] += sum(tokens(o.get("usage", {})) for o in t.research)
         out["questions"] += len(t.research)
-        if t.saturation is not None:
-            out["gpu_hours"] += t.config.gpus * t.saturation.duration_s / 3600
+        if t.saturation is not None:  # repeated runs last about as long as the first
+            out["gpu_hours"] += (t.config.gpus * t.saturation.duration_s / 3600
+                                 * max(1, len(t.objective_runs)))
     return out
 
 
@@ -130,6 +139,14 @@ def _losers(trials: list[Trial], share: float) -> dict[str, str]:
     return out
 
 
+def repeats(ctx: StudyContext) -> int:
+    """Saturation runs per launched search candidate.
+
+    The study's ``acceptance.repeats``, else the run's setting (``SERVETUNE_REPEATS``, default 1).
+    """
+    return ctx.study.acceptance.repeats or ctx.repeats
+
+
 def _deployment_name(config: ServingConfig) -> str:
     return f"trial-{config.config_id()}"
 
@@ -153,6 +170,14 @@ def _brains(ctx: StudyContext) -> tuple[Deployer, Analyst]:
 
 
 def _planner(ctx: StudyContext) -> Planner:
+    """The planner brain of one search step.
+
+    ``search.brain`` tpe or grid: that space brain (:func:`agents.brains.make_planner`),
+    with or without Claude. ovat: Claude picks among the one-knob neighbours when the run has
+    a key and its LLM-token budget is not spent, else the deterministic :class:`Planner`.
+    """
+    if ctx.study.search.brain != "ovat":
+        return make_planner(ctx.study, ctx.lessons)
     if ctx.claude is None or llm_capped(ctx):
         return Planner(ctx.study, ctx.lessons)
     return ClaudePlanner(ctx.study, ctx.lessons, ctx.claude, ctx.ledger.trials("search"))
@@ -212,22 +237,35 @@ async def _launch_and_measure(ctx: StudyContext, key: str, phase: str, config: S
         await call(ctx.lessons, "add_lesson", {"lesson": lesson.model_dump(mode="json")})
         return trial
     try:
-        bench = await analyst.saturation(name)
+        runs = await analyst.saturation_runs(name, repeats(ctx))
     finally:
         await deployer.teardown(name)
+    bench = next((b for b in runs if not b.valid), runs[0])  # an invalid run is not scored
+    objectives = [b.summary.output_tok_s_per_gpu for b in runs]
     measured: dict[str, Any] = dict(
         saturation=bench.summary, records_path=bench.records_path,
-        decode_roofline_share=replica_mean(bench.replicas, "decode_roofline_share"))
+        decode_roofline_share=replica_mean(bench.replicas, "decode_roofline_share"),
+        objective_runs=objectives, objective_blocks=bench.block_tok_s_per_gpu)
     pos = search_position(ctx.ledger, ctx.study)
+    gate = None
+    if bench.valid and bench.summary.completed and not is_baseline \
+            and pos["best_seq"] is not None:
+        inc = _by_seq(ctx.ledger, pos["best_seq"])
+        gate = acceptance(objectives, bench.block_tok_s_per_gpu,
+                          inc.objective_runs or [inc.objective or 0.0], inc.objective_blocks,
+                          ctx.study)
     try:
         verdict = await analyst.verdict(bench, pos["best_objective"], is_baseline, config,
-                                        changed)
+                                        changed, gate=gate, objective=(
+                                            sum(objectives) / len(objectives)
+                                            if len(objectives) > 1 else None))
     except AgentFailure as e:
         return ctx.ledger.append(Trial(**base, **measured, status="failed",
                                        reason=failure_reason("analyst", e), llm_usage=usage(),
                                        wall_s=time.time() - t0))
     trial = Trial(**base, **measured, status=verdict.status, reason=verdict.reason,
-                  objective=verdict.objective, llm_usage=usage(), wall_s=time.time() - t0)
+                  objective=verdict.objective, acceptance=gate, llm_usage=usage(),
+                  wall_s=time.time() - t0)
     return ctx.ledger.append(trial)
 
 
@@ -277,7 +315,8 @@ async def search(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
             break
         base_trial = bases[i]
         i += 1
-        step = await planner.step(base_trial.config, seen, ctx.run_id, losers=losers)
+        step = await planner.step(base_trial.config, seen, ctx.run_id, losers=losers,
+                                  history=trials)
         for p in step.pruned:
             ledger.append(Trial(run_id=ctx.run_id, seq=0, key=f"search:{p.config.config_id()}",
                                 phase="search", status="pruned", config=p.config,
@@ -405,15 +444,18 @@ async def validate(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
         deployer, analyst = _brains(ctx)
         name = _deployment_name(src.config)
         ctx.event("deploy", key=key, name=name)
-        rep, failed = None, None
+        rep, failed, outputs = None, None, None
         try:
             out = await deployer.launch(name, src.config, {"servetune/run-id": ctx.run_id})
             rep = await analyst.replay(name) if out.ready else None
+            if rep is not None:  # while it is up: greedy outputs for the quality gate
+                outputs = await candidate_outputs(ctx, src.config, name)
         except AgentFailure as e:
             failed = failure_reason("deployer", e)
         finally:
             await deployer.teardown(name)
         slo = ctx.study.slo.ttft_p99_ms
+        gate = found = None
         if failed is not None:
             status, reason, summary = "failed", failed, None
         elif rep is None:
@@ -429,6 +471,12 @@ async def validate(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
                       f"{summary.completed}/{summary.requests} completed")
             if summary.errors:
                 reason += f"; {summary.errors} requests failed ({rep.first_error})"
+            found = await admission_of(ctx, rep, src.config)
+            gate = await quality_gate(ctx, src.config, outputs, deployer)
+            if found is not None and found.detected:
+                reason += "; over-admission detected"
+            if ok and gate.blocks:
+                status, reason = "discard", f"{reason}; quality gate failed: {gate.reason}"
         ctx.ledger.append(Trial(
             run_id=ctx.run_id, seq=0, key=key, phase="validate", status=status,
             config=src.config, changed=src.changed, parent_seq=src.seq, reason=reason,
@@ -437,7 +485,12 @@ async def validate(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
             cache_hit_rate=replica_mean(rep.replicas, "cache_hit_rate") if rep else None,
             records_path=rep.records_path if rep else None, llm_usage=llm_usage(
                 deployer=deployer), manifest=manifest_for(src.config, ctx.backend_kind),
-            wall_s=time.time() - t0))
+            admission=found, quality=gate, wall_s=time.time() - t0))
+    done = ctx.ledger.get(key)
+    if ctx.study.validation.tune_admission and done is not None and done.admission is not None \
+            and done.admission.detected:  # idempotent per variant: a resumed run skips done ones
+        deployer, analyst = _brains(ctx)
+        await retune(ctx, done, deployer, analyst, done.quality)
     return {"finalists": finalists, "cursor": cursor + 1, "phase": "validate"}
 
 
@@ -454,40 +507,48 @@ def _pick_winner(ledger: Ledger) -> int | None:
 
 
 async def frontier(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str, Any]:
-    """Concurrency sweep of the next finalist (tok/s/GPU vs tok/s/user points)."""
+    """Concurrency sweep of the next frontier config (tok/s/GPU vs tok/s/user points).
+
+    The configs are the finalists, then a speculative (NEXTN) variant of the winner where the
+    model ships an MTP head (:func:`graph.validation.frontier_targets`, derived from the
+    ledger, so a resumed run sweeps the same list).
+    """
     ctx = runtime.context
-    finalists = state.get("finalists", [])
+    targets = frontier_targets(ctx.ledger, ctx.study, state.get("finalists", []))
     cursor = state.get("cursor", 0)
-    if cursor >= len(finalists):
+    if cursor >= len(targets):
         return {"phase": "done"}
-    src = _by_seq(ctx.ledger, finalists[cursor])
+    config, changed, parent = targets[cursor]
     conc = ctx.study.sweep_concurrency
-    ctx.report(phase="frontier", trial=cursor + 1, total=len(finalists),
-               config=src.changed or "baseline")
-    todo = [c for c in conc if ctx.ledger.get(f"frontier:{src.config.config_id()}:{c}") is None]
+    ctx.report(phase="frontier", trial=cursor + 1, total=len(targets),
+               config=changed or "baseline")
+    todo = [c for c in conc if ctx.ledger.get(f"frontier:{config.config_id()}:{c}") is None]
     if todo:
         deployer, analyst = _brains(ctx)
-        name = _deployment_name(src.config)
-        ctx.event("deploy", key=f"frontier:{src.config.config_id()}", name=name)
+        name = _deployment_name(config)
+        ctx.event("deploy", key=f"frontier:{config.config_id()}", name=name)
         try:
-            out = await deployer.launch(name, src.config, {"servetune/run-id": ctx.run_id})
-        except AgentFailure as e:  # the sweep of this finalist is skipped, with the reason
+            out = await deployer.launch(name, config, {"servetune/run-id": ctx.run_id})
+        except AgentFailure as e:  # the sweep of this config is skipped, with the reason
             await deployer.teardown(name)
             _add_extra_usage(ctx.ledger, "deployer", getattr(deployer, "usage", AgentUsage()))
-            ctx.report(phase="frontier", pruned=src.changed or "baseline",
+            ctx.report(phase="frontier", pruned=changed or "baseline",
                        reason=failure_reason("deployer", e))
             return {"cursor": cursor + 1, "phase": "frontier"}
         _add_extra_usage(ctx.ledger, "deployer", getattr(deployer, "usage", AgentUsage()))
+        if not out.ready:
+            ctx.report(phase="frontier", pruned=changed or "baseline",
+                       reason=f"did not start: {out.evidence[:160]}")
         try:
             for c in todo if out.ready else []:
                 t0 = time.time()
                 b = await analyst.saturation(name, concurrency=c)
                 ctx.ledger.append(Trial(
-                    run_id=ctx.run_id, seq=0, key=f"frontier:{src.config.config_id()}:{c}",
-                    phase="frontier", status="sweep", config=src.config, changed=src.changed,
-                    parent_seq=src.seq, reason=f"concurrency {c}", saturation=b.summary,
+                    run_id=ctx.run_id, seq=0, key=f"frontier:{config.config_id()}:{c}",
+                    phase="frontier", status="sweep", config=config, changed=changed,
+                    parent_seq=parent, reason=f"concurrency {c}", saturation=b.summary,
                     objective=b.summary.output_tok_s_per_gpu, records_path=b.records_path,
-                    manifest=manifest_for(src.config, ctx.backend_kind),
+                    manifest=manifest_for(config, ctx.backend_kind),
                     wall_s=time.time() - t0))
         finally:
             await deployer.teardown(name)

@@ -109,8 +109,8 @@ def dra_api_version(k8s_version: str) -> str:
         return "resource.k8s.io/v1beta2"
     if n == 32:
         return "resource.k8s.io/v1beta1"
-    raise ValueError(f"DRA needs Kubernetes 1.32 or later (resource.k8s.io/v1beta1); "
-                     f"{k8s_version} serves only v1alpha3")
+    raise ValueError(f"DRA needs Kubernetes 1.32 or later (resource.k8s.io/v1beta1 with "
+                     f"structured parameters); {k8s_version} has no usable DRA API")
 
 
 def service_url(name: str, namespace: str, port: int = 30000) -> str:

@@ -16,13 +16,14 @@ import yaml
 from sandbox.podspec import (
     MANAGED_BY_LABEL,
     STUDY_LABEL,
-    check_name,
+    check_image,
+    check_namespace,
     container_security,
     label_value,
     pod_security,
 )
 from sandbox.rbac import role_rules
-from sandbox.validate import check_k8s_version
+from sandbox.validate import check_k8s_version, minor
 
 SA_NAME = "servetune"
 STUDY_CONFIGMAP = "servetune-study"
@@ -84,13 +85,17 @@ def render_sandbox(namespace: str, gpus: int, *, image: str, study_yaml: str,
         ValueError: bad namespace, GPU count, Kubernetes version, or a study that is not a
             YAML mapping or exceeds a ConfigMap.
     """
-    check_name(namespace, what="namespace")
+    check_namespace(namespace)
+    check_image(image)
     version = check_k8s_version(k8s_version)
+    if dra and minor(version) < 32:
+        raise ValueError(f"--dra needs Kubernetes 1.32 or later (resource.k8s.io/v1beta1 with "
+                         f"structured parameters); {version} has no usable DRA API")
     if not RUN_ID.fullmatch(run_id):
         raise ValueError(f"run_id {run_id!r}: a letter or digit, then letters, digits, '-' "
                          "or '_' (at most 64 characters), as servetune run --run-id accepts")
-    if gpus < 0:
-        raise ValueError(f"gpus {gpus}: give the number of GPUs the study may use (>= 0)")
+    if gpus < 1:
+        raise ValueError(f"gpus {gpus}: give the number of GPUs the study may use (>= 1)")
     try:
         study = yaml.safe_load(study_yaml)
     except yaml.YAMLError as e:

@@ -49,6 +49,41 @@ def check_name(name: str, limit: int = 63, what: str = "name") -> str:
     return name
 
 
+# namespaces a sandbox must never take over: the cluster's own (kube-system holds DNS, whose
+# traffic a sandbox NetworkPolicy would cut) and the default namespace other workloads share
+RESERVED_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
+# an image reference: [registry[:port]/]path[:tag][@digest] (distribution/reference grammar,
+# lowercase path components; kept simple: no spaces, no leading '-')
+IMAGE_REF = re.compile(r"[a-z0-9][a-z0-9._-]*(?::[0-9]+)?(?:/[a-z0-9][a-z0-9._/-]*)*"
+                       r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?")
+
+
+def check_namespace(namespace: str, what: str = "namespace") -> str:
+    """``namespace`` if it is a DNS-1123 label and not a system or shared namespace.
+
+    Raises:
+        ValueError: a bad name, or ``default`` / ``kube-*`` (a sandbox relabels its namespace
+            and cuts its traffic to the namespace itself).
+    """
+    check_name(namespace, what=what)
+    if namespace in RESERVED_NAMESPACES or namespace.startswith("kube-"):
+        raise ValueError(f"{what} {namespace!r} is a system or shared namespace; servetune "
+                         "works in a namespace of its own (e.g. servetune-<team>)")
+    return namespace
+
+
+def check_image(image: str, what: str = "image") -> str:
+    """``image`` if it is a container image reference (``registry/path:tag`` or ``@sha256:``).
+
+    Raises:
+        ValueError: empty or malformed.
+    """
+    if not isinstance(image, str) or not IMAGE_REF.fullmatch(image):
+        raise ValueError(f"{what} {image!r}: give an image reference such as "
+                         "ghcr.io/servetune/servetune:0.1.0 or lmsysorg/sglang:v0.5.23")
+    return image
+
+
 def label_value(text: str) -> str:
     """``text`` made a valid label value: other characters become '-', at most 63, trimmed."""
     out = re.sub(r"[^A-Za-z0-9_.-]+", "-", text)[:63]

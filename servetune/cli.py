@@ -181,6 +181,11 @@ def _cluster_backend(kind: str, namespace: str, kubeconfig: Path | None, context
                                gpu_budget=gpus if kind == "kubernetes" else None)
     except BackendError as e:
         _fail(str(e))
+    if kind == "kubernetes":  # credentials, reachability and RBAC, before any work starts
+        try:
+            backend.list()
+        except BackendError as e:
+            _fail(f"--backend kubernetes: {e}")
     import shlex
 
     flags = "" if kind == "twin" else f" --backend {kind}"
@@ -308,7 +313,7 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
         try:
             outcome = asyncio.run(run_study(study_run, rid, run_dir, store, [trace_path.parent],
                                             progress, source_tree=tree, claude=claude,
-                                            backend=cluster))
+                                            backend=cluster, repeats=settings.repeats))
         except KeyboardInterrupt:
             bar.stop()
             _save_elapsed(run_dir, prior_s + time.time() - t0)
@@ -683,7 +688,7 @@ def mcp_bench(
     runner: Annotated[str, typer.Option(
         "--runner", help="load generator of runs that ask for auto: auto (aiperf for a "
                          "cluster backend's deployments when installed, else the built-in "
-                         "runner), builtin, or aiperf (the [aiperf] extra)")] = "auto",
+                         "runner), builtin, or aiperf (the \\[aiperf] extra)")] = "auto",
     kubeconfig: KubeconfigOpt = None,
     context: ContextOpt = None,
 ) -> None:

@@ -22,7 +22,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from domain.lesson import Lesson
-from domain.metrics import MetricsSummary, pareto_front
+from domain.metrics import MetricsSummary
+from domain.pareto import dominated_by, pareto_front
 from domain.study import Study
 from domain.trial import Trial
 
@@ -202,6 +203,10 @@ def plot_frontier(points: list[tuple[Trial, int | None]], path: Path) -> bool:
                             fontsize=7)
     all_xy = [_xy(t.saturation) for t, _ in points if t.saturation is not None]
     front = [all_xy[i] for i in pareto_front(all_xy)]
+    beaten = [all_xy[i] for i in dominated_by(all_xy)]
+    if beaten:
+        ax.scatter([p[0] for p in beaten], [p[1] for p in beaten], marker="x", color="grey",
+                   s=40, zorder=3, label=f"dominated ({len(beaten)} of {len(all_xy)})")
     ax.plot([p[0] for p in front], [p[1] for p in front], color="black", linestyle="--",
             linewidth=2, marker="D", markerfacecolor="none", markersize=10, alpha=0.7,
             label="Pareto front")
@@ -347,7 +352,10 @@ def _result(study: Study, trials: list[Trial]) -> list[str]:
                 f"{len(flags)} tuned flag(s) beyond model, TP and quantization. "
                 "Launch command for ONE replica:", ""]
         out += _fence(winner.config.launch_command(), "bash")
-        out += ["", *_numbers(winner, slo), *_vs_baseline(winner, trials),
+        q = winner.quality
+        gate = [] if q is None else [f"- Quality gate: {q.reason}" if q.status in (
+            "not-applicable", "not-needed") else f"- Quality gate: {q.status} ({q.reason})"]
+        out += ["", *_numbers(winner, slo), *_vs_baseline(winner, trials), *gate,
                 f"- Serve the {winner.config.replicas} replica(s), each on its own "
                 f"{winner.config.tp_size} GPUs (add `--base-gpu-id {winner.config.tp_size}` and "
                 "`--port 30001` for the second one on the node, and so on), behind the "
@@ -367,17 +375,33 @@ def _result(study: Study, trials: list[Trial]) -> list[str]:
     return out
 
 
+def _gate(t: Trial) -> str:
+    """The acceptance cell: gain, its interval and the gate's call (empty without one)."""
+    a = t.acceptance
+    if a is None:
+        return ""
+    call = ("accepted" if a.accepted else "rejected") if a.samples == "runs" else "not gated"
+    return (f"{a.gain:+.1%} [{a.ci_low:+.1%}, {a.ci_high:+.1%}] {call} "
+            f"({a.n_candidate}v{a.n_incumbent} {a.samples})")
+
+
 def _trials_table(trials: list[Trial]) -> list[str]:
     search = [t for t in trials if t.phase == "search"]
     rows = [[t.seq, t.status, _changed(t), _num(t.objective),
              _num(t.saturation.ttft_ms.p99) if t.saturation else "",
-             _pct(t.decode_roofline_share), t.reason] for t in search]
+             _pct(t.decode_roofline_share), _gate(t), t.reason] for t in search]
+    confidence = next((t.acceptance.confidence for t in search if t.acceptance), 0.95)
     return ["## Trials", "",
             "Decode roofline: the share of the decode roofline the saturation run reached (decode "
             "time at 100% of HBM bandwidth and peak FLOP/s over the measured decode time; with "
-            "speculative decoding it can exceed 100%).", "", *_table(
+            "speculative decoding it can exceed 100%).", "",
+            f"Gain vs best [{confidence:.0%} CI]: the acceptance gate's relative tok/s/GPU gain "
+            "over the incumbent and its bootstrap interval. Over repeated runs the gate decides "
+            "(kept only if the interval's low end exceeds min_improvement); with one run each "
+            "the interval rests on time slices of the runs, sees no run-to-run noise, and the "
+            "point gain decides (not gated).", "", *_table(
                 ["seq", "status", "changed", "tok/s/GPU", "saturation TTFT p99 (ms)",
-                 "decode roofline", "reason"], rows), ""]
+                 "decode roofline", "gain vs best [CI]", "reason"], rows), ""]
 
 
 def _pct(v: float | None) -> str:
@@ -414,19 +438,76 @@ def _frontier_section(points: list[tuple[Trial, int | None]], has_plot: bool) ->
         return out + ["No frontier sweep was measured in this run, so there is no plot.", ""]
     if has_plot:
         out += [f"![tok/s/GPU vs tok/s/user]({FRONTIER_PNG})", ""]
-    xy = [_xy(t.saturation) for t, _ in points if t.saturation is not None]
-    front = set(pareto_front(xy))
+    measured = [(t, c) for t, c in points if t.saturation is not None]
+    xy = [_xy(t.saturation) for t, _ in measured if t.saturation is not None]
+    front, beaten = set(pareto_front(xy)), dominated_by(xy)
+    out += [f"Pareto frontier of output tok/s/GPU vs tok/s/user over every swept point "
+            f"(finalists and, where the model has an MTP head, a NEXTN speculative variant of "
+            f"the winner): {len(front)} of {len(xy)} points are on it; a dominated point names "
+            "a frontier point at least as good on both axes.", ""]
+
+    def label(t: Trial, c: int | None) -> str:
+        return (f"#{t.parent_seq} {_changed(t)}" if t.parent_seq else _changed(t)) + (
+            f" c={c}" if c is not None else "")
     rows = []
-    for i, (t, c) in enumerate(points):
+    for i, (t, c) in enumerate(measured):
         s = t.saturation
-        if s is None:
-            continue
+        assert s is not None
+        on = "yes" if i in front else f"no (by {label(*measured[beaten[i]])})"
         rows.append([f"#{t.parent_seq} {_changed(t)}" if t.parent_seq else _changed(t),
                      "" if c is None else c, _num(s.tok_s_per_user), _num(s.output_tok_s_per_gpu),
-                     _num(s.ttft_ms.p99), "yes" if i in front else ""])
+                     _num(s.ttft_ms.p99), on])
     out += _table(["config", "concurrency", "tok/s/user", "output tok/s/GPU", "TTFT p99 (ms)",
                    "on Pareto front"], rows)
     return out + [""]
+
+
+def _admission_section(trials: list[Trial]) -> list[str]:
+    """Over-admission verdicts of the replays and the admission retuning they led to."""
+    validated = [t for t in trials if t.phase == "validate"]
+    judged = [t for t in validated if t.admission is not None]
+    out = ["## Over-admission on the trace", ""]
+    if not judged:
+        return out + ["No replay was checked for over-admission.", ""]
+    out += ["Read from each replay's own time series (12 bins over the arrivals; verdict on the "
+            "second half): over-admission is throughput flat while the queue (sent, no first "
+            "token yet) and TTFT keep rising. Where it shows, the validate phase replays "
+            "max_running_requests near the measured capacity (decoding requests per replica) "
+            "and HiCache where prefixes repeat; a variant is adopted only if it serves every "
+            "request at no throughput loss and meets the SLO the finalist missed or lowers TTFT "
+            "p99 by more than the study's min_improvement.", ""]
+    rows = []
+    for t in judged:
+        a = t.admission
+        assert a is not None
+        rows.append([t.seq, _changed(t), "yes" if a.detected else "no",
+                     ", ".join(map(str, a.cap_candidates)) if a.detected else "",
+                     _num(t.replay.ttft_ms.p99 if t.replay else None), t.status, a.reason])
+    return out + _table(["seq", "config", "over-admitted", "caps tried", "replay TTFT p99 (ms)",
+                         "status", "evidence"], rows) + [""]
+
+
+def _quality_section(trials: list[Trial]) -> list[str]:
+    """The quality gate of the finalists (outputs vs the reference config)."""
+    gated = [t for t in trials if t.phase == "validate" and t.quality is not None]
+    out = ["## Quality gate", ""]
+    if not gated:
+        return out + ["No finalist reached the quality gate.", ""]
+    out += ["A finalist that changes numerics relative to the reference (the baseline: weights "
+            "checkpoint or KV cache dtype) must reproduce the reference's greedy outputs on a "
+            "fixed prompt set (token match rate >= the study's "
+            "validation.quality_min_token_match) before it can be the winner. On the twin "
+            "there are no real outputs, so the gate is reported as not applicable, never "
+            "faked.", ""]
+    rows = []
+    for t in gated:
+        q = t.quality
+        assert q is not None
+        rows.append([t.seq, _changed(t), t.status, q.status, "; ".join(q.changes) or "none",
+                     "" if q.token_match_rate is None else f"{q.token_match_rate:.1%}",
+                     q.reason])
+    return out + _table(["seq", "config", "status", "gate", "numerics changes",
+                         "token match", "reason"], rows) + [""]
 
 
 def _predicted_section(trials: list[Trial]) -> list[str]:
@@ -698,6 +779,8 @@ def render_report(run_dir: Path, study: Study, trials: list[Trial], lessons: lis
     else:
         lines += ["No search trial was launched, so there is no search plot.", ""]
     lines += _finalists_table(trials, plots[REPLAY_PNG])
+    lines += _admission_section(trials)
+    lines += _quality_section(trials)
     lines += _frontier_section(points, plots[FRONTIER_PNG])
     lines += _predicted_section(trials)
     lines += _research_section(trials)

@@ -19,7 +19,14 @@ from rich.console import Console
 from domain.config import ServingConfig
 from domain.errors import ServetuneError
 from sandbox.manifests import SglangOptions, render_sandbox, render_sglang
-from sandbox.podspec import MANAGED_BY_LABEL, STUDY_LABEL, TRIAL_LABEL, check_name, label_value
+from sandbox.podspec import (
+    MANAGED_BY_LABEL,
+    STUDY_LABEL,
+    TRIAL_LABEL,
+    check_image,
+    check_namespace,
+    label_value,
+)
 from sandbox.validate import check_k8s_version, validate
 
 sandbox_app = typer.Typer(no_args_is_help=True, help="Kubernetes manifests: the sandbox for "
@@ -85,7 +92,8 @@ def _version(k8s_version: str) -> str:
 @sandbox_app.command("render")
 def render(
     namespace: Annotated[str, typer.Option("--namespace", help="sandbox namespace")],
-    gpus: Annotated[int, typer.Option("--gpus", min=0, help="GPUs the study may hold")],
+    gpus: Annotated[int, typer.Option("--gpus", min=1, help="GPUs the study may hold (at "
+                                                          "least the study's gpu_count)")],
     image: Annotated[str, typer.Option("--image", help="servetune image (sandbox/Dockerfile)")],
     study: Annotated[Path, typer.Option("--study", help="study YAML run by the Job")],
     k8s_version: K8sVersionOpt = "1.33",
@@ -102,17 +110,21 @@ def render(
     from servetune.study_file import load_study
 
     try:
-        check_name(namespace, what="--namespace")
+        check_namespace(namespace, what="--namespace")
+        check_image(image, what="--image")
     except ValueError as e:
         _fail(str(e))
     version = _version(k8s_version)
     try:
         text = study.read_text(encoding="utf-8")
-        load_study(study)
+        spec = load_study(study)
     except (OSError, UnicodeDecodeError) as e:
         _fail(f"--study {study}: cannot read ({getattr(e, 'strerror', None) or e})")
     except ServetuneError as e:
         _fail(f"--study: {e}")
+    if gpus < spec.gpu_count:
+        _fail(f"--gpus {gpus}: the study {spec.name} uses {spec.gpu_count} {spec.gpu} GPUs; the "
+              f"quota must allow at least that many (--gpus {spec.gpu_count})")
     try:
         objs = render_sandbox(namespace, gpus, image=image, study_yaml=text,
                               k8s_version=version, lws=lws, dra=dra, storage=storage,
@@ -159,7 +171,9 @@ def render_config(
     labels = {MANAGED_BY_LABEL: "servetune", STUDY_LABEL: label_value(study_name) or "manual",
               TRIAL_LABEL: label_value(trial or cfg.config_id()) or cfg.config_id()}
     try:
-        check_name(namespace, what="--namespace")
+        check_namespace(namespace, what="--namespace")
+        if image is not None:
+            check_image(image, what="--image")
         opts = SglangOptions(image=image, k8s_version=version, router=router, dra=dra,
                              gpus_per_node=gpus_per_node, model_cache_pvc=model_cache_pvc)
         objs = render_sglang(cfg, name, namespace, labels, opts=opts)

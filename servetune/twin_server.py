@@ -72,6 +72,8 @@ WORDS = (" the", " of", " and", " to", " in", " is", " was", " for", " on", " th
 # wakes up late by about 1 ms (epoll waits in whole milliseconds, rounded up), so releasing
 # half of that early centres the emission error on zero (measured in tests/test_twin_server.py).
 EMIT_AHEAD_S = 0.0005
+# how often a non-streamed request checks that its client is still connected (s)
+DISCONNECT_POLL_S = 0.5
 READY_LINE = "The server is fired up and ready to roll!"
 
 
@@ -360,12 +362,25 @@ class TwinService:
         finally:
             self.release(st)
 
-    async def complete(self, st: _Stream, req: ParsedRequest, n_in: int) -> Response:
-        """The non-streamed response of one request, once its last token is due."""
+    async def complete(self, st: _Stream, req: ParsedRequest, n_in: int,
+                       request: Request | None = None) -> Response:
+        """The non-streamed response of one request, once its last token is due.
+
+        While it waits, the connection is checked every :data:`DISCONNECT_POLL_S` seconds: a
+        client that went away aborts the request (``release`` frees its slot and KV), as a
+        streamed one is aborted when its write fails.
+        """
+        loop = asyncio.get_running_loop()
+        check_at = loop.time() + DISCONNECT_POLL_S
         try:
             while not st.finished:
-                await st.event.wait()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(st.event.wait(), DISCONNECT_POLL_S)
                 st.event.clear()
+                if request is not None and loop.time() >= check_at:
+                    if await request.is_disconnected():
+                        return Response(status_code=499)  # nginx's "client closed request"
+                    check_at = loop.time() + DISCONNECT_POLL_S
         finally:
             self.release(st)
         if st.error is not None:
@@ -402,7 +417,7 @@ class TwinService:
                 return StreamingResponse(self.stream_events(st, req, n_in),
                                          media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache"})
-            return await self.complete(st, req, n_in)
+            return await self.complete(st, req, n_in, request)
         return handle
 
     async def models(self, request: Request) -> Response:

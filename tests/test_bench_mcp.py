@@ -170,8 +170,8 @@ async def test_tools_and_annotations(tmp_path):
     async with Client(bench_server(service(tmp_path))) as b:
         tools = {t.name: t for t in (await b.list_tools()).tools}
         assert set(tools) == {"run_saturation", "run_rate", "run_replay", "run_sweep",
-                              "get_records", "list_runs"}
-        for name in ("run_saturation", "run_rate", "run_replay", "run_sweep"):
+                              "run_greedy", "get_records", "list_runs"}
+        for name in ("run_saturation", "run_rate", "run_replay", "run_sweep", "run_greedy"):
             a = tools[name].annotations
             assert (a.read_only_hint, a.destructive_hint, a.open_world_hint) == \
                 (False, False, True), name

@@ -8,6 +8,7 @@ its fault and cache-report options. Timing bounds catch scheduling errors, not f
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -132,6 +133,17 @@ async def test_run_rate_tool_over_http_and_on_the_twin(tmp_path):
     assert all(x["sent_s"] >= x["arrival_s"] for x in page["records"])
     assert twin["target"] == "twin" and twin["summary"]["requests"] == len(want)
     assert twin["workload"]["arrival"] == "poisson" and twin["valid"]
+
+
+async def test_an_oversized_rate_run_is_refused_at_once(tmp_path):
+    svc = BenchService(TwinBackend(), tmp_path / "rec", [], LOCAL, quality=LAX)
+    async with Client(bench_server(svc)) as b:
+        t0 = time.monotonic()
+        r = await b.call_tool("run_rate", {"endpoint": "http://127.0.0.1:9", "isl": 16,
+                                           "osl": 4, "request_rate": 100_000,
+                                           "duration_s": 3600})
+    assert r.is_error and "a run takes at most" in r.content[0].text
+    assert time.monotonic() - t0 < 5  # no 360-million-entry schedule drawn first
 
 
 # --------------------------------------------------------------------------- error classes

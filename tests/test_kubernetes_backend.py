@@ -368,9 +368,10 @@ def test_cli_kubernetes_options_are_checked(argv, message):
     assert message in " ".join(r.output.split())
 
 
-def test_cli_run_builds_the_kubernetes_backend_with_the_study_budget(tmp_path):
+def test_cli_run_builds_the_kubernetes_backend_with_the_study_budget(tmp_path, monkeypatch):
     kc = tmp_path / "kubeconfig"
     kc.write_text("apiVersion: v1\nkind: Config\n")
+    monkeypatch.setattr(KubernetesBackend, "list", lambda self: [])  # the pre-flight call
     backend, flags = _cluster_backend("kubernetes", "tune-a", kc, "lab", 8,
                                       Settings(state_dir=tmp_path))
     assert isinstance(backend, KubernetesBackend) and backend.namespace == "tune-a"
@@ -378,3 +379,21 @@ def test_cli_run_builds_the_kubernetes_backend_with_the_study_budget(tmp_path):
     assert flags == f" --backend kubernetes --namespace tune-a --kubeconfig {kc} --context lab"
     twin, flags = _cluster_backend("twin", "servetune", None, None, 8, Settings())
     assert (twin.kind, flags) == ("twin", "")
+
+
+@pytest.mark.parametrize("namespace", ["kube-system", "default", "kube-public"])
+def test_system_namespaces_are_refused(namespace, clock):
+    with pytest.raises(BackendError, match="system or shared namespace"):
+        KubernetesBackend(namespace, FakeKubeApi(namespace, clock), None, None)
+
+
+def test_cli_run_with_unusable_credentials_fails_in_one_line_before_any_work(tmp_path):
+    kc = tmp_path / "kubeconfig"
+    kc.write_text("apiVersion: v1\nclusters: [\n")  # not YAML
+    out = tmp_path / "runs"
+    r = CliRunner().invoke(app, ["run", "--backend", "kubernetes", "--namespace", "tune-a",
+                                 "--kubeconfig", str(kc), "--out", str(out)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.count("\n") == 1 and "NoCredentials" in r.stderr
+    assert "--backend kubernetes: cannot reach Kubernetes" in r.stderr
+    assert not out.exists()  # no run folder was made

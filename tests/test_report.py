@@ -197,8 +197,8 @@ def test_trials_table_has_one_row_per_search_trial_and_escapes_pipes(
     assert [r.split(" | ")[0] for r in rows] == ["| 1", "| 2", "| 3", "| 4", "| 5"]
     assert rows[0].startswith("| 1 | baseline | baseline | 1,000.0 | 400.0 |")
     assert rows[2] == ("| 3 | discard | chunked_prefill_size=4096 | 1,176.0 | 777.5 "
-                       "|  | no gain \\| -2.0% vs best |")
-    assert rows[3].startswith("| 4 | crash | mem_fraction_static=0.95 |  |  |  | OOM_KV")
+                       "|  |  | no gain \\| -2.0% vs best |")  # no roofline, no gate
+    assert rows[3].startswith("| 4 | crash | mem_fraction_static=0.95 |  |  |  |  | OOM_KV")
 
 
 def test_finalists_table(full: tuple[Path, str]) -> None:

@@ -412,7 +412,7 @@ def test_cli_render_prints_valid_multi_document_yaml():
 
 
 def test_cli_render_writes_files(tmp_path):
-    r = runner.invoke(app, ["sandbox", "render", "--namespace", NS, "--gpus", "4", "--image",
+    r = runner.invoke(app, ["sandbox", "render", "--namespace", NS, "--gpus", "8", "--image",
                             "img", "--study", str(STUDY), "--out", str(tmp_path / "m")])
     assert r.exit_code == 0, r.output
     files = sorted((tmp_path / "m").iterdir())
@@ -427,11 +427,19 @@ def test_cli_render_writes_files(tmp_path):
     (["--study", "missing.yaml"], "--study missing.yaml: cannot read"),
     (["--k8s-version", "1.5"], "--k8s-version"),
     (["--k8s-version", "banana"], "give MAJOR.MINOR"),
-], ids=["namespace", "study", "old-version", "bad-version"])
+    (["--namespace", "kube-system"], "system or shared namespace"),
+    (["--namespace", "default"], "system or shared namespace"),
+    (["--gpus", "4"], "the quota must allow at least that many (--gpus 8)"),
+    (["--image", ""], "--image '': give an image reference"),
+    (["--image", "bad image!"], "give an image reference"),
+    (["--dra", "true", "--k8s-version", "1.30"], "--dra needs Kubernetes 1.32"),
+], ids=["namespace", "study", "old-version", "bad-version", "kube-system", "default",
+        "too-few-gpus", "empty-image", "bad-image", "dra-too-old"])
 def test_cli_render_errors_are_one_line(args, message):
     base = {"--namespace": NS, "--gpus": "8", "--image": "img", "--study": str(STUDY)}
     base.update(dict(zip(args[::2], args[1::2], strict=True)))
-    r = runner.invoke(app, ["sandbox", "render", *[x for kv in base.items() for x in kv]])
+    flags = [x for kv in base.items() for x in (kv[:1] if kv[1] == "true" else kv)]
+    r = runner.invoke(app, ["sandbox", "render", *flags])
     assert r.exit_code == 2
     assert message in r.stderr and "Traceback" not in r.output
     assert r.stdout == ""

@@ -535,6 +535,18 @@ def test_a_disconnect_aborts_the_request(server):
     assert metrics(client)["sglang:num_running_reqs"] == 0
 
 
+def test_a_disconnect_aborts_a_non_streamed_request(server):
+    client, _ = server
+    base = str(client.base_url)
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up long before 5000 tokens
+        httpx.post(base + "/v1/chat/completions", timeout=0.5, json={
+            "messages": [{"role": "user", "content": "long one"}], "max_tokens": 5000})
+    deadline = time.monotonic() + 5
+    while metrics(client)["sglang:num_running_reqs"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metrics(client)["sglang:num_running_reqs"] == 0
+
+
 # ---------------------------------------------------------------- the CLI and the local backend
 def test_cli_refuses_bad_configs_in_one_line(tmp_path):
     runner = CliRunner()

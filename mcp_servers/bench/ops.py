@@ -32,14 +32,17 @@ from typing import Any, Literal
 
 import anyio.from_thread
 import anyio.to_thread
+import httpx
 import numpy as np
 from pydantic import BaseModel, Field
 
+from domain.acceptance import block_rates
 from domain.config import ServingConfig
 from domain.errors import TraceInvalid
 from domain.fit import FitReport
 from domain.metrics import MetricsSummary, Percentiles, RequestRecord, summarize
 from domain.twin.cluster import ReplicaStats, simulate_closed_loop, simulate_open_loop
+from domain.twin.noise import noise_factor, scale_records
 from domain.workload import Trace, load_trace
 from mcp_servers.bench import records as store
 from mcp_servers.bench.aiperf import AiperfError, AiperfRun, AiperfRunner, find_aiperf
@@ -63,6 +66,12 @@ from mcp_servers.bench.prompts import (
     expected_prefix_hits,
     rate_plan,
     replay_plan,
+)
+from mcp_servers.bench.quality import (
+    DEFAULT_MAX_TOKENS,
+    PROMPTS,
+    GreedyOutputs,
+    greedy_outputs,
 )
 from mcp_servers.cluster.backend import BackendError, ClusterBackend
 
@@ -164,6 +173,9 @@ class BenchResult(BaseModel):
         "prefix-cache hit rate far from the trace's"))
     prefix_cache: PrefixCacheCheck | None = None
     client: str | None = Field(None, description="http: the load generator's HTTP client")
+    block_tok_s_per_gpu: list[float] = Field(default_factory=list, description=(
+        "saturation runs: output tok/s/GPU of equal time slices of the run (their mean is the "
+        "summary's): the acceptance gate's samples when a candidate ran once"))
 
 
 class SweepPoint(BaseModel):
@@ -287,6 +299,10 @@ class BenchService:
             built-in runner.
         aiperf_binary: the aiperf executable (default: :func:`~mcp_servers.bench.aiperf.
             find_aiperf`).
+        twin_noise_pct: run-to-run noise of twin saturation runs, percent: each run's times
+            scale by a factor drawn from (config, repeat, ``twin_noise_seed``)
+            (:mod:`domain.twin.noise`); 0 = the twin's exact numbers.
+        twin_noise_seed: seed of that noise.
     """
 
     def __init__(self, backend: ClusterBackend, artifacts_dir: Path, trace_roots: list[Path],
@@ -295,7 +311,8 @@ class BenchService:
                  request_timeout_s: float = 600.0, client: ClientKind = DEFAULT_CLIENT,
                  tokenizer: PromptTokenizer | None = None,
                  quality: Quality | None = None, default_runner: RunnerKind | None = None,
-                 aiperf_binary: str | None = None) -> None:
+                 aiperf_binary: str | None = None, twin_noise_pct: float = 0.0,
+                 twin_noise_seed: int = 0) -> None:
         self.backend = backend
         self.artifacts = Path(artifacts_dir)
         self.roots = [Path(r).resolve() for r in trace_roots]
@@ -309,6 +326,7 @@ class BenchService:
         self.quality = quality or Quality()
         self.default_runner = default_runner
         self.aiperf_binary = aiperf_binary
+        self.twin_noise_pct, self.twin_noise_seed = twin_noise_pct, twin_noise_seed
         self._traces: dict[tuple[str, str], Trace] = {}
 
     # -- targets, traces, storage --------------------------------------------------------------
@@ -429,7 +447,8 @@ class BenchService:
             dispatch_lag_ms=lag, note=None if run is None else run.stopped_early,
             errors_by_class=by_class, error_share=share, valid=invalid is None,
             invalid_reason=invalid, flags=flags, prefix_cache=prefix,
-            client=None if run is None else run.client)
+            client=None if run is None else run.client,
+            block_tok_s_per_gpu=block_rates(recs, t.gpus) if info.kind == "saturation" else [])
         store.store(self.artifacts, bench_id, recs, None if run is None else run.sent_s,
                     res.model_dump_json(),
                     error_class=None if run is None else run.error_class,
@@ -482,11 +501,13 @@ class BenchService:
                          duration_s: float, *, endpoint: str | None = None,
                          gpus: int | None = None, progress: ProgressFn | None = None,
                          quality: Quality | None = None,
-                         runner: RunnerChoice = "auto") -> BenchResult:
+                         runner: RunnerChoice = "auto", repeat: int = 0) -> BenchResult:
         """Closed loop at ``concurrency`` for ``duration_s`` seconds of new load, then drain.
 
         Twin: virtual seconds; HTTP: wall seconds (the run lasts ``duration_s`` plus the drain),
-        with the load generator :meth:`pick_runner` picks for ``runner``.
+        with the load generator :meth:`pick_runner` picks for ``runner``. ``repeat`` numbers
+        the repeated runs of one candidate: it is part of the bench id (each repeat keeps its
+        records) and draws the twin's run-to-run noise.
 
         Raises:
             BackendError: target missing, not Ready, not allowed, or concurrency over 4096
@@ -494,14 +515,16 @@ class BenchService:
         """
         t = self._target(deployment, endpoint, gpus)
         return await self._saturation(t, isl, osl, concurrency, duration_s, progress, None,
-                                      quality, self.pick_runner(t, runner))
+                                      quality, self.pick_runner(t, runner), repeat)
 
     async def _saturation(self, t: _Target, isl: int, osl: int, concurrency: int,
                           duration_s: float, progress: ProgressFn | None,
                           tick: TickFn | None, quality: Quality | None = None,
-                          runner: RunnerKind = "builtin") -> BenchResult:
+                          runner: RunnerKind = "builtin", repeat: int = 0) -> BenchResult:
+        noise = self.twin_noise_pct if not t.urls else 0.0
         args = {"isl": isl, "osl": osl, "c": concurrency, "d": duration_s,
-                **({"r": runner} if runner != "builtin" else {})}
+                **({"r": runner} if runner != "builtin" else {}),
+                **({"rep": repeat} if repeat else {}), **({"noise": noise} if noise else {})}
         bid = self._bench_id(t, "sat", args)
         what = f"synthetic ISL {isl} / OSL {osl} at concurrency {concurrency}"
         if not t.urls:
@@ -515,12 +538,16 @@ class BenchService:
                 lambda: simulate_closed_loop(config, fit, concurrency, duration_s, isl, osl,
                                              max_requests=MAX_SATURATION_REQUESTS,
                                              progress=step))
+            factor = noise_factor(config.config_id(), repeat, noise, self.twin_noise_seed)
+            recs = scale_records(recs, factor)
             capped = len(recs) >= MAX_SATURATION_REQUESTS
             info = WorkloadInfo(kind="saturation", requests=len(recs), isl=isl, osl=osl,
                                 concurrency=concurrency,
                                 description=f"{what} for {duration_s:g} s" + (
                                     f" (clients stopped after {MAX_SATURATION_REQUESTS:,} "
-                                    "requests)" if capped else ""))
+                                    "requests)" if capped else "") + (
+                                    f"; twin noise {noise:g}% (repeat {repeat}: step times "
+                                    f"x{factor:.4f})" if noise else ""))
             return self._finish(t, bid, info, recs, stats, None, quality=quality)
         if concurrency > MAX_CONCURRENCY:
             raise BackendError(f"concurrency {concurrency} is above the HTTP runner's limit of "
@@ -570,12 +597,16 @@ class BenchService:
         """
         t = self._target(deployment, endpoint, gpus)
         kind = self.pick_runner(t, runner)
+        cap = MAX_SATURATION_REQUESTS if not t.urls else self.max_requests
+        if request_rate * duration_s > 2 * cap:  # refuse before drawing a huge schedule
+            raise BackendError(f"{request_rate:g} req/s for {duration_s:g} s is about "
+                               f"{request_rate * duration_s:,.0f} requests; a run takes at most "
+                               f"{cap:,}: shorten it")
         times = arrival_schedule(request_rate, duration_s=duration_s, process=arrival, seed=seed)
         n = len(times)
         if n == 0:
             raise BackendError(f"{request_rate:g} req/s for {duration_s:g} s sends no request; "
                                "raise the rate or the duration")
-        cap = MAX_SATURATION_REQUESTS if not t.urls else self.max_requests
         if n > cap:
             raise BackendError(f"{request_rate:g} req/s for {duration_s:g} s is {n:,} requests; "
                                f"a run takes at most {cap:,}: shorten it")
@@ -741,3 +772,22 @@ class BenchService:
     def runs(self, start: int = 0, max_items: int = 100) -> store.RunList:
         """Stored runs, newest first."""
         return store.runs(self.artifacts, start, max_items)
+
+    # -- quality gate -------------------------------------------------------------------------
+
+    async def greedy(self, deployment: str | None, max_tokens: int = DEFAULT_MAX_TOKENS, *,
+                     endpoint: str | None = None) -> GreedyOutputs:
+        """Greedy completions of the fixed prompt set (:mod:`mcp_servers.bench.quality`).
+
+        Raises:
+            BackendError: target missing/not Ready/not allowed, a twin deployment (no real
+                outputs: the quality gate is not applicable there), or a failed request.
+        """
+        t = self._target(deployment, endpoint, None)
+        if not t.urls:
+            raise BackendError("a twin deployment produces no real outputs: the quality gate "
+                               "is not applicable on the twin (run it on real endpoints)")
+        try:
+            return await greedy_outputs(t.urls[0], await self._model(t), PROMPTS, max_tokens)
+        except httpx.HTTPError as e:
+            raise BackendError(f"greedy completion from {t.urls[0]} failed: {e!r}") from e

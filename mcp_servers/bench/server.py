@@ -36,6 +36,7 @@ from mcp_servers.bench.ops import (
     TraceFormat,
 )
 from mcp_servers.bench.prompts import HFTokenizer
+from mcp_servers.bench.quality import DEFAULT_MAX_TOKENS, GreedyOutputs
 from mcp_servers.cluster.backend import BackendError, ClusterBackend, make_backend
 from mcp_servers.tool_errors import StrictMCPServer, as_tool_errors
 
@@ -122,17 +123,22 @@ def build_server(service: BenchService) -> MCPServer:
                              deployment: Deployment = None, endpoint: Endpoint = None,
                              gpus: Gpus = None,
                              max_error_share: MaxErrorShare = None,
-                             runner: Runner = "auto") -> BenchResult:
+                             runner: Runner = "auto",
+                             repeat: Annotated[int, Field(ge=0, le=100, description=(
+                                 "0-based number of this run among repeated runs of the same "
+                                 "target (part of the bench id, so each keeps its records)"
+                             ))] = 0) -> BenchResult:
         """Closed-loop synthetic load (fixed ISL/OSL) at a fixed concurrency, then drain.
 
         Target: `deployment` XOR `endpoint`. On the twin, `duration_s` is virtual time and the
         run is a fast simulation; over HTTP it is wall time and real requests load the server.
+        Repeat a run (`repeat` 1, 2, ...) to measure its run-to-run noise.
         """
         return await _guard(service.saturation(deployment, isl, osl, concurrency, duration_s,
                                                endpoint=endpoint, gpus=gpus,
                                                progress=_progress(ctx),
                                                quality=_quality(service, max_error_share),
-                                               runner=runner))
+                                               runner=runner, repeat=repeat))
 
     @server.tool(annotations=RUN)
     async def run_rate(
@@ -203,6 +209,19 @@ def build_server(service: BenchService) -> MCPServer:
         return await _guard(service.sweep(deployment, isl, osl, concurrencies, duration_s,
                                           endpoint=endpoint, gpus=gpus,
                                           progress=_progress(ctx), runner=runner))
+
+    @server.tool(annotations=RUN)
+    async def run_greedy(
+        deployment: Deployment = None, endpoint: Endpoint = None,
+        max_tokens: Annotated[int, Field(ge=1, le=1024, description=(
+            "tokens per greedy completion"))] = DEFAULT_MAX_TOKENS,
+    ) -> GreedyOutputs:
+        """Greedy (temperature 0) completions of a fixed prompt set, for the quality gate.
+
+        Compare a numerics-changing config's outputs with a reference config's (same
+        prompts_sha). Real endpoints only: a twin deployment has no real outputs.
+        """
+        return await _guard(service.greedy(deployment, max_tokens, endpoint=endpoint))
 
     @server.tool(annotations=READ)
     def get_records(

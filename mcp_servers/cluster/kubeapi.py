@@ -23,6 +23,7 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol
 
+import yaml
 from kubernetes import client, config, dynamic
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
@@ -165,13 +166,13 @@ class RealKubeApi:
                     dynamic.DynamicClient(api_client, cache_file=discovery_cache(
                         api_client.configuration.host)),
                     client.CoreV1Api(api_client))
-            except (config.ConfigException, OSError) as e:
+            except (config.ConfigException, OSError, yaml.YAMLError) as e:
                 where = self.kubeconfig or "the default kubeconfig"
                 raise KubeApiError(0, "NoCredentials",
                                    f"cannot load credentials from {where}"
                                    f"{f' (context {self.context})' if self.context else ''}: "
-                                   f"{e}; give --kubeconfig/--context, or run in a pod with the "
-                                   "sandbox's service account") from e
+                                   f"{' '.join(str(e).split())}; give --kubeconfig/--context, "
+                                   "or run in a pod with the sandbox's service account") from e
             except CLIENT_ERRORS as e:  # discovery
                 raise _error(e) from e
             return self._clients

@@ -55,7 +55,6 @@ from pydantic import BaseModel, ValidationError
 from domain.config import ServingConfig
 from mcp_servers.cluster.backend import (
     MAX_HISTORY,
-    NAME_RE,
     BackendError,
     CorruptRecord,
     DeploymentStatus,
@@ -79,7 +78,12 @@ from mcp_servers.cluster.kubeview import (
 )
 from mcp_servers.cluster.store import RecordStore
 from sandbox.manifests import SglangOptions, dra_api_version, render_sglang, service_url
-from sandbox.podspec import COMPONENT_LABEL, DEPLOYMENT_LABEL, MANAGED_BY_LABEL
+from sandbox.podspec import (
+    COMPONENT_LABEL,
+    DEPLOYMENT_LABEL,
+    MANAGED_BY_LABEL,
+    check_namespace,
+)
 from sandbox.policy import Policy, PolicyViolation, enforce, gpu_demand
 
 log = logging.getLogger("servetune.cluster.kubernetes")
@@ -210,8 +214,10 @@ class KubernetesBackend:
         Raises:
             BackendError: bad namespace, or a policy or api for another namespace.
         """
-        if not NAME_RE.match(namespace):
-            raise BackendError(f"namespace {namespace!r} is not a valid DNS-1123 label")
+        try:
+            check_namespace(namespace)
+        except ValueError as e:
+            raise BackendError(str(e)) from e
         if getattr(api, "namespace", namespace) != namespace:
             raise BackendError(f"the Kubernetes client acts in {api.namespace!r}, not "
                                f"{namespace!r}")
@@ -242,6 +248,7 @@ class KubernetesBackend:
                         "render).")
             elif e.status == 0:
                 hint = " Check --kubeconfig / --context and that the cluster is reachable."
+                raise BackendError(f"cannot reach Kubernetes to {what}: {e}.{hint}") from e
             raise BackendError(f"Kubernetes refused to {what}: {e}.{hint}") from e
 
     def _kinds(self) -> list[tuple[str, str]]:

@@ -1,0 +1,247 @@
+"""Planner brains over the whole knob space (agents/brains.py): grid and TPE, screened by lessons
+and the memory-fit estimate like the one-knob planner, selected by the study key search.brain."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from mcp import Client
+
+from agents.brains import GridPlanner, TpePlanner, make_planner
+from agents.planner import (
+    NoViableConfig,
+    Planner,
+    TrialPlan,
+    research_change,
+    research_lesson,
+    research_questions,
+)
+from domain.errors import DoesNotFit
+from domain.fit import fit
+from domain.study import parse_study
+from domain.trial import Trial
+from mcp_servers.lessons.server import build_server
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT = REPO / "studies" / "default.yaml"
+TRACE = REPO / "data" / "traces" / "mooncake_fast25_conversation_trace.jsonl"
+KNOBS = yaml.safe_load(DEFAULT.read_text())["knobs"]  # 2*3*2*2*2*4 = 192 points
+
+
+def study_dict(**over) -> dict:
+    s = yaml.safe_load(DEFAULT.read_text())
+    s.update(name="brains", saturation={"isl": 1024, "osl": 128, "concurrency": 256,
+                                        "duration_s": 10},
+             replay={"trace": str(TRACE), "format": "mooncake", "start_s": 600,
+                     "duration_s": 60, "time_scale": 0.5},
+             finalists=1, sweep_concurrency=[8], budget={"max_trials": 5, "patience": 5})
+    s.update(over)
+    return s
+
+
+def study(**over):
+    return parse_study(study_dict(**over))
+
+
+def objective(c) -> float:
+    """A synthetic tok/s/GPU: nvfp4 doubles it, smaller TP helps, fp8 KV a little."""
+    return 100.0 * (2 if c.weights == "nvfp4" else 1) * (8 / c.tp_size) ** 0.3 \
+        * (1.1 if c.kv_cache_dtype == "fp8_e4m3" else 1.0)
+
+
+def row(seq: int, status: str, config, obj: float | None = None, reason: str = "") -> Trial:
+    return Trial(run_id="r", seq=seq, key=f"search:{config.config_id()}", phase="search",
+                 status=status, config=config, reason=reason, objective=obj)
+
+
+async def drive(planner, st, steps: int, history: list[Trial] | None = None):
+    """Run ``steps`` planner steps against :func:`objective`, ledgering like the supervisor."""
+    base = st.base_config()
+    hist = history if history is not None else [row(1, "baseline", base, objective(base))]
+    seen = {t.config.config_id() for t in hist}
+    launched, pruned = [], []
+    for _ in range(steps):
+        s = await planner.step(base, seen, "r", history=list(hist))
+        for p in s.pruned:
+            pruned.append(p)
+            hist.append(row(len(hist) + 1, "pruned", p.config, reason=p.reason))
+        if not isinstance(s.decision, TrialPlan):
+            return launched, pruned, s.decision, hist
+        c = s.decision.config
+        launched.append(s.decision)
+        hist.append(row(len(hist) + 1, "discard", c, objective(c)))
+    return launched, pruned, None, hist
+
+
+@pytest.fixture
+async def lessons(store):
+    async with Client(build_server(store)) as client:
+        yield client
+
+
+async def forbid_fa3(lessons, st) -> str:
+    """Store the lesson 'fa3 refused on B200' and return its id."""
+    cfg = st.base_config().model_copy(update={"attention_backend": "fa3"})
+    lesson = research_lesson(cfg, "attention_backend=fa3", "FA3 requires SM>=80 and SM<=90", "r0")
+    from agents.mcp_tools import call
+    stored = await call(lessons, "add_lesson", {"lesson": lesson.model_dump(mode="json")})
+    return stored["lesson"]["id"]
+
+
+@pytest.mark.anyio
+async def test_make_planner_picks_by_study_key_and_overrides(lessons):
+    assert type(make_planner(study(), lessons)) is Planner
+    assert isinstance(make_planner(study(search={"brain": "grid"}), lessons), GridPlanner)
+    tpe = make_planner(study(search={"brain": "tpe", "seed": 7}), lessons)
+    assert isinstance(tpe, TpePlanner) and tpe.seed == 7
+    assert make_planner(study(), lessons, brain="tpe", seed=3).seed == 3
+    assert type(make_planner(study(search={"brain": "tpe"}), lessons, brain="ovat")) is Planner
+    with pytest.raises(ValueError, match="unknown planner brain"):
+        make_planner(study(), lessons, brain="anneal")
+
+
+@pytest.mark.anyio
+async def test_grid_covers_the_space_in_a_seeded_order(lessons):
+    st = study(knobs=KNOBS)
+    g1, g2, g3 = (GridPlanner(st, lessons, seed=s) for s in (1, 1, 2))
+    o1 = list(g1.seeded_order())
+    assert len(o1) == g1.size == 192 and len(set(o1)) == 192  # every point exactly once
+    assert o1 == list(g2.seeded_order()) and o1 != list(g3.seeded_order())
+    # Stepping to the end launches or prunes every distinct config of the space, in that order.
+    launched, pruned, stop, _ = await drive(g1, st, 500)
+    assert isinstance(stop, NoViableConfig) and "192 combinations" in stop.reason
+    distinct = {c.config_id() for c in map(g1.config_of, o1) if c is not None}
+    tried = [p.config.config_id() for p in launched] + [p.config.config_id() for p in pruned]
+    assert len(tried) == len(set(tried)) and set(tried) | {st.base_config().config_id()} \
+        == distinct
+    order = {}
+    for p in o1:
+        order.setdefault(g1.config_of(p).config_id(), len(order))
+    idx = [order[p.config.config_id()] for p in launched]
+    assert idx == sorted(idx)
+    # The memory-fit estimate pruned every FP8 TP2/TP4 point before launch (186.5 GB/GPU).
+    assert all(not (p.config.weights == "fp8" and p.config.tp_size < 8) for p in launched)
+    assert any("memory-fit estimate" in p.reason for p in pruned)
+    # The grid also decodes points back from configs (what TPE's history needs).
+    assert all(g1.point_of(g1.config_of(p)) == p for p in o1[:20])
+
+
+@pytest.mark.anyio
+async def test_tpe_launches_only_screened_candidates_never_a_forbidden_family(lessons):
+    st = study(knobs=KNOBS, search={"brain": "tpe", "seed": 0})
+    lesson_id = await forbid_fa3(lessons, st)
+    for seed in (0, 1, 2):
+        tpe = make_planner(st, lessons, seed=seed)
+        launched, pruned, _, _ = await drive(tpe, st, 12)
+        assert len(launched) == 12
+        for plan in launched:  # passed the lesson check and the estimate
+            assert plan.config.attention_backend != "fa3"
+            assert await tpe.forbidding(plan.config) == []
+            fit(plan.config)
+            assert plan.rationale.startswith("tpe: ")
+        ids = [p.config.config_id() for p in launched]
+        assert len(set(ids)) == len(ids)  # never the same config twice
+        fa3 = [p for p in pruned if p.config.attention_backend == "fa3"]
+        assert fa3 and all(lesson_id in p.lesson_ids for p in fa3)
+        for p in pruned:
+            if p.config.attention_backend != "fa3":
+                with pytest.raises(DoesNotFit):
+                    fit(p.config)
+    # and the grid the same way
+    launched, pruned, _, _ = await drive(GridPlanner(st, lessons, seed=0), st, 12)
+    assert all(p.config.attention_backend != "fa3" for p in launched)
+
+
+@pytest.mark.anyio
+async def test_history_feeds_tpe(lessons):
+    st = study(knobs=KNOBS)
+    tpe = TpePlanner(st, lessons, seed=0)
+    base = st.base_config()
+    nv = base.model_copy(update={"weights": "nvfp4"})
+    hist = [row(1, "baseline", base, 100.0), row(2, "keep", nv, 200.0),
+            row(3, "crash", base.model_copy(update={"attention_backend": "fa3"})),
+            row(4, "pruned", base.model_copy(update={"tp_size": 4, "replicas": 2}))]
+    ost = tpe.build(hist)
+    got = [(t.params, t.value, t.constraints) for t in ost.trials]
+    assert got[0] == (dict(zip(tpe.names, tpe.point_of(base), strict=True)), 100.0,
+                      {"viable": 0.0})
+    assert got[1][0]["weights"] == 1 and got[1][1] == 200.0
+    assert got[2][0]["attention_backend"] == 1 and got[2][2] == {"viable": 1.0}
+    assert got[3][0]["tp_size"] == 1 and got[3][2] == {"viable": 1.0}
+    # Past the startup trials TPE models the history: after 10 launches where nvfp4 doubled
+    # tok/s/GPU, its proposals favour nvfp4 far more than the 1/2 of a uniform draw.
+    picks = []
+    for seed in range(6):
+        p = TpePlanner(st, lessons, seed=seed)
+        launched, _, _, hist2 = await drive(p, st, 10)
+        more, _, _, _ = await drive(p, st, 4, history=hist2)
+        picks += [m.config.weights == "nvfp4" for m in more]
+    assert sum(picks) / len(picks) >= 0.75, picks
+    # Same history, same seed: the same proposal (a resumed run proposes what it would have).
+    a, _, _, _ = await drive(TpePlanner(st, lessons, seed=5), st, 6)
+    b, _, _, _ = await drive(TpePlanner(st, lessons, seed=5), st, 6)
+    assert [x.config for x in a] == [x.config for x in b]
+
+
+def test_research_asks_about_one_research_worthy_change_of_a_multi_knob_candidate():
+    st = study()
+    cfg = st.base_config().model_copy(update={"attention_backend": "fa3",
+                                              "mem_fraction_static": 0.9})
+    changed = "mem_fraction_static=0.9, attention_backend=fa3, weights=nvfp4"
+    assert research_change(changed) == "attention_backend=fa3"
+    qs = research_questions(changed, cfg, {"attention_backend=fa3, tp_size=4"})
+    assert qs == []  # fa3 was researched before as part of another candidate
+    qs = research_questions(changed, cfg, set())
+    assert [q.value for q in qs] == ["fa3", "fa3"] and qs[0].flag == "attention_backend"
+    lesson = research_lesson(cfg, changed, "FA3 requires SM>=80 and SM<=90", "r")
+    assert [(c.field, c.value) for c in lesson.condition] == [("attention_backend", "fa3")]
+    assert research_change("tp_size=4") == "tp_size=4" and research_change("") is None
+
+
+# -- through the graph, as a user runs it ---------------------------------------------------
+
+def servetune(tmp: Path, study_path: Path, run_id: str) -> subprocess.CompletedProcess:
+    e = dict(os.environ, SERVETUNE_LESSONS_DIR=str(tmp / "lessons"), COLUMNS="200",
+             SERVETUNE_SOURCE_CACHE=str(tmp / "no-source"), SERVETUNE_BRAINS="deterministic")
+    e.pop("SERVETUNE_SGLANG_SOURCE", None)
+    e.pop("ANTHROPIC_API_KEY", None)
+    return subprocess.run([sys.executable, "-m", "servetune.cli", "run", str(study_path),
+                           "--run-id", run_id], cwd=tmp, env=e, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("brain", ["tpe", "grid"])
+def test_servetune_run_with_a_space_brain(tmp_path, brain):
+    knobs = {"attention_backend": ["unset", "fa3"], "tp_size": [4, 8],
+             "weights": ["fp8", "nvfp4"], "kv_cache_dtype": ["bf16", "fp8_e4m3"]}
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(study_dict(knobs=knobs, search={"brain": brain, "seed": 3})))
+    r = servetune(tmp_path, p, "b1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    db = sqlite3.connect(tmp_path / "runs" / "b1" / "ledger.sqlite")
+    try:
+        rows = [(s, json.loads(b)) for s, b in db.execute(
+            "SELECT status, body FROM trials WHERE key LIKE 'search:%' ORDER BY seq")]
+    finally:
+        db.close()
+    launched = [b for s, b in rows if s != "pruned"]
+    assert rows[0][0] == "baseline" and 2 <= len(launched) <= 5
+    assert any("," in b["changed"] for b in launched[1:])  # several knobs at once
+    # FP8 on TP4 never launches: the estimate prunes it (arithmetic in the reason)
+    assert not any(b["config"]["weights"] == "fp8" and b["config"]["tp_size"] == 4
+                   for b in launched)
+    assert all("memory-fit estimate" in b["reason"] for s, b in rows if s == "pruned"
+               and b["config"]["weights"] == "fp8" and b["config"]["tp_size"] == 4)
+    # fa3 crashes at most once; later fa3 candidates are pruned by its lesson
+    fa3 = [(s, b) for s, b in rows if b["config"].get("attention_backend") == "fa3"]
+    assert sum(s == "crash" for s, _ in fa3) <= 1
+    assert all(s == "pruned" for s, _ in fa3[1:])
+    assert (tmp_path / "runs" / "b1" / "report.md").exists()
