@@ -83,6 +83,7 @@ class BenchOutcome(BaseModel):
     first_error: str | None = None
     valid: bool = True
     invalid_reason: str | None = None
+    errors_by_class: dict[str, int] = {}
     flags: list[str] = []
     block_tok_s_per_gpu: list[float] = []
 

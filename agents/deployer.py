@@ -61,6 +61,14 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = tuple(FailurePattern(c, re.compil
      "attention heads or MLP sizes do not split evenly over tp_size"),
     ("MULTI_NODE_REQUIRED", r"invalid device ordinal", False,
      "tp_size needs more GPUs than one node has"),
+    # cluster-level failures (the kubelet's verdict in the backends' ``servetune:`` lines, the
+    # engine's child-crash lines); retryable as domain.faults.RETRY says
+    ("IMAGE_PULL", r"ImagePullBackOff|ErrImagePull|failed to pull (and unpack )?image", True,
+     "the node could not pull the image (registry or network)"),
+    ("READY_TIMEOUT", r"not ready after [\d.]+ s", True,
+     "the server did not turn Ready within the readiness timeout"),
+    ("CRASH_LOOP", r"CrashLoopBackOff|Scheduler hit an exception|Received sigquit from a child "
+     r"process", False, "the server crashed after it started, and again after each restart"),
     ("INVALID_COMBINATION",
      r"(?<![\w.])(ValueError|AssertionError|NotImplementedError|TypeError)(: |$)", False,
      "the engine's argument resolution rejected a flag combination (a bare AssertionError is "
@@ -124,7 +132,8 @@ class Deployer:
             return DeployOutcome(name=name, ready=True, startup_s=st["startup_s"])
         page = await call(self.cluster, "get_logs", {"name": name, "tail": 40})
         lines = page["lines"]
-        cls, evidence = classify(lines)
+        # the status message last: it holds what no log line says (a readiness timeout)
+        cls, evidence = classify(lines + ([st["message"]] if st.get("message") else []))
         return DeployOutcome(name=name, ready=False, failure_class=cls, evidence=evidence,
                              stage=st.get("failed_stage"), log_tail=lines[-12:])
 

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from typing import Any
 
+import anyio
 from mcp import Client
+
+from domain.faults import MAX_ATTEMPTS, UNAVAILABLE
+
+log = logging.getLogger("servetune.agents")
+# tool errors retried because they said the service was temporarily unavailable, by tool
+# (process-wide: a run reads the difference before and after, for its report)
+TRANSIENT_RETRIES: Counter[str] = Counter()
+RETRY_PAUSE_S = 0.02  # first pause before a retry; doubles each time
 
 
 class ToolCallFailed(Exception):
@@ -21,13 +32,23 @@ async def call(client: Client, tool: str, args: dict[str, Any] | None = None) ->
     Tools that return a list or a primitive are wrapped by MCP as ``{"result": ...}``; that
     wrapper is removed here.
 
+    An error saying the service is temporarily unavailable (class LESSONS_UNAVAILABLE,
+    :data:`domain.faults.RETRY`) is retried up to ``MAX_ATTEMPTS`` tries in all, after short
+    pauses; nothing else is.
+
     Raises:
         ToolCallFailed: if the server reports an error.
     """
-    r = await client.call_tool(tool, args or {})
-    if r.is_error:
+    for attempt in range(MAX_ATTEMPTS):
+        r = await client.call_tool(tool, args or {})
+        if not r.is_error:
+            break
         text = " ".join(getattr(c, "text", "") for c in r.content)
-        raise ToolCallFailed(tool, text)
+        if UNAVAILABLE not in text or attempt + 1 == MAX_ATTEMPTS:
+            raise ToolCallFailed(tool, text)
+        TRANSIENT_RETRIES[tool] += 1
+        log.warning("%s: %s; retrying", tool, text)
+        await anyio.sleep(RETRY_PAUSE_S * 2**attempt)
     data = r.structured_content
     if isinstance(data, dict) and set(data) == {"result"}:
         return data["result"]

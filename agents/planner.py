@@ -2,10 +2,12 @@
 
 Job: propose the next candidate, one knob changed from the current best,
 after pruning what lessons forbid and what the memory-fit estimate clearly rules out (each such
-estimate becomes a lesson whose evidence is the arithmetic).
+estimate becomes a lesson whose evidence is the arithmetic). Neighbours are tried in the order of
+the estimate's predicted benefit (``Planner.ordered``), and one the engine would run exactly like
+the incumbent or an earlier launch is never launched (``resolved_settings``).
 
-Two brains. :class:`Planner` (deterministic) launches the first viable neighbour in the study's
-knob order. :class:`ClaudePlanner` screens every neighbour the same way (lessons, memory fit) and
+Two brains. :class:`Planner` (deterministic) launches the first viable neighbour in that
+order. :class:`ClaudePlanner` screens every neighbour the same way (lessons, memory fit) and
 lets Claude (prompt ``agents/prompts/planner.md``) pick among the viable ones. Output:
 :class:`PlanStep` carrying ``TrialPlan | NoViableConfig | PlannerFailed`` plus the candidates
 pruned on the way. After a research round, ``decide`` keeps, modifies or drops the candidate
@@ -32,11 +34,12 @@ from agents.claude import (
 from agents.mcp_tools import call
 from agents.outputs import PlanChoice, ResearchDecision, ResearchQuestion
 from domain.config import ServingConfig
-from domain.errors import ConfigInvalid, DoesNotFit
+from domain.errors import ConfigInvalid, DoesNotFit, InvalidCombination
 from domain.fit import MEMORY_FIELDS, fit
 from domain.hardware import get_gpu
 from domain.knobs import apply_knob, normalize_value
 from domain.lesson import Clause, Lesson, Scope
+from domain.speculative import resolve_speculative
 from domain.study import Study
 
 
@@ -152,11 +155,98 @@ def estimate_lesson(config: ServingConfig, err: DoesNotFit, study: Study) -> Les
                   evidence="\n".join(evidence), source="estimate").with_id()
 
 
+# ServingConfig fields whose effect the engine resolves (a default, ``auto`` or a value clamped
+# by the KV pool); :func:`resolved_settings` compares their resolved values, not the flags.
+RESOLVED_FIELDS = ("attention_backend", "kv_cache_dtype", "mem_fraction_static",
+                   "max_running_requests", "chunked_prefill_size", "cuda_graph_max_bs_decode",
+                   "hicache_ratio", "schedule_conservativeness", "speculative_algorithm",
+                   "speculative_num_steps", "speculative_eagle_topk",
+                   "speculative_num_draft_tokens", "speculative_adaptive")
+
+
+def resolved_settings(config: ServingConfig) -> tuple[Any, ...] | None:
+    """What the engine actually runs ``config`` with, as a hashable signature; None if unknown.
+
+    Two configs with equal signatures differ only in flags the engine resolves to the same
+    value, e.g. ``--attention-backend fa3`` on a Hopper GPU where ``auto`` already picks fa3,
+    ``--max-running-requests`` or ``--chunked-prefill-size`` equal to the defaults the engine
+    derives, or ``--kv-cache-dtype`` equal to what ``auto`` resolves to. The resolved values are
+    the memory-fit estimate's (:func:`domain.fit.fit`: backend and page size, KV dtype, static
+    fraction, pool tokens, request slots, prefill chunk, decode graph batch, speculative
+    parameters, HiCache host pool); every other field is compared as given. None (never equal to
+    anything) when the estimate rules the config out or the engine would refuse its speculative
+    flags: such a config fails at startup however it is spelled, and the failure is the lesson.
+    """
+    try:
+        rep = fit(config)
+        spec = resolve_speculative(config)
+    except (DoesNotFit, InvalidCombination, ConfigInvalid):
+        return None
+    raw = config.model_dump(mode="json", exclude=set(RESOLVED_FIELDS))
+    return (tuple(sorted(raw.items())),
+            rep.attention_backend, rep.page_size, rep.kv_dtype, rep.mem_fraction_static,
+            rep.kv_tokens, rep.max_running_requests, rep.chunked_prefill_size,
+            config.chunked_prefill_size == -1,  # no chunking is a mode, not a chunk size
+            rep.cuda_graph_max_bs_decode, rep.host_kv_tokens, round(rep.hicache_ratio, 6),
+            1.0 if config.schedule_conservativeness is None
+            else config.schedule_conservativeness, repr(spec))
+
+
 class Planner:
-    """Deterministic planner brain: greedy one-knob-at-a-time search from the current best."""
+    """Deterministic planner brain: greedy one-knob-at-a-time search from the current best.
+
+    A neighbour the engine would run exactly like the incumbent or like a config this planner
+    already launched (:func:`resolved_settings`) is skipped without a launch: its measurement
+    would only repeat one already made.
+    """
 
     def __init__(self, study: Study, lessons: Client) -> None:
         self.study, self.lessons = study, lessons
+        # resolved_settings signature -> config id, for incumbents and launched candidates
+        self.resolved: dict[tuple[Any, ...], str] = {}
+
+    def remember(self, config: ServingConfig) -> None:
+        """Record ``config``'s resolved settings (launched or incumbent) for :meth:`screened`."""
+        sig = resolved_settings(config)
+        if sig is not None:
+            self.resolved.setdefault(sig, config.config_id())
+
+    def capacity(self, config: ServingConfig) -> float:
+        """Sequences the pool can hold at once in the saturation run, by the memory-fit estimate.
+
+        ``replicas x min(request slots, KV tokens / (ISL + OSL))``, capped by the run's
+        concurrency (more room than clients buys nothing); 0 when the estimate rules it out.
+        """
+        try:
+            rep = fit(config)
+        except (DoesNotFit, ConfigInvalid):
+            return 0.0
+        sat = self.study.saturation
+        per_replica = min(rep.max_running_requests, rep.kv_tokens / (sat.isl + sat.osl))
+        return min(config.replicas * per_replica, float(sat.concurrency))
+
+    def ordered(self, best: ServingConfig) -> list[tuple[ServingConfig, str]]:
+        """:meth:`neighbours` by the memory-fit estimate's predicted benefit, best first.
+
+        The benefit is the change in :meth:`capacity` over ``best`` (a larger KV pool or more
+        replicas admit a larger batch, which is what a saturation run's throughput per GPU
+        mostly follows), bucketed to 5 % so that estimate noise does not reorder; candidates
+        in the same bucket, e.g. every change the estimate cannot see (a backend, a router
+        policy), keep the study's knob order. A candidate the estimate rules out sorts last
+        (screening prunes it without a launch anyway).
+        """
+        base = self.capacity(best) or 1.0
+        cands = list(self.neighbours(best))
+
+        def gain(c: tuple[ServingConfig, str]) -> int:
+            return round(self.capacity(c[0]) / base / 0.05)
+
+        return sorted(cands, key=lambda c: -gain(c))  # stable: ties keep the study's order
+
+    def equivalent(self, config: ServingConfig) -> str | None:
+        """Config id of a remembered config the engine would run exactly like ``config``."""
+        sig = resolved_settings(config)
+        return None if sig is None else self.resolved.get(sig)
 
     def neighbours(self, best: ServingConfig) -> Iterator[tuple[ServingConfig, str]]:
         """Configs one knob away from ``best``, in the study's knob and value order."""
@@ -210,11 +300,17 @@ class Planner:
 
         A pruned candidate (an earlier regression in ``losers``, a forbidding lesson, the
         memory-fit estimate) is added to ``seen``; a viable one is not (the caller adds what
-        it launches).
+        it launches). A neighbour whose resolved settings equal the incumbent's or a launched
+        config's (:meth:`equivalent`) is added to ``seen`` and skipped silently: it is the same
+        server under another spelling, not a candidate.
         """
-        for cand, changed in self.neighbours(best):
+        self.remember(best)
+        for cand, changed in self.ordered(best):
             cid = cand.config_id()
             if cid in seen:
+                continue
+            if self.equivalent(cand) is not None:
+                seen.add(cid)
                 continue
             if changed in losers:
                 seen.add(cid)
@@ -249,6 +345,7 @@ class Planner:
                 pruned.append(verdict)
                 continue
             seen.add(verdict.config.config_id())
+            self.remember(verdict.config)
             return PlanStep(pruned=pruned, decision=verdict)
         return PlanStep(pruned=pruned, decision=NoViableConfig(
             reason="every one-knob change of the best config was tried or pruned"))

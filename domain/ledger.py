@@ -7,6 +7,9 @@ and a resumed one can skip finished work by its ``key``. Standard library only.
 from __future__ import annotations
 
 import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -41,10 +44,27 @@ class Ledger:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
+        self._tx_lock = threading.RLock()  # the connection is shared across threads
 
     def close(self) -> None:
         """Close the connection."""
         self._db.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """Run a read-modify-write as one ``BEGIN IMMEDIATE`` transaction (all or nothing).
+
+        The write lock is taken at BEGIN, so a second writer on the same file waits (up to the
+        connection timeout) instead of reading a seq or status that is stale by its write.
+        """
+        with self._tx_lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
 
     # ---- meta ----
     def get_meta(self, key: str) -> str | None:
@@ -69,31 +89,33 @@ class Ledger:
         Returns:
             The committed trial (its ``seq`` is the ledger's).
         """
-        existing = self.get(trial.key)
-        if existing is not None:
-            return existing
-        trial = trial.model_copy(update={
-            "seq": self.next_seq(),
-            "created_at": trial.created_at or datetime.now(UTC).isoformat(timespec="seconds")})
-        self._db.execute(
-            "INSERT INTO trials(seq, key, run_id, phase, status, config_id, changed, objective,"
-            " reason, created_at, body) VALUES(?,?,?,?,?,?,?,?,?,?,?)",
-            (trial.seq, trial.key, trial.run_id, trial.phase, trial.status,
-             trial.config.config_id(), trial.changed, trial.objective, trial.reason,
-             trial.created_at, trial.model_dump_json()))
+        with self._transaction():
+            existing = self.get(trial.key)
+            if existing is not None:
+                return existing
+            trial = trial.model_copy(update={
+                "seq": self.next_seq(),
+                "created_at": trial.created_at or datetime.now(UTC).isoformat(timespec="seconds")})
+            self._db.execute(
+                "INSERT INTO trials(seq, key, run_id, phase, status, config_id, changed, objective,"
+                " reason, created_at, body) VALUES(?,?,?,?,?,?,?,?,?,?,?)",
+                (trial.seq, trial.key, trial.run_id, trial.phase, trial.status,
+                 trial.config.config_id(), trial.changed, trial.objective, trial.reason,
+                 trial.created_at, trial.model_dump_json()))
         return trial
 
     def update_status(self, key: str, status: str, reason: str | None = None) -> None:
         """Change the status (and optionally the reason) of a committed trial."""
-        t = self.get(key)
-        if t is None:
-            raise KeyError(key)
-        upd: dict[str, str] = {"status": status}
-        if reason is not None:
-            upd["reason"] = reason
-        t = t.model_copy(update=upd)
-        self._db.execute("UPDATE trials SET status=?, reason=?, body=? WHERE key=?",
-                         (t.status, t.reason, t.model_dump_json(), key))
+        with self._transaction():
+            t = self.get(key)
+            if t is None:
+                raise KeyError(key)
+            upd: dict[str, str] = {"status": status}
+            if reason is not None:
+                upd["reason"] = reason
+            t = t.model_copy(update=upd)
+            self._db.execute("UPDATE trials SET status=?, reason=?, body=? WHERE key=?",
+                             (t.status, t.reason, t.model_dump_json(), key))
 
     def get(self, key: str) -> Trial | None:
         """The trial with ``key``, or None."""

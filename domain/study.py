@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -20,6 +21,7 @@ from pydantic import (
 
 from domain.config import EngineVersion, ServingConfig
 from domain.errors import ConfigInvalid
+from domain.faults import FaultSpec
 from domain.knobs import KNOBS, apply_knob
 
 
@@ -148,6 +150,9 @@ class Study(BaseModel):
     search: SearchSpec = Field(default_factory=SearchSpec)
     acceptance: AcceptanceSpec = Field(default_factory=AcceptanceSpec)
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
+    faults: FaultSpec = Field(default_factory=FaultSpec, description=(
+        "twin only: shares of launches, benchmarks and lesson-store calls that fail on "
+        "purpose (domain/faults.py); default none"))
 
     @model_validator(mode="after")
     def _check(self) -> Study:
@@ -166,7 +171,10 @@ class Study(BaseModel):
 
     def digest(self) -> str:
         """sha256 (16 hex) of the canonical study, to refuse reusing a run id for another."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        data = self.model_dump(mode="json")
+        if not self.faults.active:  # studies without faults keep the digest they had
+            data.pop("faults")
+        blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def base_config(self) -> ServingConfig:
@@ -225,6 +233,12 @@ class Study(BaseModel):
             raise ConfigInvalid(problems)
 
 
+def _loc_part(part: int | str) -> str:
+    """One step of a field path; a key that is blank or holds separators is quoted."""
+    text = str(part)
+    return text if re.fullmatch(r"[\w-]+", text) else repr(text)
+
+
 def parse_study(data: Any) -> Study:
     """Validate a parsed study mapping.
 
@@ -238,7 +252,7 @@ def parse_study(data: Any) -> Study:
     except ValidationError as e:
         msgs = []
         for err in e.errors():
-            loc = ".".join(str(x) for x in err["loc"]) or "study"
+            loc = ".".join(_loc_part(x) for x in err["loc"]) or "study"
             msgs.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
         raise ConfigInvalid(msgs) from e
     study.validate_space()

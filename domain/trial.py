@@ -84,6 +84,10 @@ class Trial(BaseModel):
     predicted: dict[str, Any] = Field(default_factory=dict,
                                       description="the estimator's numbers before launch")
     log_tail: list[str] = Field(default_factory=list)
+    retries: list[dict[str, Any]] = Field(
+        default_factory=list, description="failed tries of this trial's launch or benchmark "
+        "that were tried again because their failure class is transient (domain/faults.py): "
+        "what (deploy/bench), attempt, failure_class, stage, evidence")
     research: list[dict[str, Any]] = Field(
         default_factory=list, description="research outcomes gathered before the launch "
         "decision: question, status, answer, claims with evidence, error, usage, start/end")

@@ -36,6 +36,7 @@ SourceFormat = Literal["mooncake", "azure", "bailian", "synthetic"]
 MOONCAKE_BLOCK = 512
 BAILIAN_BLOCK = 16
 AZURE_HEADER = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
+MAX_TRACE_TOKENS = 100_000_000  # 10x the longest context of any model (10M); larger is damage
 
 
 class Request(BaseModel):
@@ -242,6 +243,10 @@ def _fields(path: str, line: int, text: str, wanted: tuple[str, ...]) -> dict[st
             f"malformed JSON ({e.msg} at column {e.colno}); each line must be one JSON object",
             line,
         ) from e
+    except ValueError as e:  # an integer literal beyond Python's int digit limit
+        raise TraceInvalid(
+            path, f"a number has too many digits ({e}); the row is damaged: drop it", line
+        ) from e
     if not isinstance(row, dict):
         raise TraceInvalid(path, f"expected a JSON object, got {type(row).__name__}", line)
     missing = [k for k in wanted if k not in row]
@@ -261,7 +266,7 @@ def _number(path: str, line: int, row: dict[str, Any], key: str, unit: str) -> f
     except OverflowError:  # an integer literal beyond the float range
         value = math.nan
     if not math.isfinite(value):
-        raise TraceInvalid(path, f"{key} must be a finite number of {unit}, got {v!r}", line)
+        raise TraceInvalid(path, f"{key} must be a finite number of {unit}, got {v!r:.80}", line)
     if value < 0:
         raise TraceInvalid(
             path,
@@ -273,9 +278,14 @@ def _number(path: str, line: int, row: dict[str, Any], key: str, unit: str) -> f
 
 def _length(path: str, line: int, value: object, key: str) -> int:
     if type(value) is not int:
-        raise TraceInvalid(path, f"{key} must be an integer number of tokens, got {value!r}", line)
+        raise TraceInvalid(
+            path, f"{key} must be an integer number of tokens, got {value!r:.80}", line
+        )
     if value < 1:
         raise TraceInvalid(path, f"{key} must be >= 1 token, got {value}; drop the row", line)
+    if value > MAX_TRACE_TOKENS:
+        raise TraceInvalid(path, f"{key} is {value} tokens, more than any model's context "
+                           f"(limit {MAX_TRACE_TOKENS:,}); the row is damaged: drop it", line)
     return value
 
 
@@ -480,7 +490,7 @@ def load_azure(path: str | os.PathLike[str]) -> Trace:
 
 def _csv_int(text: str) -> int | str:
     s = text.strip()
-    return int(s) if re.fullmatch(r"[+-]?\d+", s) else text
+    return int(s) if re.fullmatch(r"[+-]?\d{1,30}", s) else text  # int() refuses > 4300 digits
 
 
 def load_trace(
@@ -522,7 +532,7 @@ def _detect(path: str) -> Literal["mooncake", "azure", "bailian"]:
     if ext in (".jsonl", ".json") or first.startswith("{"):
         try:
             row = json.loads(first)
-        except json.JSONDecodeError:
+        except ValueError:  # JSONDecodeError, or an int over the digit limit
             return "mooncake"  # the loader reports the malformed line precisely
         return "bailian" if isinstance(row, dict) and "chat_id" in row else "mooncake"
     if first.startswith("TIMESTAMP,"):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import operator
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, Protocol, TypedDict
 
@@ -116,9 +117,16 @@ async def run_research(questions: Sequence[ResearchQuestion],
         raise ValueError(f"research question ids must be unique: {ids}")
     if not questions:
         return []
-    graph = build_research_graph(researchers, timeout_s).compile()
-    final = await graph.ainvoke(
-        {"questions": [q.model_dump(mode="json") for q in questions], "outcomes": []},
-        {"max_concurrency": max_parallel})
+    # checkpointer=False: inside the supervisor's node this graph would otherwise write into
+    # the run's SQLite checkpoint, and a run killed during research resumed the fan-out from
+    # what the killed process had written of it, losing outcomes (a KeyError below). Each call
+    # starts afresh; a resumed step asks every question again. The explicit durability
+    # replaces the run's "sync", which LangGraph 1.2 cannot honour without a checkpointer.
+    graph = build_research_graph(researchers, timeout_s).compile(checkpointer=False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`durability` has no effect")
+        final = await graph.ainvoke(
+            {"questions": [q.model_dump(mode="json") for q in questions], "outcomes": []},
+            {"max_concurrency": max_parallel}, durability="exit")
     by_id = {o["question"]["id"]: ResearchOutcome.model_validate(o) for o in final["outcomes"]}
     return [by_id[i] for i in ids]

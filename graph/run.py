@@ -14,7 +14,7 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from mcp import Client
 
 from agents.claude import ClaudeSetup
-from agents.mcp_tools import call
+from agents.mcp_tools import TRANSIENT_RETRIES, call
 from agents.research import (
     ClaudeResearcher,
     DeterministicMemoryResearcher,
@@ -27,7 +27,9 @@ from graph.supervisor import build_graph
 from mcp_servers.bench.ops import BenchService
 from mcp_servers.bench.server import build_server as bench_server
 from mcp_servers.cluster.backend import ClusterBackend, TwinBackend
+from mcp_servers.cluster.ops import MANAGED_BY
 from mcp_servers.cluster.server import build_server as cluster_server
+from mcp_servers.lessons.outage import FlakyStore
 from mcp_servers.lessons.server import build_server as lessons_server
 from mcp_servers.source.server import build_server as source_server
 from mcp_servers.source.tree import SourceTree
@@ -48,6 +50,60 @@ def resume_input(run_id: str, values: dict[str, Any],
     if next_nodes:
         return None
     return {"run_id": run_id, "phase": values.get("phase", "search")}
+
+
+def record_injected(ctx: StudyContext, backend: Any, bench: BenchService, store: Any,
+                    lesson_retries: int) -> None:
+    """Append an ``injected`` event per fault injected in this process.
+
+    The lesson-store wrapper adds one event with its outages, the calls it refused and the
+    retries that classified them LESSONS_UNAVAILABLE.
+    """
+    for row in getattr(backend, "injected", []):
+        ctx.event("injected", what="deploy", **row)
+    for row in bench.injected:
+        ctx.event("injected", what="bench", **row)
+    if isinstance(store, FlakyStore):
+        ctx.event("injected", what="lessons", fault="lessons_outage", outages=store.outages,
+                  refused=store.refused, retried=lesson_retries)
+
+
+async def tear_down_leftovers(cluster: Client, run_id: str) -> list[str]:
+    """Tear down the deployments a killed process of ``run_id`` left running; their names.
+
+    Found by their labels (servetune's managed-by label and ``servetune/run-id``), never by
+    name alone: another run's deployments in the namespace are left alone. None is adopted:
+    a server of unknown state (a benchmark cut off half-way has warmed its cache) would make
+    the redone step measure something else than an uninterrupted run; the step deploys its
+    config again. Without this, a deployment the kill caught after its last result was
+    committed (a frontier sweep's last point, the quality reference) would never be stopped,
+    and on the local backend it would keep its GPUs from the next launch.
+    """
+    (label, owner), = MANAGED_BY.items()
+    left = []
+    for d in await call(cluster, "list_deployments"):
+        labels = d.get("labels") or {}
+        if d["phase"] != "Terminated" and labels.get(label) == owner \
+                and labels.get("servetune/run-id") == run_id:
+            await call(cluster, "tear_down", {"name": d["name"]})
+            left.append(d["name"])
+    return left
+
+
+def forget_uncommitted(store: LessonStore, ledger: Ledger, run_id: str) -> list[str]:
+    """Remove the lessons ``run_id`` stored that no committed ledger row carries; their ids.
+
+    The planner stores a memory-fit estimate's lesson before the pruned row carrying it is
+    committed; a kill in between left the lesson without its row, and the resumed step was then
+    pruned "forbidden by lesson" instead of "by memory-fit estimate", with no lesson on its row
+    (found by benchmarks/chaos_resume.py). The ledger is the record: with these removed, the
+    resumed step learns the lesson again and commits it with its row. A lesson another run
+    found first keeps that run's id and is never removed.
+    """
+    committed = {lesson.id for t in ledger.trials() for lesson in t.lessons_written}
+    stray = [lesson.id for lesson in store.list(run_id=run_id) if lesson.id not in committed]
+    store.remove(stray)
+    return stray
 
 
 @dataclass
@@ -94,19 +150,28 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
     run_dir.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(run_dir / "ledger.sqlite")
     backend = backend if backend is not None else TwinBackend(namespace="servetune")
+    faults = study.faults if study.faults.active else None
+    if faults is not None and isinstance(backend, TwinBackend):
+        backend.faults = faults  # the study's faults strike the twin only
     bench = BenchService(backend, run_dir / "records", trace_roots,
-                         twin_noise_pct=study.acceptance.twin_noise_pct)
+                         twin_noise_pct=study.acceptance.twin_noise_pct,
+                         faults=faults if backend.kind == "twin" else None)
+    lesson_store: Any = store if faults is None or not faults.lessons_outage \
+        else FlakyStore(store, faults)
+    retried_before = sum(TRANSIENT_RETRIES.values())
     try:
         async with Client(cluster_server(backend)) as c_cluster, \
                 Client(bench_server(bench)) as c_bench, \
-                Client(lessons_server(store, run_id)) as c_lessons, \
+                Client(lessons_server(lesson_store, run_id)) as c_lessons, \
                 Client(source_server(source_tree, study.engine_version)) as c_source, \
                 AsyncSqliteSaver.from_conn_string(str(run_dir / "checkpoint.sqlite")) as saver:
             graph = build_graph().compile(checkpointer=saver)
             cfg = {"configurable": {"thread_id": run_id}, "recursion_limit": 100_000}
             snap = await graph.aget_state(cfg)
             resumed = bool(snap.values)
-            if resumed:  # lessons of committed trials, in case a kill came before storing them
+            if resumed:  # the store as the ledger has it: no lesson without its row, ...
+                forget_uncommitted(store, ledger, run_id)
+                # ... and the lessons of committed trials, in case a kill came before storing them
                 for t in ledger.trials():
                     for lesson in t.lessons_written:
                         await call(c_lessons, "add_lesson",
@@ -126,6 +191,8 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
                                progress=progress, events_path=run_dir / "events.jsonl",
                                researchers=researchers, research_parallel=research_parallel,
                                claude=claude, namespace=backend.namespace, repeats=repeats)
+            for name in await tear_down_leftovers(c_cluster, run_id):
+                ctx.event("teardown-leftover", name=name)
             already_done = resumed and snap.values.get("phase") == "done"
             if already_done:
                 final = snap.values  # finished before: nothing to do
@@ -133,6 +200,9 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
                 inp = resume_input(run_id, snap.values, tuple(snap.next))
                 # durability="sync": each step's checkpoint is on disk before the next starts.
                 final = await graph.ainvoke(inp, cfg, context=ctx, durability="sync")
+        if faults is not None:  # what was injected, for the report (events.jsonl)
+            record_injected(ctx, backend, bench, lesson_store,
+                            sum(TRANSIENT_RETRIES.values()) - retried_before)
         return StudyOutcome(run_id=run_id, resumed=resumed, already_done=already_done,
                             stop_reason=final.get("stop_reason", ""),
                             winner_seq=final.get("winner_seq"))

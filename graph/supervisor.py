@@ -16,7 +16,14 @@ from typing import Any
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 
-from agents.analyst import Analyst, ClaudeAnalyst, acceptance, failure_lesson, replica_mean
+from agents.analyst import (
+    Analyst,
+    BenchOutcome,
+    ClaudeAnalyst,
+    acceptance,
+    failure_lesson,
+    replica_mean,
+)
 from agents.brains import make_planner
 from agents.claude import AgentFailure, AgentUsage, failure_reason
 from agents.deployer import ClaudeDeployer, Deployer
@@ -31,10 +38,12 @@ from agents.planner import (
     research_questions,
 )
 from domain.config import ServingConfig
+from domain.faults import bench_failure_class, rule
 from domain.ledger import Ledger
 from domain.study import Study
 from domain.trial import Trial, manifest_for
 from graph.research import run_research
+from graph.retry import launch, measure
 from graph.state import StudyContext, StudyState
 from graph.validation import (
     admission_of,
@@ -208,21 +217,28 @@ async def _launch_and_measure(ctx: StudyContext, key: str, phase: str, config: S
     deployer, analyst = _brains(ctx)
     name = _deployment_name(config)
     labels = {"servetune/run-id": ctx.run_id, "servetune/trial": key.replace(":", "-")[:63]}
+    retries: list[dict[str, Any]] = []  # filled by launch/measure before the row is built
     base: dict[str, Any] = dict(run_id=ctx.run_id, seq=0, key=key, phase=phase, config=config,
                                 changed=changed, parent_seq=parent, predicted=predicted,
                                 manifest=manifest_for(config, ctx.backend_kind),
-                                **(extra or {}))
+                                retries=retries, **(extra or {}))
 
     def usage() -> dict[str, dict[str, Any]]:
         return llm_usage(planner=planner, deployer=deployer, analyst=analyst)
 
     ctx.event("deploy", key=key, name=name)
     try:
-        out = await deployer.launch(name, config, labels)
+        out = await launch(ctx, deployer, name, config, labels, key, retries)
     except AgentFailure as e:
         await deployer.teardown(name)
         return ctx.ledger.append(Trial(**base, status="failed", reason=failure_reason(
             "deployer", e), llm_usage=usage(), wall_s=time.time() - t0))
+    if not out.ready and rule(out.failure_class).retry:  # transient to the last try: no lesson
+        await deployer.teardown(name)
+        return ctx.ledger.append(Trial(
+            **base, status="failed", failure_class=out.failure_class,
+            reason=f"{out.failure_class} at {out.stage} on every try: {out.evidence[:160]}",
+            log_tail=out.log_tail, llm_usage=usage(), wall_s=time.time() - t0))
     if not out.ready:
         lesson = failure_lesson(config, out, ctx.run_id, key)
         await deployer.teardown(name)
@@ -237,7 +253,8 @@ async def _launch_and_measure(ctx: StudyContext, key: str, phase: str, config: S
         await call(ctx.lessons, "add_lesson", {"lesson": lesson.model_dump(mode="json")})
         return trial
     try:
-        runs = await analyst.saturation_runs(name, repeats(ctx))
+        runs = await measure(ctx, deployer, name, config, labels, key,
+                             lambda: analyst.saturation_runs(name, repeats(ctx)), retries)
     finally:
         await deployer.teardown(name)
     bench = next((b for b in runs if not b.valid), runs[0])  # an invalid run is not scored
@@ -445,8 +462,10 @@ async def validate(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
         name = _deployment_name(src.config)
         ctx.event("deploy", key=key, name=name)
         rep, failed, outputs = None, None, None
+        retried: list[dict[str, Any]] = []
         try:
-            out = await deployer.launch(name, src.config, {"servetune/run-id": ctx.run_id})
+            out = await launch(ctx, deployer, name, src.config,
+                               {"servetune/run-id": ctx.run_id}, key, retried)
             rep = await analyst.replay(name) if out.ready else None
             if rep is not None:  # while it is up: greedy outputs for the quality gate
                 outputs = await candidate_outputs(ctx, src.config, name)
@@ -485,7 +504,7 @@ async def validate(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
             cache_hit_rate=replica_mean(rep.replicas, "cache_hit_rate") if rep else None,
             records_path=rep.records_path if rep else None, llm_usage=llm_usage(
                 deployer=deployer), manifest=manifest_for(src.config, ctx.backend_kind),
-            admission=found, quality=gate, wall_s=time.time() - t0))
+            admission=found, quality=gate, retries=retried, wall_s=time.time() - t0))
     done = ctx.ledger.get(key)
     if ctx.study.validation.tune_admission and done is not None and done.admission is not None \
             and done.admission.detected:  # idempotent per variant: a resumed run skips done ones
@@ -527,8 +546,10 @@ async def frontier(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
         deployer, analyst = _brains(ctx)
         name = _deployment_name(config)
         ctx.event("deploy", key=f"frontier:{config.config_id()}", name=name)
+        labels = {"servetune/run-id": ctx.run_id}
         try:
-            out = await deployer.launch(name, config, {"servetune/run-id": ctx.run_id})
+            out = await launch(ctx, deployer, name, config, labels,
+                               f"frontier:{config.config_id()}")
         except AgentFailure as e:  # the sweep of this config is skipped, with the reason
             await deployer.teardown(name)
             _add_extra_usage(ctx.ledger, "deployer", getattr(deployer, "usage", AgentUsage()))
@@ -542,14 +563,23 @@ async def frontier(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
         try:
             for c in todo if out.ready else []:
                 t0 = time.time()
-                b = await analyst.saturation(name, concurrency=c)
+                retried: list[dict[str, Any]] = []
+
+                async def one(c: int = c) -> list[BenchOutcome]:
+                    return [await analyst.saturation(name, concurrency=c)]
+
+                b = (await measure(ctx, deployer, name, config, labels,
+                                   f"frontier:{config.config_id()}:{c}", one, retried))[0]
                 ctx.ledger.append(Trial(
                     run_id=ctx.run_id, seq=0, key=f"frontier:{config.config_id()}:{c}",
                     phase="frontier", status="sweep", config=config, changed=changed,
                     parent_seq=parent, reason=f"concurrency {c}", saturation=b.summary,
                     objective=b.summary.output_tok_s_per_gpu, records_path=b.records_path,
-                    manifest=manifest_for(config, ctx.backend_kind),
+                    manifest=manifest_for(config, ctx.backend_kind), retries=retried,
                     wall_s=time.time() - t0))
+                if not b.valid and rule(bench_failure_class(
+                        False, b.invalid_reason, b.errors_by_class)).redeploy:
+                    break  # the server is gone and could not be brought back
         finally:
             await deployer.teardown(name)
     return {"cursor": cursor + 1, "phase": "frontier"}

@@ -36,6 +36,7 @@ from domain.models import get_model
 from domain.quality import TWIN_NOT_APPLICABLE, QualityGate, compare_outputs, numerics_changes
 from domain.study import Study
 from domain.trial import Trial, manifest_for
+from graph.retry import launch, measure
 from graph.state import StudyContext
 
 REPEAT_HITS = 0.05  # prefix-cache hit rate from which a trace's prefixes "repeat" (HiCache pays)
@@ -119,8 +120,10 @@ async def _measure_variant(ctx: StudyContext, parent: Trial, cfg: ServingConfig,
     name = f"trial-{cfg.config_id()}"
     ctx.event("deploy", key=key, name=name)
     rep = sat = None
+    labels = {"servetune/run-id": ctx.run_id}
+    retried: list[dict[str, Any]] = []
     try:
-        out = await deployer.launch(name, cfg, {"servetune/run-id": ctx.run_id})
+        out = await launch(ctx, deployer, name, cfg, labels, key, retried)
         if out.ready:
             rep = await analyst.replay(name)
             assert parent.replay is not None
@@ -128,13 +131,16 @@ async def _measure_variant(ctx: StudyContext, parent: Trial, cfg: ServingConfig,
                             rep.summary.ttft_ms.p99, rep.summary.output_tok_s,
                             rep.summary.errors, slo, margin)
             if ok:
-                sat = await analyst.saturation(name)
+                async def one() -> list[BenchOutcome]:
+                    return [await analyst.saturation(name)]
+
+                sat = (await measure(ctx, deployer, name, cfg, labels, key, one, retried))[0]
     finally:
         await deployer.teardown(name)
     row: dict[str, Any] = dict(
         run_id=ctx.run_id, seq=0, key=key, phase="validate", config=cfg, changed=label,
         parent_seq=parent.seq, manifest=manifest_for(cfg, ctx.backend_kind), quality=gate,
-        wall_s=0.0)
+        retries=retried, wall_s=0.0)
     if rep is None:
         return ctx.ledger.append(Trial(**row, status="crash",
                                        reason=f"retune {label}: did not start: {out.evidence}"))
@@ -179,7 +185,8 @@ async def _reference_outputs(ctx: StudyContext, deployer: Deployer) -> list[str]
     name = f"trial-{ref.config_id()}"
     ctx.event("deploy", key=f"quality:{ref.config_id()}", name=name)
     try:
-        out = await deployer.launch(name, ref, {"servetune/run-id": ctx.run_id})
+        out = await launch(ctx, deployer, name, ref, {"servetune/run-id": ctx.run_id},
+                           f"quality:{ref.config_id()}")
         if not out.ready:
             return f"the reference (baseline) did not start: {out.evidence[:160]}"
         r = await call(ctx.bench, "run_greedy", {"deployment": name})

@@ -26,6 +26,7 @@ from domain.metrics import MetricsSummary
 from domain.pareto import dominated_by, pareto_front
 from domain.study import Study
 from domain.trial import Trial
+from servetune.faults_report import faults_section
 
 SEARCH_PNG = "search.png"
 FRONTIER_PNG = "frontier.png"
@@ -786,6 +787,7 @@ def render_report(run_dir: Path, study: Study, trials: list[Trial], lessons: lis
     lines += _research_section(trials)
     lines += _agents_section(trials, brains, extra_usage or {}, prices,
                              read_llm_calls(run_dir / LLM_CALLS))
+    lines += faults_section(study, run_dir / "events.jsonl")
     lines += _lessons_section(lessons)
 
     path = run_dir / "report.md"

@@ -21,6 +21,10 @@ def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = F
     seen: set[Any] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
+        if not isinstance(key, str | int | float | bool | None):  # `? [a]: 1`, `? {a: 1}: 1`
+            raise yaml.constructor.ConstructorError(
+                None, None, "a key must be a plain name, not a list or mapping",
+                key_node.start_mark)
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 None, None, f"key {key!r} is given twice", key_node.start_mark)

@@ -39,9 +39,11 @@ from pydantic import BaseModel, Field
 from domain.acceptance import block_rates
 from domain.config import ServingConfig
 from domain.errors import TraceInvalid
+from domain.faults import FaultSpec
 from domain.fit import FitReport
 from domain.metrics import MetricsSummary, Percentiles, RequestRecord, summarize
 from domain.twin.cluster import ReplicaStats, simulate_closed_loop, simulate_open_loop
+from domain.twin.injected import inject_records
 from domain.twin.noise import noise_factor, scale_records
 from domain.workload import Trace, load_trace
 from mcp_servers.bench import records as store
@@ -210,6 +212,24 @@ class _Target:
         return f"{self.urls[0]}" + (f" (+{n - 1} more replicas)" if n > 1 else "")
 
 
+TWIN_FAULT_CLASSES = ("timeout", "connect", "disconnect")
+SANITY_SLACK_S = 1e-3  # clock slack of the time-order checks
+
+
+def _insane(records: Sequence[RequestRecord]) -> str:
+    """What is impossible about completed ``records`` ('' if nothing).
+
+    A first token before the send or a finish before the first token cannot be measured; a
+    run holding such records is garbage, whatever its throughput says.
+    """
+    ok = [r for r in records if r.error is None]
+    early = sum(r.first_token_s < r.arrival_s - SANITY_SLACK_S for r in ok)
+    back = sum(r.finish_s < r.first_token_s - SANITY_SLACK_S for r in ok)
+    parts = [f"{early} with the first token before the send"] if early else []
+    parts += [f"{back} finished before their first token"] if back else []
+    return ", ".join(parts)
+
+
 def _first_error(records: Sequence[RequestRecord]) -> str | None:
     return next((r.error for r in records if r.error is not None), None)
 
@@ -303,6 +323,10 @@ class BenchService:
             scale by a factor drawn from (config, repeat, ``twin_noise_seed``)
             (:mod:`domain.twin.noise`); 0 = the twin's exact numbers.
         twin_noise_seed: seed of that noise.
+        faults: a study's ``faults`` (:mod:`domain.faults`): a share of twin saturation runs
+            lose their server, stall or return garbage (:func:`~domain.twin.injected.
+            inject_records`); run ``n`` of a bench id draws from ``(seed, bench id, n)``.
+            ``injected`` lists what was injected.
     """
 
     def __init__(self, backend: ClusterBackend, artifacts_dir: Path, trace_roots: list[Path],
@@ -312,7 +336,7 @@ class BenchService:
                  tokenizer: PromptTokenizer | None = None,
                  quality: Quality | None = None, default_runner: RunnerKind | None = None,
                  aiperf_binary: str | None = None, twin_noise_pct: float = 0.0,
-                 twin_noise_seed: int = 0) -> None:
+                 twin_noise_seed: int = 0, faults: FaultSpec | None = None) -> None:
         self.backend = backend
         self.artifacts = Path(artifacts_dir)
         self.roots = [Path(r).resolve() for r in trace_roots]
@@ -327,6 +351,9 @@ class BenchService:
         self.default_runner = default_runner
         self.aiperf_binary = aiperf_binary
         self.twin_noise_pct, self.twin_noise_seed = twin_noise_pct, twin_noise_seed
+        self.faults = faults
+        self.injected: list[dict[str, Any]] = []
+        self._runs_of: dict[str, int] = {}  # bench id -> twin runs so far (fault draws)
         self._traces: dict[tuple[str, str], Trace] = {}
 
     # -- targets, traces, storage --------------------------------------------------------------
@@ -366,8 +393,13 @@ class BenchService:
     def _resolve_trace(self, trace: str) -> Path:
         if trace.startswith("-"):
             raise BackendError(f"trace path {trace!r} must not start with '-'")
+        if "\0" in trace:
+            raise BackendError(f"trace path {trace!r} holds a NUL byte; give a file name")
         for root in self.roots:
-            p = (root / trace).resolve()
+            try:
+                p = (root / trace).resolve()
+            except (OSError, RuntimeError):  # a symlink cycle (3.11 raises RuntimeError)
+                continue
             if any(p.is_relative_to(r) for r in self.roots) and p.is_file():
                 return p
         roots = ", ".join(str(r) for r in self.roots) or "none configured"
@@ -413,14 +445,21 @@ class BenchService:
             run.sent_s - np.array([r.arrival_s for r in recs], dtype=float))
         if run is not None:
             by_class = run.error_counts()
-        else:
-            n_err = sum(r.error is not None for r in recs)
-            by_class = {ENGINE_ERROR: n_err} if n_err else {}
+        else:  # an injected fault names the load generator's class ("timeout: ...")
+            by_class = {}
+            for r in recs:
+                if r.error is not None:
+                    head = r.error.split(":", 1)[0]
+                    k = head if head in TWIN_FAULT_CLASSES else ENGINE_ERROR
+                    by_class[k] = by_class.get(k, 0) + 1
         n_err = sum(by_class.values())
         share = n_err / len(recs) if recs else 0.0
         invalid = None
+        insane = _insane(recs)
         if not recs:
             invalid = "no request was sent"
+        elif insane:
+            invalid = f"records fail the sanity checks ({insane}); not scored"
         elif share > q.max_error_share:
             classes = ", ".join(f"{k} {v}" for k, v in sorted(by_class.items()))
             invalid = (f"{n_err} of {len(recs)} requests failed ({share:.1%} > the "
@@ -540,6 +579,13 @@ class BenchService:
                                              progress=step))
             factor = noise_factor(config.config_id(), repeat, noise, self.twin_noise_seed)
             recs = scale_records(recs, factor)
+            n = self._runs_of.get(bid, 0)
+            self._runs_of[bid] = n + 1
+            fault = self.faults.bench_fault(bid, n) if self.faults is not None else None
+            if fault is not None:
+                recs = inject_records(recs, fault)
+                self.injected.append({"fault": fault, "bench_id": bid, "attempt": n,
+                                      "deployment": t.deployment})
             capped = len(recs) >= MAX_SATURATION_REQUESTS
             info = WorkloadInfo(kind="saturation", requests=len(recs), isl=isl, osl=osl,
                                 concurrency=concurrency,

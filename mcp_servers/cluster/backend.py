@@ -42,7 +42,9 @@ from typing import Any, Literal, Protocol, TypeVar
 from pydantic import BaseModel, Field, ValidationError
 
 from domain.config import ServingConfig
+from domain.faults import DeployFault, FaultSpec
 from domain.fit import FitReport
+from domain.twin.injected import inject_startup
 from domain.twin.startup import Startup, start
 from mcp_servers.cluster.store import RecordStore, UnreadableRecord
 
@@ -292,17 +294,25 @@ class TwinBackend:
     each record is a JSON file under ``state_dir/twin/<namespace>/``, re-read on every call, so
     another process over the same folder (the bench server of Claude Code) sees the same
     deployments; the startup is recomputed from the config (:func:`start` is deterministic).
+
+    ``faults`` (a study's ``faults``, :mod:`domain.faults`) makes a share of the launches that
+    would be Ready fail instead (:func:`~domain.twin.injected.inject_startup`); launch ``n`` of
+    a name (its earlier ``Created`` events) draws its fault from ``(seed, config id, n)``.
+    ``injected`` lists what was injected.
     """
 
     kind = "twin"
 
-    def __init__(self, namespace: str = "servetune", state_dir: Path | None = None) -> None:
+    def __init__(self, namespace: str = "servetune", state_dir: Path | None = None,
+                 faults: FaultSpec | None = None) -> None:
         if not NAME_RE.match(namespace):
             raise BackendError(f"namespace {namespace!r} is not a valid DNS-1123 label")
         self.namespace = namespace
         root = None if state_dir is None else state_dir / "twin" / namespace
         self._store = RecordStore(root)
         self._startups: dict[str, Startup] = {}
+        self.faults = faults
+        self.injected: list[dict[str, Any]] = []
 
     def _get(self, name: str) -> _TwinRecord:
         return require_record(self._store, name, _TwinRecord, self.namespace)
@@ -312,6 +322,19 @@ class TwinBackend:
         if key not in self._startups:
             self._startups[key] = start(config)
         return self._startups[key]
+
+    def _fault(self, d: _TwinRecord) -> tuple[DeployFault | None, int]:
+        """The fault injected into deployment ``d`` (None: none) and its launch number."""
+        attempt = sum(e.reason == "Created" for e in d.history)
+        if self.faults is None or not self._startup(d.config).ready:
+            return None, attempt
+        return self.faults.deploy_fault(d.config.config_id(), attempt), attempt
+
+    def _run(self, d: _TwinRecord) -> Startup:
+        """How deployment ``d`` started: :func:`start` of its config, or its injected fault."""
+        fault, _ = self._fault(d)
+        s = self._startup(d.config)
+        return s if fault is None else inject_startup(s, fault, d.config)
 
     def deploy(self, name: str, config: ServingConfig, labels: dict[str, str],
                wait_s: float = 0.0) -> DeploymentStatus:
@@ -332,10 +355,14 @@ class TwinBackend:
             rec = _TwinRecord(name=name, config=config, labels=dict(labels),
                               created_at=time.time(), history=history)
             self._store.write(name, rec.model_dump(mode="json"))
+        fault, attempt = self._fault(rec)
+        if fault is not None:
+            self.injected.append({"fault": fault, "name": name, "attempt": attempt,
+                                  "config_id": config.config_id()})
         return self._status(rec)
 
     def _status(self, d: _TwinRecord) -> DeploymentStatus:
-        s = self._startup(d.config)
+        s = self._run(d)
         phase: Phase = ("Terminated" if d.terminated_at is not None
                         else ("Ready" if s.ready else "Failed"))
         message = s.reason
@@ -346,7 +373,7 @@ class TwinBackend:
             name=d.name, namespace=self.namespace, phase=phase, replicas=d.config.replicas,
             ready_replicas=d.config.replicas if phase == "Ready" else 0, config=d.config,
             labels=d.labels, created_at=d.created_at,
-            exit_code=None if s.ready else s.exit_code,
+            exit_code=None if s.ready or s.exit_code < 0 else s.exit_code,
             failed_stage=None if s.ready else s.phase, message=message, startup_s=s.startup_s)
 
     def status(self, name: str) -> DeploymentStatus:
@@ -364,7 +391,7 @@ class TwinBackend:
         d = self._get(name)
         if replica is not None and not 0 <= replica < d.config.replicas:
             raise BackendError(f"{name} has replicas 0..{d.config.replicas - 1}")
-        return [LogLine(t=d.created_at, text=x) for x in self._startup(d.config).log]
+        return [LogLine(t=d.created_at, text=x) for x in self._run(d).log]
 
     def events(self, name: str | None = None) -> list[Event]:
         """Created, then Ready or Failed, then Killing after a teardown; oldest first.
@@ -383,7 +410,7 @@ class TwinBackend:
         return sorted(out, key=lambda e: e.t)
 
     def _events_of(self, d: _TwinRecord) -> list[Event]:
-        s, n = self._startup(d.config), d.config.replicas
+        s, n = self._run(d), d.config.replicas
         out = list(d.history)
         out.append(Event(t=d.created_at, type="Normal", reason="Created", object=d.name,
                          message=f"{n} replica(s) of config {d.config.config_id()}"))
@@ -438,7 +465,7 @@ class TwinBackend:
             BackendError: if it is not Ready.
         """
         d = self._get(name)
-        s = self._startup(d.config)
+        s = self._run(d)
         if d.terminated_at is not None or not s.ready or s.fit is None:
             raise BackendError(f"deployment {name!r} is not Ready; benchmark only Ready "
                                "deployments (check status first)")

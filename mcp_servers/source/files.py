@@ -228,12 +228,15 @@ def _compile_refusal(pattern: str, flags: int) -> str | None:
     Returns:
         None when it compiles within the limits or is merely invalid; else the reason.
     """
-    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[3]),) "
-            "* 2); import regex; regex.compile(sys.argv[1], int(sys.argv[2]))")
+    # The pattern travels as JSON on stdin: argv cannot carry a NUL byte or a lone surrogate.
+    code = ("import json, resource, sys; resource.setrlimit(resource.RLIMIT_AS, "
+            "(int(sys.argv[2]),) * 2); import regex; "
+            "regex.compile(json.loads(sys.stdin.read()), int(sys.argv[1]))")
     try:
-        r = subprocess.run([sys.executable, "-c", code, pattern, str(int(flags)),
-                            str(COMPILE_MEMORY_BYTES)], capture_output=True, text=True,
-                           timeout=COMPILE_TIMEOUT_S, check=False)
+        r = subprocess.run([sys.executable, "-c", code, str(int(flags)),
+                            str(COMPILE_MEMORY_BYTES)], input=json.dumps(pattern),
+                           capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S,
+                           check=False)
     except subprocess.TimeoutExpired:
         return f"compiling it takes longer than {COMPILE_TIMEOUT_S:g} s"
     if r.returncode != 0 and "MemoryError" in r.stderr:

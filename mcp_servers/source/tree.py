@@ -206,18 +206,21 @@ class SourceTree:
             dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
             for name in filenames:
                 p = Path(dirpath, name)
-                if p.is_symlink() and not self._inside(p.resolve()):
-                    continue  # a link out of the tree: not part of it
                 try:
+                    if p.is_symlink() and not self._inside(p.resolve()):
+                        continue  # a link out of the tree: not part of it
                     st = p.stat()
-                except OSError:
-                    continue  # dangling link
-                if not p.is_file():
+                except (OSError, RuntimeError):  # dangling link, or a cycle (3.11: RuntimeError)
                     continue
+                if not p.is_file():
+                    continue  # a FIFO, socket or device: reading it could block
                 rel = p.relative_to(self.root).as_posix()
                 found[rel] = st.st_size
                 if st.st_size <= MAX_TEXT_BYTES:
-                    data = p.read_bytes()
+                    try:
+                        data = p.read_bytes()
+                    except OSError:  # unreadable (permissions): listed, not searched
+                        continue
                     if b"\0" not in data[:_BINARY_PROBE]:
                         self.texts[rel] = data.decode("utf-8", errors="replace")
         self.sizes = dict(sorted(found.items()))
@@ -232,7 +235,11 @@ class SourceTree:
                 symlink) outside the tree, or that does not exist.
         """
         rel = check_relative(path)
-        p = (self.root / rel).resolve()
+        try:
+            p = (self.root / rel).resolve()
+        except (OSError, RuntimeError) as e:  # a symlink cycle (3.11 raises RuntimeError)
+            raise SourceError(f"path {path!r} cannot be resolved ({e}); it is a symlink cycle "
+                              "or unreadable: call list_files on its parent directory") from e
         if not self._inside(p):
             raise SourceError(f"path {path!r} leads outside the source tree (through a symlink or "
                               "otherwise); only files under the tree root can be read")
@@ -269,11 +276,17 @@ class SourceTree:
         if rel in self.texts:
             return self.texts[rel]
         p = self.resolve(rel)
-        if not p.is_file():
+        if p.is_dir():
             raise SourceError(f"{rel!r} is a directory; call list_files on it")
+        if not p.is_file():
+            raise SourceError(f"{rel!r} is not a regular file (a FIFO, socket or device); only "
+                              "files can be read")
         if p.stat().st_size > MAX_READ_BYTES:
             raise SourceError(f"{rel!r} is larger than 16 MB; grep it for what you need instead")
-        data = p.read_bytes()
+        try:
+            data = p.read_bytes()
+        except OSError as e:
+            raise SourceError(f"{rel!r} cannot be read ({e.strerror}); pick another file") from e
         if b"\0" in data[:_BINARY_PROBE]:
             raise SourceError(f"{rel!r} is a binary file (e.g. a compiled extension); only text "
                               "files can be read")
