@@ -67,12 +67,13 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = tuple(FailurePattern(c, re.compil
      "the node could not pull the image (registry or network)"),
     ("READY_TIMEOUT", r"not ready after [\d.]+ s", True,
      "the server did not turn Ready within the readiness timeout"),
-    ("CRASH_LOOP", r"CrashLoopBackOff|Scheduler hit an exception|Received sigquit from a child "
-     r"process", False, "the server crashed after it started, and again after each restart"),
+    # the engine's own refusal outranks the kubelet's generic verdict on the same crash
     ("INVALID_COMBINATION",
      r"(?<![\w.])(ValueError|AssertionError|NotImplementedError|TypeError)(: |$)", False,
      "the engine's argument resolution rejected a flag combination (a bare AssertionError is "
      "speculative_hook's all-three-or-none assert)"),
+    ("CRASH_LOOP", r"CrashLoopBackOff|Scheduler hit an exception|Received sigquit from a child "
+     r"process", False, "the server crashed after it started, and again after each restart"),
 ))
 
 

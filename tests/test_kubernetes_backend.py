@@ -139,10 +139,10 @@ CRASH_LOG = ["[2026-05-28 10:00:01] server_args=ServerArgs(model_path='nvidia/GL
 @pytest.mark.parametrize("fate, exit_code, stage, in_message, cls", [
     (Fate("crash", exit_code=1, log=CRASH_LOG), 1, "startup",
      "CrashLoopBackOff (last: Error), exit code 1", "OOM_WEIGHTS"),
-    (Fate("oom", log=CRASH_LOG[:1]), 137, "startup", "OOMKilled), exit code 137", "UNKNOWN"),
-    (Fate("image"), None, "startup", "ImagePullBackOff", "UNKNOWN"),
+    (Fate("oom", log=CRASH_LOG[:1]), 137, "startup", "OOMKilled), exit code 137", "CRASH_LOOP"),
+    (Fate("image"), None, "startup", "ImagePullBackOff", "IMAGE_PULL"),
     (Fate("serve_then_crash", after=1, exit_code=139, log=["segfault in worker"]), 139,
-     "serving", "exit code 139", "UNKNOWN"),
+     "serving", "exit code 139", "CRASH_LOOP"),
 ], ids=["crashloop", "oomkilled", "image-pull", "crash-after-ready"])
 def test_failures_are_classified_from_logs(api, clock, fate, exit_code, stage, in_message, cls):
     b = backend(api, clock)
