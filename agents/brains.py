@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import random
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -50,7 +51,7 @@ INFEASIBLE_VALUE = 0.0
 SHUFFLE_MAX = 2**20
 
 
-class SpacePlanner(Planner):
+class SpacePlanner(Planner, ABC):
     """Shared machinery of the brains that search the whole product of the knob values.
 
     Subclasses implement :meth:`proposals`; :meth:`step` screens each proposal and returns the
@@ -140,9 +141,9 @@ class SpacePlanner(Planner):
         return ", ".join(parts)
 
     # -- the step -------------------------------------------------------------------------
+    @abstractmethod
     def proposals(self, history: Sequence[Any]) -> Iterator[Point]:
         """Points to try, best guess first (subclasses); :meth:`feedback` hears each outcome."""
-        raise NotImplementedError
 
     def feedback(self, point: Point, value: float | None) -> None:
         """Outcome of the last proposal: its objective, or None when it is infeasible."""

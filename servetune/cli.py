@@ -812,22 +812,17 @@ app.add_typer(twin_app, name="twin")
 
 def _twin_config(config: Path | None, study: Path | None, replicas: int | None) -> Any:
     """The ServingConfig to serve: a JSON/YAML file, a study's baseline, or the default's."""
-    import yaml
-
     from domain.config import ServingConfig
-    from servetune.study_file import load_study
+    from servetune.study_file import load_study, read_config_file
 
     if config is not None and study is not None:
         _fail("give --config or --study, not both")
     try:
         if config is not None:
             try:
-                data = yaml.safe_load(config.read_text(encoding="utf-8"))  # JSON is YAML too
-            except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-                _fail(f"--config {config}: cannot read a JSON or YAML ServingConfig "
-                      f"({type(e).__name__}: {getattr(e, 'strerror', None) or e})")
-            if not isinstance(data, dict):
-                _fail(f"--config {config}: expected a mapping of ServingConfig fields")
+                data = read_config_file(config)
+            except ValueError as e:
+                _fail(str(e))
             cfg = ServingConfig(**data)
         else:
             cfg = load_study(study or DEFAULT_STUDY).base_config()

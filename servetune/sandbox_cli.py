@@ -153,13 +153,12 @@ def render_config(
 ) -> None:
     """Print the SGLang deployment of one ServingConfig (engine, Service, router, DRA claim)."""
     version = _version(k8s_version)
+    from servetune.study_file import read_config_file
+
     try:
-        data = yaml.safe_load(config.read_text(encoding="utf-8"))  # JSON is YAML too
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        _fail(f"--config {config}: cannot read a JSON or YAML ServingConfig "
-              f"({type(e).__name__}: {getattr(e, 'strerror', None) or e})")
-    if not isinstance(data, dict):
-        _fail(f"--config {config}: expected a mapping of ServingConfig fields")
+        data = read_config_file(config)
+    except ValueError as e:
+        _fail(str(e))
     try:
         cfg = ServingConfig(**data)
     except ValidationError as e:

@@ -88,3 +88,19 @@ def check_replay(study: Study, trace_path: Path) -> Trace:
     except ConfigInvalid as e:
         raise TraceInvalid(str(trace_path), f"replay window: {e}") from e
     return win.scaled(study.replay.time_scale)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The mapping of ServingConfig fields in a JSON or YAML file (JSON is YAML too).
+
+    Raises:
+        ValueError: unreadable, not YAML/JSON, or not a mapping; the message names ``--config``.
+    """
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ValueError(f"--config {path}: cannot read a JSON or YAML ServingConfig "
+                         f"({type(e).__name__}: {getattr(e, 'strerror', None) or e})") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path}: expected a mapping of ServingConfig fields")
+    return data

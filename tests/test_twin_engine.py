@@ -11,30 +11,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from fixtures.step_cost import StepCost
 
 from domain.twin.cluster import Router
 from domain.twin.engine import EngineLimits, TwinEngine
 from domain.twin.prefix_cache import PathIndex, PrefixCache
-
-
-class StepCost:
-    def prefill_time(self, new_tokens, attn_pairs, index_pairs):
-        return 0.1 * new_tokens
-
-    def decode_time(self, batch, context_sum):
-        return 1.0
-
-    def verify_time(self, batch, draft_tokens, context_sum):
-        return 1.5
-
-    def draft_time(self, batch, steps, topk, context_sum=0):
-        return 0.5
-
-    def host_load_time(self, tokens):
-        return 0.01 * tokens
-
-    def decode_roofline_time(self, batch, context_sum):
-        return 0.25
 
 
 def lim(**kw) -> EngineLimits:

@@ -28,6 +28,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from fixtures.step_cost import StepCost
 from typer.testing import CliRunner
 
 from domain.config import ServingConfig
@@ -64,26 +65,6 @@ def offline_times(config: ServingConfig, requests) -> list[np.ndarray]:
 
 
 # ---------------------------------------------------------------- engine read-back
-class StepCost:  # the hand-checkable cost of tests/test_twin_engine.py
-    def prefill_time(self, new_tokens, attn_pairs, index_pairs):
-        return 0.1 * new_tokens
-
-    def decode_time(self, batch, context_sum):
-        return 1.0
-
-    def verify_time(self, batch, draft_tokens, context_sum):
-        return 1.5
-
-    def draft_time(self, batch, steps, topk, context_sum=0):
-        return 0.5
-
-    def host_load_time(self, tokens):
-        return 0.01 * tokens
-
-    def decode_roofline_time(self, batch, context_sum):
-        return 0.25
-
-
 def small_engine(**kw) -> TwinEngine:
     lim = EngineLimits(**{**dict(kv_tokens=10_000, max_running_requests=64,
                                  chunked_prefill_size=8, context_len=100_000), **kw})

@@ -68,6 +68,7 @@ import numpy as np
 
 from domain.metrics import MetricsSummary, Percentiles, RequestRecord, summarize
 from domain.workload import Request, load_trace
+from mcp_servers.bench.http_runner import count_error_classes
 from mcp_servers.bench.prompts import VOCAB
 from mcp_servers.cluster.backend import BackendError
 
@@ -831,11 +832,7 @@ class AiperfRun:
 
     def error_counts(self) -> dict[str, int]:
         """Failed requests per error class (only classes that occurred)."""
-        out: dict[str, int] = {}
-        for c in self.error_class:
-            if c is not None:
-                out[c] = out.get(c, 0) + 1
-        return out
+        return count_error_classes(self.error_class)
 
     @property
     def dispatch_lag_ms(self) -> Percentiles:

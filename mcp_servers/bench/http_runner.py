@@ -53,6 +53,7 @@ import math
 import re
 import resource
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -87,6 +88,14 @@ class ErrorClass(StrEnum):
     DISCONNECT = "disconnect"
     STREAM = "stream"
     TRUNCATED = "truncated"
+
+
+def count_error_classes(classes: Sequence[str | None]) -> dict[str, int]:
+    """Failed requests per error class (only classes that occurred).
+
+    ``classes`` holds one entry per request: its error class, or None when it succeeded.
+    """
+    return dict(Counter(c for c in classes if c is not None))
 
 
 @dataclass(slots=True)
@@ -150,11 +159,7 @@ class HttpRun:
 
     def error_counts(self) -> dict[str, int]:
         """Failed requests per error class (only classes that occurred)."""
-        out: dict[str, int] = {}
-        for c in self.error_class:
-            if c is not None:
-                out[c] = out.get(c, 0) + 1
-        return out
+        return count_error_classes(self.error_class)
 
 
 @dataclass(slots=True)
