@@ -1,10 +1,12 @@
-"""Planner brains over the whole knob space: a seeded grid and Optuna's TPE sampler.
+"""Planner brains over the whole knob space: estimate-guided, a seeded grid, Optuna's TPE.
 
 The study key ``search.brain`` picks the brain (:func:`make_planner`): ``ovat`` is
-:class:`agents.planner.Planner` (one knob at a time from the current best), ``grid`` walks every
+:class:`agents.planner.Planner` (one knob at a time from the current best), ``guided`` ranks
+every combination by the steady-state estimate (:mod:`domain.estimate`) corrected by what the
+run measured (:class:`GuidedPlanner`), ``grid`` walks every
 combination of the study's knob values in a seeded order (:class:`GridPlanner`), ``tpe`` asks
 Optuna's Tree-structured Parzen Estimator sampler, taught by the run's ledger, for the next
-combination (:class:`TpePlanner`). All three share :meth:`Planner.screen`: a candidate a lesson
+combination (:class:`TpePlanner`). All of them share :meth:`Planner.screen`: a candidate a lesson
 forbids, or that the memory-fit estimate rules out, is pruned (and ledgered by the supervisor)
 before anything launches, whichever brain proposed it. All keep :class:`Planner`'s
 ``step(best, seen, run_id, losers=None, history=()) -> PlanStep`` contract, so the supervisor and
@@ -19,19 +21,21 @@ them.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import optuna
 from mcp import Client
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 
-from agents.planner import NoViableConfig, Planner, PlanStep, Pruned, _fmt
+from agents.planner import NoViableConfig, Planner, PlanStep, Pruned, TrialPlan, _fmt
 from domain.config import ServingConfig
 from domain.errors import ConfigInvalid
+from domain.estimate import Estimate, ReplayProfile, safe_estimate
 from domain.knobs import apply_knob, normalize_value
 from domain.study import Study
 
@@ -148,6 +152,10 @@ class SpacePlanner(Planner, ABC):
     def feedback(self, point: Point, value: float | None) -> None:
         """Outcome of the last proposal: its objective, or None when it is infeasible."""
 
+    def why(self, point: Point, rationale: str) -> str:
+        """The launched proposal's rationale (subclasses add what made them pick it)."""
+        return rationale
+
     async def step(self, best: ServingConfig, seen: set[str], run_id: str,
                    losers: dict[str, str] | None = None,
                    history: Sequence[Any] = ()) -> PlanStep:
@@ -167,6 +175,10 @@ class SpacePlanner(Planner, ABC):
         pruned: list[Pruned] = []
         measured = {t.config.config_id(): t.objective for t in history
                     if t.status in MEASURED and t.objective is not None}
+        self.remember(best)
+        for t in history:
+            if t.status in MEASURED:
+                self.remember(t.config)
         for point in self.proposals(history):
             cand = self.config_of(point)
             if cand is None:
@@ -176,14 +188,20 @@ class SpacePlanner(Planner, ABC):
             if cid in seen:
                 self.feedback(point, measured.get(cid))
                 continue
+            twin = self.equivalent(cand)
+            if twin is not None:  # the engine would run it exactly like a measured config
+                seen.add(cid)
+                self.feedback(point, measured.get(twin))
+                continue
             verdict = await self.screen(cand, self.changed(best, point), run_id)
             seen.add(cid)
             if isinstance(verdict, Pruned):
                 pruned.append(verdict)
                 self.feedback(point, None)
                 continue
+            self.remember(cand)
             return PlanStep(pruned=pruned, decision=verdict.model_copy(update={
-                "rationale": f"{self.brain}: {verdict.rationale}"}))
+                "rationale": f"{self.brain}: {self.why(point, verdict.rationale)}"}))
         return PlanStep(pruned=pruned, decision=NoViableConfig(
             reason=f"{self.brain}: every config of the knob space ({self.size} combinations) "
                    "was tried or pruned"))
@@ -275,15 +293,214 @@ class TpePlanner(SpacePlanner):
         self.optuna.tell(trial, INFEASIBLE_VALUE if value is None else float(value))
 
 
+# Points the guided brain estimates at most per step (0.1 ms each); a larger space is ranked on
+# a seeded sample of this many points plus every one-knob neighbour of the incumbent.
+GUIDED_MAX_POINTS = 1 << 16
+# Weight of the zero correction against the measured residuals (shrinkage): one measured config
+# at Hamming distance 0 counts as much as the prior (see GuidedPlanner.corrected).
+PRIOR_WEIGHT = 1.0
+
+
+class GuidedPlanner(SpacePlanner):
+    """Estimate-guided brain: the whole space ranked by the steady-state prior, corrected online.
+
+    Each step ranks every point of the knob space by :mod:`domain.estimate` -- predicted
+    saturation tok/s/GPU and predicted TTFT p99 on the study's replay over the SLO -- and
+    launches the best-ranked unseen viable point (lessons and the memory fit screen it first,
+    as for every brain). What the run measured corrects the prior in two ways:
+
+    - **Throughput.** Each measured config gives a residual ``log(measured / predicted)``; a
+      point's prediction is multiplied by ``exp`` of the residuals' mean weighted by
+      ``2^-d`` (``d`` = knobs in which the point differs from the measured config), shrunk
+      toward 0 by :data:`PRIOR_WEIGHT` (kernel regression over the Hamming distance): a
+      systematic error of the estimate for one knob value is learnt from one launch and
+      carried to every point sharing it.
+    - **The SLO** (``slo_gated``: a launch that ran but scored no objective missed the SLO or
+      was invalid). The boundary ``theta`` on the predicted TTFT ratio starts at 1 (trust the
+      estimate) and moves to the threshold that misclassifies the fewest launched configs
+      (feasible ones at or below it, infeasible ones above), the one nearest 1 among ties.
+
+    Order: points predicted feasible (ratio <= ``theta``) by corrected throughput, best first;
+    then the rest by ratio, nearest the SLO first (a gradient toward the SLO while nothing meets
+    it). Ties keep fewer set flags first (nearer the engine's defaults). Without a replay
+    profile every ratio is 0 (throughput alone ranks).
+
+    Args (beyond :class:`SpacePlanner`'s):
+        replay: profile of the study's replay window (None: no SLO prior).
+        estimator: ``config -> Estimate`` replacing :func:`domain.estimate.safe_estimate` (the
+            search benchmark passes a deliberately wrong one to measure robustness).
+        slo_gated: objectives in the history are SLO-gated (see above). The product's search
+            scores the saturation run alone, so its history says nothing of the SLO: False.
+    """
+
+    brain = "guided"
+
+    def __init__(self, study: Study, lessons: Client, *, seed: int | None = None,
+                 replay: ReplayProfile | None = None,
+                 estimator: Callable[[ServingConfig], Estimate] | None = None,
+                 slo_gated: bool = False) -> None:
+        super().__init__(study, lessons, seed=seed)
+        self.replay, self.slo_gated = replay, slo_gated
+        self.estimator = estimator or (
+            lambda c: safe_estimate(c, study.saturation, replay))
+        self._est: dict[str, Estimate] = {}
+        self.theta = 1.0
+        self._ranked: dict[Point, tuple[float, float]] = {}
+        self._best: ServingConfig | None = None
+
+    async def step(self, best: ServingConfig, seen: set[str], run_id: str,
+                   losers: dict[str, str] | None = None,
+                   history: Sequence[Any] = ()) -> PlanStep:
+        """:meth:`SpacePlanner.step`; the plan's ``predicted`` gains the brain's prior.
+
+        ``predicted`` adds ``output_tok_s_per_gpu`` (the corrected prediction the ranking
+        used) and, with a replay profile, ``replay_utilization`` and ``replay_ttft_p99_ms``
+        (None when predicted unbounded), for the report's predicted-vs-measured table.
+        ``best`` also seeds the candidates of a space too large to rank whole.
+        """
+        self._best = best
+        step = await super().step(best, seen, run_id, losers, history)
+        plan = step.decision
+        if isinstance(plan, TrialPlan):
+            est = self.estimate(plan.config)
+            point = self.point_of(plan.config)
+            pred, _ = self._ranked.get(point, (est.output_tok_s_per_gpu, 0.0)) \
+                if point is not None else (est.output_tok_s_per_gpu, 0.0)
+            extra: dict[str, Any] = {"output_tok_s_per_gpu": round(pred, 1)}
+            if self.replay is not None:
+                extra["replay_utilization"] = round(est.utilization, 3) \
+                    if math.isfinite(est.utilization) else None
+                extra["replay_ttft_p99_ms"] = round(est.ttft_p99_ms) \
+                    if math.isfinite(est.ttft_p99_ms) else None
+            step = step.model_copy(update={"decision": plan.model_copy(
+                update={"predicted": {**plan.predicted, **extra}})})
+        return step
+
+    def estimate(self, config: ServingConfig) -> Estimate:
+        """The prior of ``config`` (cached by config id)."""
+        cid = config.config_id()
+        if cid not in self._est:
+            self._est[cid] = self.estimator(config)
+        return self._est[cid]
+
+    def ratio(self, est: Estimate) -> float:
+        """Predicted TTFT p99 over the SLO (0 without a replay profile; inf if it cannot fit)."""
+        if not est.fits:
+            return math.inf
+        if self.replay is None:
+            return 0.0
+        return est.slo_ratio(self.study.slo.ttft_p99_ms)
+
+    def candidates(self, best: ServingConfig | None = None) -> list[Point]:
+        """Points to rank: the whole space, or a seeded sample plus ``best``'s neighbours."""
+        if self.size <= GUIDED_MAX_POINTS:
+            return [self.point_at(k) for k in range(self.size)]
+        pts = list(itertools.islice(self.seeded_order(), GUIDED_MAX_POINTS))
+        bp = self.point_of(best) if best is not None else None
+        if bp is not None:
+            for j, vals in enumerate(self.values):
+                pts += [bp[:j] + (i,) + bp[j + 1:] for i in range(len(vals))]
+        return list(dict.fromkeys(pts))
+
+    def learn(self, history: Sequence[Any]) -> list[tuple[Point, float]]:
+        """Residuals ``(point, log(measured / predicted))`` of the measured configs; sets theta."""
+        residuals: list[tuple[Point, float]] = []
+        labelled: list[tuple[float, bool]] = []
+        for t in history:
+            if t.status not in MEASURED:
+                continue
+            point = self.point_of(t.config)
+            est = self.estimate(t.config)
+            if t.objective is not None and est.output_tok_s_per_gpu > 0 and t.objective > 0 \
+                    and point is not None:
+                residuals.append((point, math.log(t.objective / est.output_tok_s_per_gpu)))
+            if self.slo_gated:
+                labelled.append((self.ratio(est), t.objective is not None))
+        self.theta = best_threshold(labelled)
+        return residuals
+
+    def corrected(self, point: Point, est: Estimate,
+                  residuals: list[tuple[Point, float]]) -> float:
+        """Predicted tok/s/GPU of ``point`` times the kernel-weighted residual correction."""
+        num = den = 0.0
+        for p, r in residuals:
+            w = 2.0 ** -sum(a != b for a, b in zip(p, point, strict=True))
+            num += w * r
+            den += w
+        return est.output_tok_s_per_gpu * math.exp(num / (PRIOR_WEIGHT + den))
+
+    def proposals(self, history: Sequence[Any]) -> Iterator[Point]:
+        """Every candidate point, ranked (see the class docstring)."""
+        residuals = self.learn(history)
+        keyed = []
+        for point in self.candidates(self._best):
+            cfg = self.config_of(point)
+            if cfg is None:
+                continue
+            est = self.estimate(cfg)
+            if not est.fits:
+                keyed.append(((2, 0.0, 0.0, 0), point))
+                continue
+            pred = self.corrected(point, est, residuals)
+            ratio = self.ratio(est)
+            self._ranked[point] = (pred, ratio)
+            flags = len(cfg.set_fields())
+            if ratio <= self.theta:
+                keyed.append(((0, -pred, 0.0, flags), point))
+            else:
+                keyed.append(((1, ratio, -pred, flags), point))
+        keyed.sort(key=lambda kp: kp[0])
+        for _, point in keyed:
+            yield point
+
+    def why(self, point: Point, rationale: str) -> str:
+        """The rationale with the point's corrected prediction and predicted TTFT ratio."""
+        pred, ratio = self._ranked.get(point, (0.0, math.inf))
+        slo = ("" if self.replay is None else
+               f", predicted replay TTFT p99 {ratio:.2f}x the SLO (boundary {self.theta:.2f}x)")
+        return f"predicted {pred:,.0f} tok/s/GPU{slo}; {rationale}"
+
+
+def best_threshold(labelled: Sequence[tuple[float, bool]]) -> float:
+    """The boundary on the predicted TTFT ratio that best separates feasible from not.
+
+    Args:
+        labelled: ``(predicted ratio, met the SLO)`` of every launched config.
+
+    Returns:
+        1.0 without labels; else the threshold (1.0 or one of the ratios, or just below an
+        infeasible one) with the fewest feasible configs above it plus infeasible ones at or
+        below it, the one nearest 1.0 (in log) among ties.
+    """
+    if not labelled:
+        return 1.0
+    cands = {1.0}
+    for r, _ in labelled:
+        if math.isfinite(r) and r > 0:
+            cands.update((r, r * (1 - 1e-9)))
+        elif r == math.inf:
+            cands.add(math.inf)
+
+    def errors(th: float) -> int:
+        return sum((r <= th) != ok for r, ok in labelled)
+
+    return min(cands, key=lambda th: (errors(th), abs(math.log(th)) if math.isfinite(th) and
+                                      th > 0 else math.inf))
+
+
 def make_planner(study: Study, lessons: Client, *, brain: str | None = None,
-                 seed: int | None = None) -> Planner:
+                 seed: int | None = None, replay: ReplayProfile | None = None,
+                 **guided: Any) -> Planner:
     """The deterministic planner brain for ``study``.
 
     Args:
         study: the study (its ``search.brain`` and ``search.seed`` are the defaults).
         lessons: a client of the lessons MCP server (screening asks it).
-        brain: ``ovat``, ``grid`` or ``tpe``; overrides ``study.search.brain``.
+        brain: ``ovat``, ``guided``, ``grid`` or ``tpe``; overrides ``study.search.brain``.
         seed: overrides ``study.search.seed`` (grid order, TPE sampler).
+        replay: the replay window's profile, for the guided brain's SLO prior.
+        guided: further keyword arguments of :class:`GuidedPlanner` (``estimator``,
+            ``slo_gated``); ignored by the other brains.
 
     Raises:
         ValueError: an unknown brain.
@@ -291,8 +508,10 @@ def make_planner(study: Study, lessons: Client, *, brain: str | None = None,
     which = brain or study.search.brain
     if which == "ovat":
         return Planner(study, lessons)
+    if which == "guided":
+        return GuidedPlanner(study, lessons, seed=seed, replay=replay, **guided)
     if which == "grid":
         return GridPlanner(study, lessons, seed=seed)
     if which == "tpe":
         return TpePlanner(study, lessons, seed=seed)
-    raise ValueError(f"unknown planner brain {which!r}; known: ovat, grid, tpe")
+    raise ValueError(f"unknown planner brain {which!r}; known: ovat, guided, grid, tpe")

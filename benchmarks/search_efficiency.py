@@ -2,7 +2,17 @@
 
 Baselines: the TPE brain (Optuna's TPE sampler) and the grid brain (every combination of the
 knob values in a seeded order, i.e. random search without replacement), measured in the same
-run as the one-knob-at-a-time brain (``ovat``, :class:`agents.planner.Planner`). Every brain is
+run as servetune's brains: ``guided`` (:class:`agents.brains.GuidedPlanner`, the whole space
+ranked by the steady-state estimate of :mod:`domain.estimate` and corrected by each
+measurement) and the one-knob-at-a-time brain (``ovat``, :class:`agents.planner.Planner`).
+
+The estimate shares the twin's step-time model, so on the twin its saturation prediction is
+within a few percent of the simulation (the twin's closed loop is near steady state): the
+``guided`` row shows what a perfect throughput prior buys, not what a real cluster would give.
+The headline brain is therefore ``guided-e30``: the same brain fed a deliberately wrong
+estimate (:func:`perturbed`, log-normal error sigma :data:`PRIOR_ERROR` = 0.3 on throughput and
+on TTFT, half of it a bias per knob value, half independent per config; the estimators
+reference measures aiconfigurator at 32 % mean absolute TPOT error), five seeds. Every brain is
 built by :func:`agents.brains.make_planner` (the deterministic ``Planner`` when that module is
 not there yet) and driven the way ``graph/supervisor.py``'s search drives it: baseline first,
 then ``planner.step(best, seen, run_id, losers=..., history=...)`` from the incumbent; a
@@ -35,8 +45,8 @@ startups count) until the best feasible objective found reaches 95 % of the opti
 the brain stopped or hit the cap of ``--max-trials`` launches first; such a run counts as N+1
 in the medians), the best found within 12 launches as a share of the optimum, crashed launches,
 and launches of configs that a lesson in the store forbade at launch time (0 when every brain
-screens). Targets (issue 8): ovat reaches 95 % within <= 12 launches (median over scenarios)
-with >= 2x fewer launches than TPE.
+screens). Targets (issue 8), checked on ``guided-e30``: 95 % within <= 12 launches (median over
+scenarios and seeds) with >= 2x fewer launches than TPE.
 
     .venv/bin/python benchmarks/search_efficiency.py [--seeds 5] [--scenarios a,b] [--brains ...]
 """
@@ -45,10 +55,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import hashlib
 import inspect
 import itertools
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -62,6 +74,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
 from mcp import Client  # noqa: E402
 
 from agents.analyst import failure_lesson  # noqa: E402
@@ -70,6 +83,7 @@ from agents.mcp_tools import call  # noqa: E402
 from agents.planner import NoViableConfig, Planner, PlannerFailed, Pruned, TrialPlan  # noqa: E402
 from domain.config import ServingConfig  # noqa: E402
 from domain.errors import ConfigInvalid  # noqa: E402
+from domain.estimate import Estimate, ReplayProfile, safe_estimate  # noqa: E402
 from domain.knobs import apply_knob  # noqa: E402
 from domain.lesson import Clause, Lesson, Scope  # noqa: E402
 from domain.metrics import summarize  # noqa: E402
@@ -85,11 +99,20 @@ from memory.store import LessonStore  # noqa: E402
 
 CACHE_DIR = Path(__file__).resolve().parent / "search_scenarios"
 TABLE_VERSION = 1  # bump when evaluate() changes what a row means
-BRAINS = ("ovat", "tpe", "grid")
+# guided-e30: the guided brain with a deliberately wrong prior (PRIOR_ERROR, see perturbed()).
+BRAINS = ("guided", "guided-e30", "ovat", "tpe", "grid")
+OURS = ("guided", "guided-e30", "ovat")  # servetune's brains; the target is on HEADLINE
+HEADLINE = "guided-e30"  # the claim must hold with a realistically wrong estimate
 BASELINES = ("tpe", "grid")
+DETERMINISTIC = ("guided", "ovat")  # one run each (no seed changes what they do)
+# Log-normal error of the perturbed prior: the estimators reference puts aiconfigurator's TPOT
+# at 32 % mean absolute error and its TTFT about 2x optimistic; sigma 0.3 per config, half of
+# its variance a bias per knob value (learnable: shared by every config with that value), half
+# independent per config (not learnable), on throughput and on TTFT independently.
+PRIOR_ERROR = 0.3
 TARGET_SHARE = 0.95  # "near-optimal": 95 % of the exhaustive optimum (issue 8)
-AT_TRIALS = 12  # launches within which ovat should get there (issue 8)
-SPEEDUP_TARGET = 2.0  # ovat needs at least 2x fewer launches than TPE (issue 8)
+AT_TRIALS = 12  # launches within which the headline brain should get there (issue 8)
+SPEEDUP_TARGET = 2.0  # the headline brain needs at least 2x fewer launches than TPE (issue 8)
 # Sources of the twin's numbers: a change to any of them changes every objective table.
 TWIN_SOURCES = ("domain/twin/*.py", "domain/costmodel.py", "domain/calibration.py",
                 "domain/fit.py", "domain/speculative.py", "domain/metrics.py", "domain/models.py",
@@ -255,14 +278,63 @@ def space(study: Study) -> Iterator[ServingConfig]:
 _TRACES: dict[tuple[str, str], Trace] = {}
 
 
-def _replay_requests(study: Study) -> list[tuple[Any, ...]]:
+def _window(study: Study) -> Trace:
+    """The study's replay window, scaled (the trace file is read once per process)."""
     rp = study.replay
     key = (rp.trace, rp.format)
     if key not in _TRACES:
         _TRACES[key] = load_trace(ROOT / rp.trace, rp.format)
-    win = _TRACES[key].window(rp.start_s, rp.duration_s).scaled(rp.time_scale)
+    return _TRACES[key].window(rp.start_s, rp.duration_s).scaled(rp.time_scale)
+
+
+def _replay_requests(study: Study) -> list[tuple[Any, ...]]:
     return [(r.arrival_s, r.input_tokens, r.output_tokens, r.hash_ids, r.block_size)
-            for r in win.requests]
+            for r in _window(study).requests]
+
+
+def replay_profile(study: Study) -> ReplayProfile:
+    """The guided brain's profile of the study's replay window (as ``graph.run`` builds it)."""
+    return ReplayProfile.of(_window(study), study.replay.duration_s / study.replay.time_scale)
+
+
+def _normal(*key: Any) -> float:
+    """A standard normal draw fixed by ``key`` (stable across processes and runs)."""
+    digest = hashlib.sha256(json.dumps(key, default=str).encode()).digest()
+    return float(np.random.default_rng(int.from_bytes(digest[:8], "big")).standard_normal())
+
+
+def perturbed(study: Study, replay: ReplayProfile, seed: int,
+              sigma: float = PRIOR_ERROR) -> Callable[[ServingConfig], Estimate]:
+    """The steady-state estimate with a seeded log-normal error of ``sigma`` per config.
+
+    ``log`` of the factor on throughput (and, drawn independently, on the TTFT prediction) is
+    the sum of a bias per knob value (each of the ``K`` knobs adds ``N(0, sigma^2 / (2K))``,
+    the same for every config carrying that value) and an independent ``N(0, sigma^2 / 2)``
+    per config: half the error is systematic, as an estimator's is for a kernel or a dtype it
+    models badly, half is not learnable. ``seed`` draws another estimator.
+    """
+    names = list(study.knobs)
+    k = max(1, len(names))
+
+    def est(cfg: ServingConfig) -> Estimate:
+        e = safe_estimate(cfg, study.saturation, replay)
+        if not e.fits:
+            return e
+        factors = []
+        for what in ("throughput", "ttft"):
+            z = math.sqrt(0.5) * _normal(seed, what, cfg.config_id())
+            for n in names:
+                for v in study.knobs[n]:
+                    try:
+                        if apply_knob(cfg, n, v, study.gpu_count) == cfg:
+                            z += math.sqrt(0.5 / k) * _normal(seed, what, n, str(v))
+                            break
+                    except ConfigInvalid:
+                        continue
+            factors.append(math.exp(sigma * z))
+        return dataclasses.replace(e, output_tok_s_per_gpu=e.output_tok_s_per_gpu * factors[0],
+                                   ttft_p99_ms=e.ttft_p99_ms * factors[1])
+    return est
 
 
 def evaluate(study: Study, config: ServingConfig,
@@ -471,7 +543,13 @@ async def run_brain(table: Table, brain: str, seed: int, max_trials: int,
         try:
             store.add_many(sc.seed_lessons)
             async with Client(lessons_server(store, run_id)) as lessons:
-                planner = make(study, lessons, brain=brain, seed=seed)
+                kw0: dict[str, Any] = {}
+                if brain.startswith("guided"):
+                    prof = replay_profile(study)
+                    kw0 = {"replay": prof, "slo_gated": shown == "gated"}
+                    if brain == "guided-e30":
+                        kw0["estimator"] = perturbed(study, prof, seed)
+                planner = make(study, lessons, brain=brain.split("-")[0], seed=seed, **kw0)
                 takes_history = "history" in inspect.signature(planner.step).parameters
 
                 async def launch(cfg: ServingConfig, changed: str, parent: int | None,
@@ -598,21 +676,26 @@ def report(tables: dict[str, Table], runs: list[Run], cap: int,
         out(f"  {b:<5} {len(rs):>3} runs: median launches to 95 % {_fmt_trials(med, cap):>4}, "
             f"median best@{AT_TRIALS} {b12:.1%}, at 95 % within {AT_TRIALS}: {hit:.0%}, "
             f"forbidden launches {pooled[b]['forbidden']}")
-    ratios: dict[str, float] = {}
-    if "ovat" in pooled:
+    ratios: dict[str, dict[str, float]] = {}
+    ours = [b for b in OURS if b in pooled]
+    if ours:
         out("")
+    for o in ours:
+        ratios[o] = {}
         for b in BASELINES:
             if b in pooled:
-                ratios[b] = pooled[b]["trials"] / pooled["ovat"]["trials"]
-                out(f"  launches to 95 %, {b} / ovat: {ratios[b]:.2f}x"
+                ratios[o][b] = pooled[b]["trials"] / pooled[o]["trials"]
+                out(f"  launches to 95 %, {b} / {o}: {ratios[o][b]:.2f}x"
                     + (" (lower bound: a censored median)" if pooled[b]["trials"] > cap else ""))
-        ok12 = pooled["ovat"]["trials"] <= AT_TRIALS
-        out(f"  target ovat median launches to 95 % <= {AT_TRIALS}: "
-            f"{'MET' if ok12 else 'MISSED'} ({_fmt_trials(pooled['ovat']['trials'], cap)})")
-        if "tpe" in ratios:
-            ok2 = ratios["tpe"] >= SPEEDUP_TARGET
-            out(f"  target >= {SPEEDUP_TARGET:g}x fewer launches than tpe: "
-                f"{'MET' if ok2 else 'MISSED'} ({ratios['tpe']:.2f}x)")
+    for o in [b for b in (HEADLINE, "guided") if b in pooled][:1]:
+        out("")
+        ok12 = pooled[o]["trials"] <= AT_TRIALS
+        out(f"  target {o} median launches to 95 % <= {AT_TRIALS}: "
+            f"{'MET' if ok12 else 'MISSED'} ({_fmt_trials(pooled[o]['trials'], cap)})")
+        if "tpe" in ratios[o]:
+            ok2 = ratios[o]["tpe"] >= SPEEDUP_TARGET
+            out(f"  target {o} >= {SPEEDUP_TARGET:g}x fewer launches than tpe: "
+                f"{'MET' if ok2 else 'MISSED'} ({ratios[o]['tpe']:.2f}x)")
     pooled["ratios"] = ratios
     return pooled
 
@@ -640,7 +723,7 @@ async def _run_all(tables: dict[str, Table], brains: list[str], seeds: list[int]
     runs: list[Run] = []
     for t in tables.values():
         for b in brains:
-            for s in (seeds if b != "ovat" else seeds[:1]):  # ovat is deterministic
+            for s in (seeds if b not in DETERMINISTIC else seeds[:1]):
                 runs.append(await run_brain(t, b, s, cap, make, shown))
         done = [r for r in runs if r.scenario == t.scenario.name]
         log(f"  {t.scenario.name}: {len(done)} searches in "

@@ -85,11 +85,14 @@ class SearchSpec(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid")
-    brain: Literal["ovat", "tpe", "grid"] = Field(
-        "ovat", description="ovat: one knob at a time from the current best; tpe: Optuna's "
-        "TPE sampler (constrained by pruning); grid: every combination of the knob values in "
-        "a seeded order")
-    seed: int = Field(0, ge=0, le=2**31, description="seed of the tpe and grid brains")
+    brain: Literal["ovat", "guided", "tpe", "grid"] = Field(
+        "ovat", description="ovat: one knob at a time from the current best; guided: every "
+        "combination ranked by the steady-state estimate (domain/estimate.py: throughput and "
+        "replay TTFT against the SLO), corrected by what the run measured; tpe: Optuna's TPE "
+        "sampler (constrained by pruning); grid: every combination of the knob values in a "
+        "seeded order")
+    seed: int = Field(0, ge=0, le=2**31, description="seed of the tpe and grid brains (and "
+                      "of the guided brain's sample of a space over 65,536 points)")
 
 
 class AcceptanceSpec(BaseModel):

@@ -20,13 +20,15 @@ from agents.research import (
     DeterministicMemoryResearcher,
     DeterministicSourceResearcher,
 )
+from domain.errors import ServetuneError
+from domain.estimate import ReplayProfile
 from domain.ledger import Ledger
 from domain.study import Study
 from graph.state import Progress, StudyContext
 from graph.supervisor import build_graph
 from mcp_servers.bench.ops import BenchService
 from mcp_servers.bench.server import build_server as bench_server
-from mcp_servers.cluster.backend import ClusterBackend, TwinBackend
+from mcp_servers.cluster.backend import BackendError, ClusterBackend, TwinBackend
 from mcp_servers.cluster.ops import MANAGED_BY
 from mcp_servers.cluster.server import build_server as cluster_server
 from mcp_servers.lessons.outage import FlakyStore
@@ -117,6 +119,23 @@ class StudyOutcome:
     winner_seq: int | None
 
 
+def replay_profile(bench: BenchService, study: Study) -> ReplayProfile | None:
+    """Profile of the study's replay window for the guided brain's SLO prior.
+
+    None when the study uses another brain, or when the trace cannot be read (the replay phase
+    reports that failure itself; the search then ranks by throughput alone).
+    """
+    if study.search.brain != "guided":
+        return None
+    rp = study.replay
+    try:
+        _, window = bench.load_window(rp.trace, rp.format, rp.start_s, rp.duration_s,
+                                      rp.time_scale)
+    except (ServetuneError, BackendError):
+        return None
+    return ReplayProfile.of(window, rp.duration_s / rp.time_scale)
+
+
 async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore,
                     trace_roots: list[Path], progress: Progress | None = None,
                     source_tree: SourceTree | None = None, research: bool = True,
@@ -190,7 +209,8 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
                                bench=c_bench, lessons=c_lessons, backend_kind=backend.kind,
                                progress=progress, events_path=run_dir / "events.jsonl",
                                researchers=researchers, research_parallel=research_parallel,
-                               claude=claude, namespace=backend.namespace, repeats=repeats)
+                               claude=claude, namespace=backend.namespace, repeats=repeats,
+                               replay=replay_profile(bench, study))
             for name in await tear_down_leftovers(c_cluster, run_id):
                 ctx.event("teardown-leftover", name=name)
             already_done = resumed and snap.values.get("phase") == "done"

@@ -19,6 +19,7 @@ from typing import Any, TypedDict
 from mcp import Client
 
 from agents.claude import ClaudeSetup
+from domain.estimate import ReplayProfile
 from domain.ledger import Ledger
 from domain.study import Study
 
@@ -59,6 +60,7 @@ class StudyContext:
     claude: ClaudeSetup | None = None  # None: deterministic planner, deployer and analyst
     namespace: str = "servetune"  # the cluster server's namespace (fixed in deployer tools)
     repeats: int = 1  # saturation runs per candidate when the study's acceptance.repeats is unset
+    replay: ReplayProfile | None = None  # the replay window's profile (guided brain's SLO prior)
 
     def event(self, kind: str, **data: Any) -> None:
         """Append one audit event (e.g. every deploy) to ``events.jsonl``, flushed at once."""

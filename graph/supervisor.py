@@ -181,12 +181,13 @@ def _brains(ctx: StudyContext) -> tuple[Deployer, Analyst]:
 def _planner(ctx: StudyContext) -> Planner:
     """The planner brain of one search step.
 
-    ``search.brain`` tpe or grid: that space brain (:func:`agents.brains.make_planner`),
-    with or without Claude. ovat: Claude picks among the one-knob neighbours when the run has
+    ``search.brain`` guided, tpe or grid: that space brain
+    (:func:`agents.brains.make_planner`; guided gets the replay profile), with or without
+    Claude. ovat: Claude picks among the one-knob neighbours when the run has
     a key and its LLM-token budget is not spent, else the deterministic :class:`Planner`.
     """
     if ctx.study.search.brain != "ovat":
-        return make_planner(ctx.study, ctx.lessons)
+        return make_planner(ctx.study, ctx.lessons, replay=ctx.replay)
     if ctx.claude is None or llm_capped(ctx):
         return Planner(ctx.study, ctx.lessons)
     return ClaudePlanner(ctx.study, ctx.lessons, ctx.claude, ctx.ledger.trials("search"))

@@ -527,8 +527,9 @@ def _predicted_section(trials: list[Trial]) -> list[str]:
                      _num(s.output_tok_s) if s else t.status,
                      _num(s.output_tok_s_per_gpu) if s else "",
                      _num(s.tok_s_per_user) if s else ""])
-    out += ["Estimates made before launch (per replica) next to the measured saturation decode "
-            "throughput.", ""]
+    out += ["Estimates made before launch (per replica; the guided brain's throughput per "
+            "GPU and replay TTFT p99 are for the whole pool) next to the measured saturation "
+            "decode throughput.", ""]
     out += _table(["seq", "changed", *[f"predicted {k}" for k in keys],
                    "measured output tok/s", "measured tok/s/GPU", "measured tok/s/user"], rows)
     return out + [""]

@@ -1,0 +1,233 @@
+"""Estimate before you run: steady-state throughput and replay latency of a config, no simulation.
+
+The planner's prior (``agents.brains.GuidedPlanner``): for every config of a study's knob space,
+what the saturation run should give (output tok/s/GPU) and how the replayed trace should load it
+(utilization, TTFT p99), from closed-form steady state over the step-time model
+(:mod:`domain.costmodel`, the estimators reference's section 6) and the memory fit
+(:mod:`domain.fit`). It is the aggregated-serving estimate of NVIDIA's aiconfigurator (count
+the prefill and decode steps a request takes at a fixed batch) and classic queueing, not the
+twin's discrete-event run: no admission waves, no retraction, no prefix-cache eviction, no
+burstiness beyond a mean rate. Use it to rank candidates, never as a measurement; the
+estimators reference puts such a prior at about +/-30 % on TPOT and TTFT about 2x optimistic.
+
+Steady state of one replica at a running batch ``B`` (sequences decoding at once) for requests
+of ``isl`` input tokens (a share ``h`` of them prefix-cache hits) and ``osl`` output tokens:
+
+- one request's prefill costs ``T_pre``: its ``isl x (1 - h)`` new tokens in chunks of at most
+  ``chunked_prefill_size`` (several short prompts share one chunk; the attention pairs count
+  the cached context), ``StepCostModel.prefill_time`` per chunk;
+- a decode (or speculative verify + draft) step of ``B`` sequences at mean context
+  ``isl + osl / 2`` costs ``T_dec`` and emits ``a`` tokens per sequence (``a`` the speculative
+  accept length, :func:`domain.speculative.accept_length`, else 1);
+- ``B`` requests finish every ``B x T_pre + (osl / a) x T_dec`` seconds: output
+  ``B x osl`` tokens in that time.
+
+``B`` is ``min(clients per replica, max_running_requests, KV tokens / (isl + osl))``: the
+admission cap, and the pool holding every admitted request's prompt and reserved output
+(SGLang admits against the whole ``max_new_tokens``; ``schedule_policy.py``).
+
+The replay: mean arrival rate ``lambda`` of the trace window against the pool's capacity
+``mu`` (requests/s at its largest batch, the same formula at the trace's mean lengths);
+utilization ``rho = lambda / mu``. TTFT p99 ~ the prefill of a p99-long prompt + one decode
+step (a new request waits for the step in flight) + a p99 queueing wait of
+``ln(100) x rho / (1 - rho) x T_pre`` (the exponential tail of an M/M/1 wait, Kleinrock,
+"Queueing Systems" vol. 1, 1975); infinite at ``rho >= 1``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from domain.config import ServingConfig
+from domain.costmodel import StepCostModel, build_cost_model
+from domain.errors import ConfigInvalid, DoesNotFit, InvalidCombination
+from domain.fit import FitReport, fit
+from domain.speculative import accept_length, draft_tokens_for_batch, steps_for_batch
+from domain.study import SaturationSpec
+from domain.workload import Trace
+
+# ln(100): the 99th percentile of an exponential tail in units of its mean.
+P99_TAIL = math.log(100.0)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayProfile:
+    """What the estimate needs of a replayed trace window (after its time scaling).
+
+    Units: requests/s, tokens. ``reuse_share`` is the share of prompt tokens whose prefix block
+    occurred earlier in the window (an unbounded prefix cache's hit rate; 0 without block
+    hashes).
+    """
+
+    rate_req_s: float
+    isl_mean: float
+    isl_p99: float
+    osl_mean: float
+    reuse_share: float
+    requests: int
+
+    @classmethod
+    def of(cls, window: Trace, duration_s: float | None = None) -> ReplayProfile:
+        """Profile of ``window`` (a study's replay window, already scaled).
+
+        Args:
+            window: the replayed requests.
+            duration_s: the window's length in replay seconds (the study's ``duration_s /
+                time_scale``); None: the span of the arrivals (at least 1 ms).
+        """
+        reqs = window.requests
+        isl = np.fromiter((r.input_tokens for r in reqs), float, len(reqs))
+        osl = np.fromiter((r.output_tokens for r in reqs), float, len(reqs))
+        span = duration_s if duration_s else max(reqs[-1].arrival_s - reqs[0].arrival_s, 1e-3)
+        seen: set[int] = set()
+        hit = 0.0
+        for r in reqs:
+            if not r.hash_ids or not r.block_size:
+                continue
+            for i, h in enumerate(r.hash_ids):
+                if h not in seen:
+                    break  # a prefix cache matches up to the first new block only
+                hit += min(r.block_size, r.input_tokens - i * r.block_size)
+            seen.update(r.hash_ids)
+        return cls(rate_req_s=len(reqs) / span, isl_mean=float(isl.mean()),
+                   isl_p99=float(np.percentile(isl, 99)), osl_mean=float(osl.mean()),
+                   reuse_share=min(1.0, hit / float(isl.sum())), requests=len(reqs))
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """The prior for one config (see the module docstring for the formulas).
+
+    Units: tok/s per GPU, requests/s, ms. ``fits`` is False when the memory fit rules the
+    config out or the engine would refuse it (every number is then 0, TTFT infinite).
+    """
+
+    fits: bool
+    batch: float  # running sequences per replica in the saturation run
+    output_tok_s_per_gpu: float  # saturation run
+    capacity_req_s: float = 0.0  # whole pool, at the replay's mean lengths
+    utilization: float = math.inf  # replay rate / capacity
+    ttft_p99_ms: float = math.inf  # on the replay
+    why: str = ""
+
+    def slo_ratio(self, slo_ttft_p99_ms: float) -> float:
+        """Predicted TTFT p99 over the SLO (<= 1: predicted to meet it)."""
+        return self.ttft_p99_ms / slo_ttft_p99_ms
+
+
+def _prefill_per_request(cost: StepCostModel, isl: float, hit: float, chunk: int) -> float:
+    """Seconds of prefill one request of ``isl`` tokens (``hit`` share cached) costs.
+
+    Chunks of ``chunk`` new tokens (``chunk <= 0``: one chunk); prompts shorter than a chunk
+    share one (the step's cost is split between them).
+    """
+    cached = isl * hit
+    new = max(1.0, isl - cached)
+    if chunk <= 0 or new <= chunk:
+        k = max(1, int(chunk // new)) if chunk > 0 else 1
+        n = k * new
+        pairs = k * new * (cached + new / 2)
+        return cost.prefill_time(int(n), pairs, pairs) / k
+    total, done = 0.0, cached
+    left = new
+    while left > 0:
+        c = min(chunk, left)
+        pairs = c * (done + c / 2)
+        total += cost.prefill_time(int(c), pairs, pairs)
+        done += c
+        left -= c
+    return total
+
+
+def _decode_step(cost: StepCostModel, rep: FitReport, batch: int,
+                 context: float) -> tuple[float, float]:
+    """(seconds, tokens per sequence) of one decode step of ``batch`` sequences."""
+    ctx = int(batch * context)
+    spec = rep.speculative
+    if spec is not None and steps_for_batch(spec, batch) > 0:
+        steps = steps_for_batch(spec, batch)
+        dt = (cost.verify_time(batch, draft_tokens_for_batch(spec, batch), ctx)
+              + cost.draft_time(batch, steps, spec.topk, ctx))
+        return dt, accept_length(spec, batch)
+    return cost.decode_time(batch, ctx), 1.0
+
+
+def _throughput(cost: StepCostModel, rep: FitReport, batch: float, isl: float, osl: float,
+                hit: float) -> tuple[float, float, float]:
+    """(output tok/s, requests/s, T_pre s) of one replica at a running ``batch``."""
+    b = max(1, int(round(batch)))
+    t_pre = _prefill_per_request(cost, isl, hit, rep.chunked_prefill_size)
+    t_dec, acc = _decode_step(cost, rep, b, isl + osl / 2)
+    cycle = b * t_pre + max(osl - 1, 0.0) / acc * t_dec
+    if cycle <= 0:
+        return 0.0, 0.0, t_pre
+    return b * osl / cycle, b / cycle, t_pre
+
+
+def _batch(rep: FitReport, clients: float, isl: float, osl: float) -> float:
+    return max(0.0, min(clients, rep.max_running_requests, rep.kv_tokens / (isl + osl)))
+
+
+def estimate(config: ServingConfig, saturation: SaturationSpec,
+             replay: ReplayProfile | None = None) -> Estimate:
+    """Steady-state prior of ``config`` for a study's saturation run and replay.
+
+    Args:
+        config: the candidate.
+        saturation: the study's closed-loop run (ISL, OSL, concurrency over the whole pool;
+            the router spreads clients evenly over the replicas).
+        replay: the replayed window's profile; None leaves the replay fields at their
+            "unknown" values (capacity 0, utilization and TTFT infinite).
+
+    Returns:
+        An :class:`Estimate`; ``fits`` False (with ``why``) when the memory fit or the
+        engine's argument checks rule the config out. Never raises for a config of a valid
+        study.
+
+    Raises:
+        ConfigInvalid: an unknown model or GPU (not a candidate of any valid study).
+    """
+    try:
+        rep = fit(config)
+    except (DoesNotFit, InvalidCombination) as e:
+        return Estimate(fits=False, batch=0.0, output_tok_s_per_gpu=0.0, why=str(e)[:300])
+    cost = build_cost_model(config, rep)
+    s = saturation
+    batch = _batch(rep, s.concurrency / config.replicas, s.isl, s.osl)
+    if batch < 1:
+        return Estimate(fits=False, batch=batch, output_tok_s_per_gpu=0.0,
+                        why="the KV pool holds less than one request of the saturation run")
+    tok_s, _, _ = _throughput(cost, rep, batch, s.isl, s.osl, 0.0)
+    sat = tok_s * config.replicas / config.gpus
+    if replay is None:
+        return Estimate(fits=True, batch=batch, output_tok_s_per_gpu=sat)
+    r = replay
+    b_max = _batch(rep, math.inf, r.isl_mean, r.osl_mean)
+    if b_max < 1:
+        return Estimate(fits=True, batch=batch, output_tok_s_per_gpu=sat,
+                        why="the KV pool holds less than one mean request of the replay")
+    _, req_s, t_pre = _throughput(cost, rep, b_max, r.isl_mean, r.osl_mean, r.reuse_share)
+    mu = req_s * config.replicas
+    rho = r.rate_req_s / mu if mu > 0 else math.inf
+    # the decode batch a request meets on arrival: the load's share of the largest batch
+    b_load = max(1, int(round(min(rho, 1.0) * b_max)))
+    t_dec, _ = _decode_step(cost, rep, b_load, r.isl_mean + r.osl_mean / 2)
+    first = _prefill_per_request(cost, r.isl_p99, r.reuse_share, rep.chunked_prefill_size)
+    if rho >= 1:
+        ttft = math.inf
+    else:
+        ttft = (first + t_dec + P99_TAIL * rho / (1 - rho) * t_pre) * 1000
+    return Estimate(fits=True, batch=batch, output_tok_s_per_gpu=sat, capacity_req_s=mu,
+                    utilization=rho, ttft_p99_ms=ttft)
+
+
+def safe_estimate(config: ServingConfig, saturation: SaturationSpec,
+                  replay: ReplayProfile | None = None) -> Estimate:
+    """:func:`estimate`, with an unknown model or GPU as a config that does not fit."""
+    try:
+        return estimate(config, saturation, replay)
+    except ConfigInvalid as e:
+        return Estimate(fits=False, batch=0.0, output_tok_s_per_gpu=0.0, why=str(e)[:300])
