@@ -28,6 +28,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import optuna
 from mcp import Client
 from optuna.distributions import BaseDistribution, CategoricalDistribution
@@ -296,9 +297,12 @@ class TpePlanner(SpacePlanner):
 # Points the guided brain estimates at most per step (0.1 ms each); a larger space is ranked on
 # a seeded sample of this many points plus every one-knob neighbour of the incumbent.
 GUIDED_MAX_POINTS = 1 << 16
-# Weight of the zero correction against the measured residuals (shrinkage): one measured config
-# at Hamming distance 0 counts as much as the prior (see GuidedPlanner.corrected).
+# Ridge penalty of the per-knob-value residual effects (GuidedPlanner.fit_residuals): one
+# measurement moves an effect half-way to what it alone would say.
 PRIOR_WEIGHT = 1.0
+# Predictions within this log-distance of each other (2 %, the default studies' min_improvement)
+# are ties, broken toward unexplored regions (GuidedPlanner.proposals).
+TIE = math.log(1.02)
 
 
 class GuidedPlanner(SpacePlanner):
@@ -309,12 +313,12 @@ class GuidedPlanner(SpacePlanner):
     launches the best-ranked unseen viable point (lessons and the memory fit screen it first,
     as for every brain). What the run measured corrects the prior in two ways:
 
-    - **Throughput.** Each measured config gives a residual ``log(measured / predicted)``; a
-      point's prediction is multiplied by ``exp`` of the residuals' mean weighted by
-      ``2^-d`` (``d`` = knobs in which the point differs from the measured config), shrunk
-      toward 0 by :data:`PRIOR_WEIGHT` (kernel regression over the Hamming distance): a
-      systematic error of the estimate for one knob value is learnt from one launch and
-      carried to every point sharing it.
+    - **Throughput.** Each measured config gives a residual ``log(measured / predicted)``;
+      an intercept plus a ridge-shrunk effect per knob value is fitted to them
+      (:meth:`fit_residuals`) and a point's prediction is multiplied by ``exp`` of its
+      fitted residual: a systematic error of the estimate for one knob value (a kernel, a
+      dtype it models badly) is learnt where measurements disagree and carried to every
+      point sharing that value.
     - **The SLO** (``slo_gated``: a launch that ran but scored no objective missed the SLO or
       was invalid). The boundary ``theta`` on the predicted TTFT ratio starts at 1 (trust the
       estimate) and moves to the threshold that misclassifies the fewest launched configs
@@ -322,7 +326,9 @@ class GuidedPlanner(SpacePlanner):
 
     Order: points predicted feasible (ratio <= ``theta``) by corrected throughput, best first;
     then the rest by ratio, nearest the SLO first (a gradient toward the SLO while nothing meets
-    it). Ties keep fewer set flags first (nearer the engine's defaults). Without a replay
+    it). Throughputs within :data:`TIE` of each other tie; ties go to the point farthest (in
+    knobs changed) from every measured config, then to fewer set flags (nearer the engine's
+    defaults). Without a replay
     profile every ratio is 0 (throughput alone ranks).
 
     Args (beyond :class:`SpacePlanner`'s):
@@ -419,19 +425,42 @@ class GuidedPlanner(SpacePlanner):
         self.theta = best_threshold(labelled)
         return residuals
 
-    def corrected(self, point: Point, est: Estimate,
-                  residuals: list[tuple[Point, float]]) -> float:
-        """Predicted tok/s/GPU of ``point`` times the kernel-weighted residual correction."""
-        num = den = 0.0
-        for p, r in residuals:
-            w = 2.0 ** -sum(a != b for a, b in zip(p, point, strict=True))
-            num += w * r
-            den += w
-        return est.output_tok_s_per_gpu * math.exp(num / (PRIOR_WEIGHT + den))
+    def fit_residuals(self, residuals: list[tuple[Point, float]]) -> None:
+        """Fit the log-residual model: an intercept plus one effect per knob value (ridge).
+
+        ``log(measured / predicted) ~ c + sum_j b[j, value_j]``: ``c`` is the residuals' mean
+        (an error shared by every config changes no ranking), ``b`` the ridge solution
+        ``(X'X + lambda I)^-1 X' (r - c)`` on the one-hot knob values ``X`` with ``lambda =``
+        :data:`PRIOR_WEIGHT` (shrunk toward the estimate where few configs were measured).
+        An error is thus pinned on the knob values the measurements disagree on and carried to
+        every point sharing them.
+        """
+        self._offsets = [0]
+        for vals in self.values:
+            self._offsets.append(self._offsets[-1] + len(vals))
+        self._beta = np.zeros(self._offsets[-1])
+        self._c = 0.0
+        if not residuals:
+            return
+        r = np.array([x for _, x in residuals])
+        self._c = float(r.mean())
+        x = np.zeros((len(residuals), self._offsets[-1]))
+        for row, (p, _) in enumerate(residuals):
+            for j, i in enumerate(p):
+                x[row, self._offsets[j] + i] = 1.0
+        a = x.T @ x + PRIOR_WEIGHT * np.eye(x.shape[1])
+        self._beta = np.linalg.solve(a, x.T @ (r - self._c))
+
+    def corrected(self, point: Point, est: Estimate) -> float:
+        """Predicted tok/s/GPU of ``point`` times the fitted residual correction."""
+        b = sum(float(self._beta[self._offsets[j] + i]) for j, i in enumerate(point))
+        return est.output_tok_s_per_gpu * math.exp(self._c + b)
 
     def proposals(self, history: Sequence[Any]) -> Iterator[Point]:
         """Every candidate point, ranked (see the class docstring)."""
         residuals = self.learn(history)
+        self.fit_residuals(residuals)
+        tried = [p for p, _ in residuals]
         keyed = []
         for point in self.candidates(self._best):
             cfg = self.config_of(point)
@@ -439,16 +468,21 @@ class GuidedPlanner(SpacePlanner):
                 continue
             est = self.estimate(cfg)
             if not est.fits:
-                keyed.append(((2, 0.0, 0.0, 0), point))
+                keyed.append(((2, 0.0, 0.0, 0, 0), point))
                 continue
-            pred = self.corrected(point, est, residuals)
+            pred = self.corrected(point, est)
             ratio = self.ratio(est)
             self._ranked[point] = (pred, ratio)
+            # among predictions within the acceptance threshold of each other, explore: the
+            # point farthest (in knobs changed) from every measured one first
+            near = -min((sum(a != b for a, b in zip(p, point, strict=True)) for p in tried),
+                        default=0)
             flags = len(cfg.set_fields())
+            bucket = round(math.log(max(pred, 1e-9)) / TIE)
             if ratio <= self.theta:
-                keyed.append(((0, -pred, 0.0, flags), point))
+                keyed.append(((0, -bucket, 0.0, near, flags), point))
             else:
-                keyed.append(((1, ratio, -pred, flags), point))
+                keyed.append(((1, ratio, -bucket, near, flags), point))
         keyed.sort(key=lambda kp: kp[0])
         for _, point in keyed:
             yield point

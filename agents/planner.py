@@ -333,13 +333,18 @@ class Planner:
             losers: ``knob=value`` changes that already cost more than the study's
                 ``drop_regressions`` share from an earlier incumbent, with the reason; they
                 are pruned instead of launched again.
-            history: the run's search trials (ledger order); unused by this brain (the
-                space brains of ``agents.brains`` learn from it).
+            history: the run's search trials (ledger order); this brain only remembers the
+                measured ones' resolved settings (:meth:`remember`), so a neighbour the
+                engine would run like one of them is skipped even by a fresh planner (the
+                space brains of ``agents.brains`` learn from the whole history).
 
         Pruned candidates are returned (and their new lessons stored through the lessons
         server) so the caller can ledger them before anything launches.
         """
         pruned: list[Pruned] = []
+        for t in history:
+            if t.launched and t.objective is not None:
+                self.remember(t.config)
         async for verdict in self.screened(best, seen, run_id, losers or {}):
             if isinstance(verdict, Pruned):
                 pruned.append(verdict)

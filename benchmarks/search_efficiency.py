@@ -639,10 +639,11 @@ def report(tables: dict[str, Table], runs: list[Run], cap: int,
     Returns:
         The pooled numbers by brain (``trials``: median launches to 95 %, ``best12``: median
         best-within-12 share, ``hit12``: share of runs at 95 % within 12 launches,
-        ``forbidden``: forbidden launches in all) and ``ratios`` (baseline median / ovat median).
+        ``forbidden``: forbidden launches in all) and ``ratios``: for each of servetune's brains
+        (:data:`OURS`) run, baseline median / its median.
     """
     brains = [b for b in BRAINS if any(r.brain == b for r in runs)]
-    out(f"{'scenario':<24} {'space':>5} {'ok':>4} {'optimum':>8} {'brain':<5} {'runs':>4} "
+    out(f"{'scenario':<24} {'space':>5} {'ok':>4} {'optimum':>8} {'brain':<10} {'runs':>4} "
         f"{'to 95%':>7} {'range':>9} {'best@12':>8} {'crash':>5} {'pruned':>6} {'forbid':>6}")
     for name, t in tables.items():
         cid, opt = t.optimum
@@ -655,7 +656,7 @@ def report(tables: dict[str, Table], runs: list[Run], cap: int,
             med = statistics.median(tt)
             rng = f"{_fmt_trials(min(tt), cap)}-{_fmt_trials(max(tt), cap)}"
             b12 = statistics.median(r.best_within(AT_TRIALS) / opt for r in rs)
-            out(f"{name:<24} {len(t.rows):>5} {feasible:>4} {opt:>8,.0f} {b:<5} {len(rs):>4} "
+            out(f"{name:<24} {len(t.rows):>5} {feasible:>4} {opt:>8,.0f} {b:<10} {len(rs):>4} "
                 f"{_fmt_trials(med, cap):>7} {rng:>9} {b12:>8.1%} "
                 f"{statistics.mean(r.crashes for r in rs):>5.1f} "
                 f"{statistics.mean(r.pruned for r in rs):>6.1f} "
@@ -673,7 +674,7 @@ def report(tables: dict[str, Table], runs: list[Run], cap: int,
         hit = sum(t is not None and t <= AT_TRIALS for t in tt) / len(rs)
         pooled[b] = {"trials": med, "best12": b12, "hit12": hit,
                      "forbidden": sum(r.forbidden_launches for r in rs)}
-        out(f"  {b:<5} {len(rs):>3} runs: median launches to 95 % {_fmt_trials(med, cap):>4}, "
+        out(f"  {b:<10} {len(rs):>3} runs: median launches to 95 % {_fmt_trials(med, cap):>4}, "
             f"median best@{AT_TRIALS} {b12:.1%}, at 95 % within {AT_TRIALS}: {hit:.0%}, "
             f"forbidden launches {pooled[b]['forbidden']}")
     ratios: dict[str, dict[str, float]] = {}

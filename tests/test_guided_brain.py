@@ -1,0 +1,385 @@
+"""The estimate-guided planner brain (agents/brains.py GuidedPlanner, search.brain "guided"):
+ranking by the steady-state prior, the residual correction, the SLO boundary, screening by
+lessons and the memory fit, the equivalence skip, and a whole `servetune run` with it."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+from mcp import Client
+
+from agents.brains import GridPlanner, GuidedPlanner, best_threshold, make_planner
+from agents.mcp_tools import call
+from agents.planner import NoViableConfig, TrialPlan, research_lesson, resolved_settings
+from domain.config import ServingConfig
+from domain.errors import ConfigInvalid
+from domain.estimate import Estimate, ReplayProfile
+from domain.fit import fit
+from domain.study import Study, parse_study
+from domain.trial import Trial
+from domain.workload import load_trace
+from mcp_servers.lessons.server import build_server
+from memory.store import LessonStore
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT = REPO / "studies" / "default.yaml"
+TRACE = REPO / "data" / "traces" / "mooncake_fast25_conversation_trace.jsonl"
+KNOBS = yaml.safe_load(DEFAULT.read_text())["knobs"]  # 2*3*2*2*2*4 = 192 points
+SLO_MS = 8000.0  # the default study's TTFT p99 SLO
+
+# A replay profile for the scripted estimators: only its presence matters (the ratio is then
+# the scripted TTFT over the SLO).
+REPLAY = ReplayProfile(rate_req_s=1.0, isl_mean=4000, isl_p99=12000, osl_mean=300,
+                       reuse_share=0.0, requests=60)
+
+
+def study_dict(**over) -> dict:
+    s = yaml.safe_load(DEFAULT.read_text())
+    s.update(name="guided", saturation={"isl": 1024, "osl": 128, "concurrency": 256,
+                                        "duration_s": 10},
+             replay={"trace": str(TRACE), "format": "mooncake", "start_s": 600,
+                     "duration_s": 60, "time_scale": 0.5},
+             finalists=1, sweep_concurrency=[8], budget={"max_trials": 5, "patience": 5})
+    s.update(over)
+    return s
+
+
+def study(**over) -> Study:
+    return parse_study(study_dict(**over))
+
+
+# weights x kv_cache_dtype x mem_fraction_static on GLM-5 TP8: all 8 configs fit
+SMALL = {"weights": ["fp8", "nvfp4"], "kv_cache_dtype": ["bf16", "fp8_e4m3"],
+         "mem_fraction_static": [0.85, 0.90]}
+
+
+def row(seq: int, status: str, config: ServingConfig, obj: float | None = None,
+        reason: str = "") -> Trial:
+    return Trial(run_id="r", seq=seq, key=f"search:{config.config_id()}", phase="search",
+                 status=status, config=config, reason=reason, objective=obj)
+
+
+async def drive(planner, st: Study, steps: int, truth: Callable[[ServingConfig], float | None],
+                history: list[Trial] | None = None):
+    """``steps`` planner steps; a launch measures ``truth`` (None: ran, missed the SLO)."""
+    base = st.base_config()
+    hist = history if history is not None else [row(1, "baseline", base, truth(base))]
+    seen = {t.config.config_id() for t in hist}
+    launched, pruned = [], []
+    for _ in range(steps):
+        s = await planner.step(base, seen, "r", history=list(hist))
+        for p in s.pruned:
+            pruned.append(p)
+            hist.append(row(len(hist) + 1, "pruned", p.config, reason=p.reason))
+        if not isinstance(s.decision, TrialPlan):
+            return launched, pruned, s.decision, hist
+        c = s.decision.config
+        launched.append(s.decision)
+        hist.append(row(len(hist) + 1, "discard", c, truth(c)))
+    return launched, pruned, None, hist
+
+
+def scripted(tput: Callable[[ServingConfig], float],
+             ttft: Callable[[ServingConfig], float] = lambda c: 1000.0):
+    """An estimator that predicts ``tput`` tok/s/GPU and ``ttft`` ms for every config."""
+    calls: list[str] = []
+
+    def est(c: ServingConfig) -> Estimate:
+        calls.append(c.config_id())
+        return Estimate(fits=True, batch=64.0, output_tok_s_per_gpu=tput(c),
+                        capacity_req_s=2.0, utilization=0.5, ttft_p99_ms=ttft(c))
+    est.calls = calls  # type: ignore[attr-defined]
+    return est
+
+
+@pytest.fixture
+async def lessons(store):
+    async with Client(build_server(store)) as client:
+        yield client
+
+
+async def forbid_fa3(lessons, st: Study) -> str:
+    """Store the lesson 'fa3 refused on B200' and return its id."""
+    cfg = st.base_config().model_copy(update={"attention_backend": "fa3"})
+    lesson = research_lesson(cfg, "attention_backend=fa3", "FA3 requires SM>=80 and SM<=90", "r0")
+    stored = await call(lessons, "add_lesson", {"lesson": lesson.model_dump(mode="json")})
+    return stored["lesson"]["id"]
+
+
+# -- selection ------------------------------------------------------------------------------
+
+@pytest.mark.anyio
+async def test_the_study_key_selects_the_guided_brain(lessons):
+    st = study(search={"brain": "guided", "seed": 4})
+    assert st.search.brain == "guided"
+    g = make_planner(st, lessons, replay=REPLAY, slo_gated=True)
+    assert isinstance(g, GuidedPlanner) and g.brain == "guided"
+    assert g.seed == 4 and g.replay is REPLAY and g.slo_gated and g.theta == 1.0
+    # the keyword arguments of the guided brain are accepted (and ignored) by the others
+    assert isinstance(make_planner(st, lessons, brain="grid", slo_gated=True), GridPlanner)
+    assert isinstance(make_planner(study(), lessons, brain="guided"), GuidedPlanner)
+    with pytest.raises(ConfigInvalid, match=r"search\.brain: .*'guided'"):
+        study(search={"brain": "anneal"})
+
+
+# -- the SLO boundary -----------------------------------------------------------------------
+
+def test_best_threshold():
+    assert best_threshold([]) == 1.0
+    # one infeasible config predicted at half the SLO: the boundary drops just below it
+    th = best_threshold([(0.5, False)])
+    assert th < 0.5 and th == pytest.approx(0.5)
+    # feasible at 2x, infeasible at 3x: anything in [2, 3) separates; the one nearest 1
+    th = best_threshold([(2.0, True), (3.0, False)])
+    assert 2.0 <= th < 3.0 and th == 2.0
+    # labels that agree with the estimate keep the boundary at 1
+    assert best_threshold([(0.3, True), (0.9, True), (1.5, False), (math.inf, False)]) == 1.0
+    # conflicting labels at one ratio: the majority (infeasible) wins, the boundary is below
+    assert best_threshold([(1.2, True), (1.2, False), (1.2, False)]) < 1.2
+    # no threshold is perfect here; the result has the fewest errors of any threshold
+    labelled = [(0.5, True), (0.8, False), (1.5, True), (3.0, False), (0.6, True)]
+
+    def errors(t: float) -> int:
+        return sum((r <= t) != ok for r, ok in labelled)
+
+    grid = [k / 1000 for k in range(1, 5000)] + [math.inf]
+    th = best_threshold(labelled)
+    assert errors(th) == min(errors(t) for t in grid) == 1
+    assert th == pytest.approx(0.8) and th < 0.8  # nearest 1 among the best ones
+
+
+# -- ranking by the prior -------------------------------------------------------------------
+
+def tput_small(c: ServingConfig) -> float:
+    return (100.0 * (3 if c.weights == "nvfp4" else 1)
+            * (1.5 if c.kv_cache_dtype == "fp8_e4m3" else 1)
+            * (1.1 if c.mem_fraction_static == 0.9 else 1))
+
+
+def ttft_small(c: ServingConfig) -> float:
+    """nvfp4 predicted at half the SLO, fp8 at 1/8; nvfp4 + fp8 KV + 0.90 over it (2.5x)."""
+    if c.weights == "nvfp4" and c.kv_cache_dtype == "fp8_e4m3" and c.mem_fraction_static == 0.9:
+        return 2.5 * SLO_MS
+    return (0.5 if c.weights == "nvfp4" else 0.125) * SLO_MS
+
+
+@pytest.mark.anyio
+async def test_first_launch_is_the_best_predicted_feasible_point(lessons):
+    st = study(knobs=SMALL, search={"brain": "guided"})
+    est = scripted(tput_small, ttft_small)
+    g = make_planner(st, lessons, replay=REPLAY, estimator=est)
+    launched, pruned, _, _ = await drive(g, st, 1, tput_small)
+    assert pruned == []
+    cfg = launched[0].config
+    # the highest prediction (495, nvfp4 + fp8 KV + 0.90) is predicted to miss the SLO
+    assert (cfg.weights, cfg.kv_cache_dtype, cfg.mem_fraction_static) == \
+        ("nvfp4", "fp8_e4m3", 0.85)
+    assert launched[0].rationale.startswith("guided: predicted 450 tok/s/GPU")
+    assert "0.50x the SLO (boundary 1.00x)" in launched[0].rationale
+    assert launched[0].changed == "weights=nvfp4, kv_cache_dtype=fp8_e4m3"
+    # every point of the space was estimated once (cached by config id)
+    assert len(est.calls) == len(set(est.calls)) == 8
+    # without a replay profile every ratio is 0: throughput alone ranks
+    g0 = make_planner(st, lessons, estimator=scripted(tput_small, ttft_small))
+    launched, _, _, _ = await drive(g0, st, 1, tput_small)
+    assert launched[0].config.mem_fraction_static == 0.9 and launched[0].config.weights == "nvfp4"
+    assert "SLO" not in launched[0].rationale
+
+
+@pytest.mark.anyio
+async def test_an_slo_miss_moves_the_boundary_below_the_missed_prediction(lessons):
+    st = study(knobs=SMALL, search={"brain": "guided"})
+
+    def truth(c: ServingConfig) -> float | None:  # every nvfp4 config misses the SLO
+        return None if c.weights == "nvfp4" else tput_small(c)
+
+    g = make_planner(st, lessons, replay=REPLAY, estimator=scripted(tput_small, ttft_small),
+                     slo_gated=True)
+    launched, _, _, hist = await drive(g, st, 2, truth)
+    first, second = (p.config for p in launched)
+    assert first.weights == "nvfp4" and hist[1].objective is None  # predicted 0.5x, missed
+    # labels (0.125, met) and (0.5, missed): the boundary sits just below 0.5
+    assert 0.125 <= g.theta < 0.5
+    # so the next launch is the best config predicted under it: fp8, fp8 KV, 0.90
+    assert (second.weights, second.kv_cache_dtype, second.mem_fraction_static) == \
+        ("fp8", "fp8_e4m3", 0.9)
+    assert f"(boundary {g.theta:.2f}x)" in launched[1].rationale
+    # ungated (the product's search: saturation only) the same history teaches nothing
+    u = make_planner(st, lessons, replay=REPLAY, estimator=scripted(tput_small, ttft_small))
+    launched, _, _, _ = await drive(u, st, 2, truth)
+    assert u.theta == 1.0 and launched[1].config.weights == "nvfp4"
+
+
+# -- the residual correction ----------------------------------------------------------------
+
+# Truth on weights x kv_cache_dtype (GLM-5 TP8): fp8 KV triples fp8; nvfp4 is no better.
+TRUTH = {("fp8", "bf16"): 100.0, ("fp8", "fp8_e4m3"): 300.0,
+         ("nvfp4", "bf16"): 120.0, ("nvfp4", "fp8_e4m3"): 110.0}
+
+
+def truth2(c: ServingConfig) -> float:
+    return TRUTH[(c.weights, c.kv_cache_dtype or "auto")]
+
+
+def over_nvfp4(c: ServingConfig) -> float:
+    """The truth, but every nvfp4 config overestimated 3x."""
+    return truth2(c) * (3 if c.weights == "nvfp4" else 1)
+
+
+@pytest.mark.anyio
+async def test_measured_residuals_correct_a_systematic_overestimate(lessons):
+    st = study(knobs={"weights": ["fp8", "nvfp4"], "kv_cache_dtype": ["bf16", "fp8_e4m3"]},
+               search={"brain": "guided"})
+    g = make_planner(st, lessons, estimator=scripted(over_nvfp4))
+    launched, _, _, hist = await drive(g, st, 2, truth2)
+    first, second = (p.config for p in launched)
+    # the prior ranks nvfp4 + bf16 (360) over nvfp4 + fp8 KV (330) over fp8 + fp8 KV (300)
+    assert (first.weights, first.kv_cache_dtype) == ("nvfp4", "bf16")
+    # it measured 120, not 360: the nvfp4 neighbour drops to ~241, under fp8 + fp8 KV (~256),
+    # which the truth ranks first (300 vs 110)
+    assert (second.weights, second.kv_cache_dtype) == ("fp8", "fp8_e4m3")
+    res = dict(g.learn(hist[:2]))
+    assert res[g.point_of(first)] == pytest.approx(math.log(1 / 3))
+    assert res[g.point_of(st.base_config())] == pytest.approx(0.0)
+    # control: had the nvfp4 launch measured what the prior said, nvfp4 would come next
+    ctl = make_planner(st, lessons, estimator=scripted(over_nvfp4))
+    launched, _, _, _ = await drive(ctl, st, 2, over_nvfp4)
+    assert launched[1].config.weights == "nvfp4"
+
+
+# -- screening ------------------------------------------------------------------------------
+
+@pytest.mark.anyio
+async def test_guided_never_launches_a_forbidden_or_unfit_config(lessons):
+    st = study(knobs=KNOBS, search={"brain": "guided"})
+    lesson_id = await forbid_fa3(lessons, st)
+    g = make_planner(st, lessons, replay=REPLAY)  # the real estimate
+
+    def truth(c: ServingConfig) -> float:
+        return g.estimate(c).output_tok_s_per_gpu
+
+    # the top of the ranking: 8 TP4 nvfp4 fp8-KV variants the estimate cannot tell apart
+    # (the batch is the clients), then their fa3 twins (one more flag), then bf16 KV
+    launched, pruned, stop, _ = await drive(g, st, 10, truth)
+    assert stop is None and len(launched) == 10
+    ids = [p.config.config_id() for p in launched]
+    assert len(set(ids)) == len(ids)
+    for plan in launched:
+        assert plan.config.attention_backend != "fa3"
+        assert await g.forbidding(plan.config) == []
+        fit(plan.config)
+        assert plan.rationale.startswith("guided: predicted ")
+    fa3 = [p for p in pruned if p.config.attention_backend == "fa3"]
+    assert fa3 and all(lesson_id in p.lesson_ids for p in fa3)
+    assert all(p.reason.startswith("forbidden by lesson") for p in fa3)
+    # the estimate ranks the configs that do not fit last: none was even screened
+    assert not any("memory-fit estimate" in p.reason for p in pruned)
+    # the first launch is the best prediction of the whole space among non-fa3 points
+    preds = [g.estimate(c).output_tok_s_per_gpu
+             for c in map(g.config_of, (g.point_at(k) for k in range(g.size)))
+             if c is not None and c.attention_backend != "fa3"]
+    assert truth(launched[0].config) == pytest.approx(max(preds))
+
+
+# -- the equivalence skip -------------------------------------------------------------------
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("brain", ["guided", "grid"])
+async def test_a_point_the_engine_runs_like_a_measured_config_is_not_launched(lessons, brain):
+    base = study().base_config()
+    derived = fit(base).max_running_requests
+    knobs = {"max_running_requests": ["unset", derived], "kv_cache_dtype": ["bf16", "fp8_e4m3"]}
+    st = study(knobs=knobs, search={"brain": brain})
+    same = base.model_copy(update={"max_running_requests": derived})
+    # precondition: a distinct config id, the same resolved engine settings as the baseline
+    assert same.config_id() != base.config_id()
+    assert resolved_settings(same) == resolved_settings(base) is not None
+    # ... while with fp8 KV the derived slot count differs, so that pair is no twin
+    f8 = base.model_copy(update={"kv_cache_dtype": "fp8_e4m3"})
+    assert resolved_settings(f8.model_copy(update={"max_running_requests": derived})) \
+        != resolved_settings(f8)
+    p = make_planner(st, lessons)
+    seen = {base.config_id()}
+    hist = [row(1, "baseline", base, 100.0)]
+    launched: list[ServingConfig] = []
+    for _ in range(5):
+        s = await p.step(base, seen, "r", history=list(hist))
+        assert s.pruned == []
+        if isinstance(s.decision, NoViableConfig):
+            break
+        launched.append(s.decision.config)
+        hist.append(row(len(hist) + 1, "discard", s.decision.config, 90.0))
+    assert isinstance(s.decision, NoViableConfig)
+    ids = {c.config_id() for c in launched}
+    assert same.config_id() not in ids and len(launched) == 2  # 4 points, baseline + its twin
+    assert same.config_id() in seen  # skipped for good, without a ledger row
+
+
+# -- through the graph, as a user runs it ---------------------------------------------------
+
+def servetune(tmp: Path, study_path: Path, run_id: str) -> subprocess.CompletedProcess:
+    e = dict(os.environ, SERVETUNE_LESSONS_DIR=str(tmp / "lessons"), COLUMNS="200",
+             SERVETUNE_SOURCE_CACHE=str(tmp / "no-source"), SERVETUNE_BRAINS="deterministic")
+    e.pop("SERVETUNE_SGLANG_SOURCE", None)
+    e.pop("ANTHROPIC_API_KEY", None)
+    return subprocess.run([sys.executable, "-m", "servetune.cli", "run", str(study_path),
+                           "--run-id", run_id], cwd=tmp, env=e, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.slow
+def test_servetune_run_with_the_guided_brain(tmp_path):
+    knobs = {"attention_backend": ["unset", "fa3"], "tp_size": [4, 8],
+             "weights": ["fp8", "nvfp4"], "kv_cache_dtype": ["bf16", "fp8_e4m3"]}
+    sd = study_dict(knobs=knobs, search={"brain": "guided"},
+                    budget={"max_trials": 3, "patience": 3})
+    st = parse_study(sd)
+    # a lesson store that already knows fa3 is refused on B200 (the CLI reuses its embedding)
+    store = LessonStore(tmp_path / "lessons", embedding="hashing")
+    try:
+        cfg = st.base_config().model_copy(update={"attention_backend": "fa3"})
+        fa3_id = store.add(research_lesson(cfg, "attention_backend=fa3",
+                                           "FA3 requires SM>=80 and SM<=90", "r0")).id
+    finally:
+        store.close()
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(sd))
+    r = servetune(tmp_path, p, "g1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    db = sqlite3.connect(tmp_path / "runs" / "g1" / "ledger.sqlite")
+    try:
+        rows = [(s, json.loads(b)) for s, b in db.execute(
+            "SELECT status, body FROM trials WHERE key LIKE 'search:%' ORDER BY seq")]
+    finally:
+        db.close()
+    launched = [b for s, b in rows if s != "pruned"]
+    assert rows[0][0] == "baseline" and 2 <= len(launched) <= 3
+    ids = [ServingConfig.model_validate(b["config"]).config_id() for b in launched]
+    assert len(set(ids)) == len(ids)
+    assert not any(b["config"].get("attention_backend") == "fa3" for b in launched)
+    # the second launch is the estimate's pick with the replay's SLO prior (graph.run gives
+    # the brain the window's profile): every config is predicted over the SLO here, so the
+    # one predicted nearest it, not the best throughput alone (TP4)
+    rp = st.replay
+    prof = ReplayProfile.of(load_trace(rp.trace, rp.format).window(rp.start_s, rp.duration_s)
+                            .scaled(rp.time_scale), rp.duration_s / rp.time_scale)
+    with_slo = GuidedPlanner(st, None, replay=prof)  # ranking only: no lessons asked
+    pick = with_slo.config_of(next(iter(with_slo.proposals([]))))
+    blind = GuidedPlanner(st, None)
+    assert blind.config_of(next(iter(blind.proposals([])))) != pick
+    second = launched[1]
+    assert ServingConfig.model_validate(second["config"]) == pick, second
+    assert "," in second["changed"] and "weights=nvfp4" in second["changed"], second
+    # fa3 points reached by the ranking are pruned by the stored lesson, never launched
+    fa3 = [b for s, b in rows if s == "pruned" and b["config"].get("attention_backend") == "fa3"]
+    assert fa3 and all(fa3_id in b["lesson_ids"] for b in fa3)
+    assert (tmp_path / "runs" / "g1" / "report.md").exists()
