@@ -61,6 +61,7 @@ import inspect
 import itertools
 import json
 import math
+import re
 import statistics
 import sys
 import tempfile
@@ -99,10 +100,11 @@ from memory.store import LessonStore  # noqa: E402
 
 CACHE_DIR = Path(__file__).resolve().parent / "search_scenarios"
 TABLE_VERSION = 1  # bump when evaluate() changes what a row means
-# guided-e30: the guided brain with a deliberately wrong prior (PRIOR_ERROR, see perturbed()).
+# guided-eNN: the guided brain with a deliberately wrong prior of sigma NN/100 (perturbed()).
 BRAINS = ("guided", "guided-e30", "ovat", "tpe", "grid")
 OURS = ("guided", "guided-e30", "ovat")  # servetune's brains; the target is on HEADLINE
 HEADLINE = "guided-e30"  # the claim must hold with a realistically wrong estimate
+_PERTURBED = re.compile(r"guided-e(\d{1,3})")
 BASELINES = ("tpe", "grid")
 DETERMINISTIC = ("guided", "ovat")  # one run each (no seed changes what they do)
 # Log-normal error of the perturbed prior: the estimators reference puts aiconfigurator's TPOT
@@ -295,6 +297,16 @@ def _replay_requests(study: Study) -> list[tuple[Any, ...]]:
 def replay_profile(study: Study) -> ReplayProfile:
     """The guided brain's profile of the study's replay window (as ``graph.run`` builds it)."""
     return ReplayProfile.of(_window(study), study.replay.duration_s / study.replay.time_scale)
+
+
+def prior_error(brain: str) -> float:
+    """Sigma of the perturbed prior a brain name asks for: ``guided-e30`` -> 0.3, else 0."""
+    m = _PERTURBED.fullmatch(brain)
+    return int(m.group(1)) / 100 if m else 0.0
+
+
+def _ours(brain: str) -> bool:
+    return brain in OURS or _PERTURBED.fullmatch(brain) is not None
 
 
 def _normal(*key: Any) -> float:
@@ -547,8 +559,9 @@ async def run_brain(table: Table, brain: str, seed: int, max_trials: int,
                 if brain.startswith("guided"):
                     prof = replay_profile(study)
                     kw0 = {"replay": prof, "slo_gated": shown == "gated"}
-                    if brain == "guided-e30":
-                        kw0["estimator"] = perturbed(study, prof, seed)
+                    sigma = prior_error(brain)
+                    if sigma:
+                        kw0["estimator"] = perturbed(study, prof, seed, sigma)
                 planner = make(study, lessons, brain=brain.split("-")[0], seed=seed, **kw0)
                 takes_history = "history" in inspect.signature(planner.step).parameters
 
@@ -642,7 +655,7 @@ def report(tables: dict[str, Table], runs: list[Run], cap: int,
         ``forbidden``: forbidden launches in all) and ``ratios``: for each of servetune's brains
         (:data:`OURS`) run, baseline median / its median.
     """
-    brains = [b for b in BRAINS if any(r.brain == b for r in runs)]
+    brains = list(dict.fromkeys(r.brain for r in runs))
     out(f"{'scenario':<24} {'space':>5} {'ok':>4} {'optimum':>8} {'brain':<10} {'runs':>4} "
         f"{'to 95%':>7} {'range':>9} {'best@12':>8} {'crash':>5} {'pruned':>6} {'forbid':>6}")
     for name, t in tables.items():
@@ -678,7 +691,7 @@ def report(tables: dict[str, Table], runs: list[Run], cap: int,
             f"median best@{AT_TRIALS} {b12:.1%}, at 95 % within {AT_TRIALS}: {hit:.0%}, "
             f"forbidden launches {pooled[b]['forbidden']}")
     ratios: dict[str, dict[str, float]] = {}
-    ours = [b for b in OURS if b in pooled]
+    ours = [b for b in brains if _ours(b) and b in pooled]
     if ours:
         out("")
     for o in ours:
@@ -688,7 +701,8 @@ def report(tables: dict[str, Table], runs: list[Run], cap: int,
                 ratios[o][b] = pooled[b]["trials"] / pooled[o]["trials"]
                 out(f"  launches to 95 %, {b} / {o}: {ratios[o][b]:.2f}x"
                     + (" (lower bound: a censored median)" if pooled[b]["trials"] > cap else ""))
-    for o in [b for b in (HEADLINE, "guided") if b in pooled][:1]:
+    perturbed_run = [b for b in brains if prior_error(b) and b in pooled]
+    for o in [b for b in (HEADLINE, *perturbed_run, "guided", "ovat") if b in pooled][:1]:
         out("")
         ok12 = pooled[o]["trials"] <= AT_TRIALS
         out(f"  target {o} median launches to 95 % <= {AT_TRIALS}: "
@@ -738,7 +752,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seeds", type=int, default=5, help="seeds of the tpe and grid brains")
     ap.add_argument("--max-trials", type=int, default=40, help="launches per search")
     ap.add_argument("--scenarios", default="", help="comma-separated names (default: all)")
-    ap.add_argument("--brains", default=",".join(BRAINS))
+    ap.add_argument("--brains", default=",".join(BRAINS), help=(
+        "comma-separated: guided, ovat, tpe, grid, and guided-eNN (the guided brain fed an "
+        "estimate with a seeded log-normal error of sigma NN/100, e.g. guided-e50)"))
     ap.add_argument("--cache-dir", type=Path, default=CACHE_DIR)
     ap.add_argument("--refresh", action="store_true", help="simulate the tables again")
     ap.add_argument("--shown", choices=("gated", "saturation"), default="gated", help=(
@@ -752,6 +768,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ap.error(f"unknown scenarios {sorted(unknown)}; known: "
                  f"{', '.join(s.name for s in SCENARIOS)}")
     brains = [b for b in args.brains.split(",") if b]
+    odd = [b for b in brains if b not in BRAINS and not prior_error(b)]
+    if odd:
+        ap.error(f"unknown brains {odd}; known: {', '.join(BRAINS)}, or guided-eNN (the guided "
+                 "brain with a prior wrong by sigma NN/100)")
     print(f"twin {twin_digest()}; {len(SCENARIOS) if not wanted else len(wanted)} scenarios; "
           f"brains {', '.join(brains)}; seeds 0-{args.seeds - 1} (ovat is deterministic: "
           f"one run); at most {args.max_trials} launches per search; brains see the "
