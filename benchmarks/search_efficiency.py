@@ -43,7 +43,8 @@ search: "95 % of the optimum" here means 95 % of the best config that could be d
 Metrics per (scenario, brain, seed): launches (trials; pruned candidates are free, crashed
 startups count) until the best feasible objective found reaches 95 % of the optimum (``>N`` when
 the brain stopped or hit the cap of ``--max-trials`` launches first; such a run counts as N+1
-in the medians), the best found within 12 launches as a share of the optimum, crashed launches,
+in the medians), the best found within 12 launches as a share of the optimum, launches ``used``
+before the brain stopped (it converged or ran out of candidates) or hit the cap, crashed launches,
 and launches of configs that a lesson in the store forbade at launch time (0 when every brain
 screens). Targets (issue 8), checked on ``guided-e30``: 95 % within <= 12 launches (median over
 scenarios and seeds) with >= 2x fewer launches than TPE.
@@ -77,6 +78,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
 
 import numpy as np  # noqa: E402
 from mcp import Client  # noqa: E402
+from scipy.stats import spearmanr  # noqa: E402
 
 from agents.analyst import failure_lesson  # noqa: E402
 from agents.deployer import DeployOutcome, classify  # noqa: E402
@@ -657,7 +659,8 @@ def report(tables: dict[str, Table], runs: list[Run], cap: int,
     """
     brains = list(dict.fromkeys(r.brain for r in runs))
     out(f"{'scenario':<24} {'space':>5} {'ok':>4} {'optimum':>8} {'brain':<10} {'runs':>4} "
-        f"{'to 95%':>7} {'range':>9} {'best@12':>8} {'crash':>5} {'pruned':>6} {'forbid':>6}")
+        f"{'to 95%':>7} {'range':>9} {'best@12':>8} {'used':>5} {'crash':>5} {'pruned':>6} "
+        f"{'forbid':>6}")
     for name, t in tables.items():
         cid, opt = t.optimum
         feasible = sum(r["objective"] is not None for r in t.rows.values())
@@ -671,6 +674,7 @@ def report(tables: dict[str, Table], runs: list[Run], cap: int,
             b12 = statistics.median(r.best_within(AT_TRIALS) / opt for r in rs)
             out(f"{name:<24} {len(t.rows):>5} {feasible:>4} {opt:>8,.0f} {b:<10} {len(rs):>4} "
                 f"{_fmt_trials(med, cap):>7} {rng:>9} {b12:>8.1%} "
+                f"{statistics.mean(len(r.objectives) for r in rs):>5.1f} "
                 f"{statistics.mean(r.crashes for r in rs):>5.1f} "
                 f"{statistics.mean(r.pruned for r in rs):>6.1f} "
                 f"{sum(r.forbidden_launches for r in rs):>6}")
@@ -713,6 +717,39 @@ def report(tables: dict[str, Table], runs: list[Run], cap: int,
                 f"{'MET' if ok2 else 'MISSED'} ({ratios[o]['tpe']:.2f}x)")
     pooled["ratios"] = ratios
     return pooled
+
+
+def prior_accuracy(tables: dict[str, Table], out: Callable[[str], None] = print) -> None:
+    """How the unperturbed estimate (:mod:`domain.estimate`) compares with the twin, per scenario.
+
+    Saturation tok/s/GPU: twin / estimate (median and range) and Spearman's rank correlation
+    over the configs that start; the replay's SLO verdict (predicted TTFT p99 <= SLO vs the
+    twin's feasibility): share right, optimistic (predicted to meet it, misses) and pessimistic.
+    """
+    out("")
+    out("the estimate against the twin (configs that start):")
+    for name, t in tables.items():
+        prof = replay_profile(t.study)
+        ratios, xs, ys = [], [], []
+        right = opt = pess = 0
+        for cid, row in t.rows.items():
+            if not row["ready"]:
+                continue
+            e = safe_estimate(t.configs[cid], t.study.saturation, prof)
+            if e.output_tok_s_per_gpu > 0:
+                ratios.append(row["sat"] / e.output_tok_s_per_gpu)
+                xs.append(e.output_tok_s_per_gpu)
+                ys.append(row["sat"])
+            says = e.ttft_p99_ms <= t.study.slo.ttft_p99_ms
+            feasible = row["objective"] is not None
+            right += says == feasible
+            opt += says and not feasible
+            pess += feasible and not says
+        n = max(1, right + opt + pess)
+        rho = spearmanr(xs, ys).statistic if len(xs) > 2 else float("nan")
+        out(f"  {name:<24} tok/s/GPU twin/estimate median {statistics.median(ratios):.2f} "
+            f"[{min(ratios):.2f}, {max(ratios):.2f}], Spearman {rho:.2f}; SLO verdict right "
+            f"{right / n:.0%} (optimistic {opt}, pessimistic {pess} of {n})")
 
 
 def _ovat_paths(tables: dict[str, Table], runs: list[Run], out: Callable[[str], None]) -> None:
@@ -785,6 +822,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             save_table(t, args.cache_dir)  # configs simulated during the searches
     print("")
     pooled = report(tables, runs, args.max_trials)
+    if any(b.startswith("guided") for b in brains):
+        prior_accuracy(tables)
     if "ovat" in brains:
         _ovat_paths(tables, runs, print)
     print(f"\nwall {time.perf_counter() - t0:.0f} s")

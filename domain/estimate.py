@@ -2,40 +2,52 @@
 
 The planner's prior (``agents.brains.GuidedPlanner``): for every config of a study's knob space,
 what the saturation run should give (output tok/s/GPU) and how the replayed trace should load it
-(utilization, TTFT p99), from closed-form steady state over the step-time model
-(:mod:`domain.costmodel`, the estimators reference's section 6) and the memory fit
-(:mod:`domain.fit`). It is the aggregated-serving estimate of NVIDIA's aiconfigurator (count
-the prefill and decode steps a request takes at a fixed batch) and classic queueing, not the
+(utilization, TTFT p99), from closed-form steady state over the step-time model of
+:mod:`domain.costmodel` (roofline per step; its sources are cited there) and the memory fit of
+:mod:`domain.fit`. It counts the prefill and decode steps a request takes at a fixed batch, as
+NVIDIA aiconfigurator's aggregated-serving estimate does, plus classic queueing; it is not the
 twin's discrete-event run: no admission waves, no retraction, no prefix-cache eviction, no
-burstiness beyond a mean rate. Use it to rank candidates, never as a measurement; the
-estimators reference puts such a prior at about +/-30 % on TPOT and TTFT about 2x optimistic.
+burstiness beyond a mean rate. Use it to rank candidates, never as a measurement. For scale,
+servetune's estimators reference measured aiconfigurator at 32 % mean absolute TPOT error and
+its (zero-queue) TTFT about 2x too low; this estimate's TTFT includes queueing.
 
 Steady state of one replica at a running batch ``B`` (sequences decoding at once) for requests
 of ``isl`` input tokens (a share ``h`` of them prefix-cache hits) and ``osl`` output tokens:
 
 - one request's prefill costs ``T_pre``: its ``isl x (1 - h)`` new tokens in chunks of at most
   ``chunked_prefill_size`` (several short prompts share one chunk; the attention pairs count
-  the cached context), ``StepCostModel.prefill_time`` per chunk;
+  the cached context, capped at ``index_topk`` keys per query for DSA models),
+  ``StepCostModel.prefill_time`` per chunk;
 - a decode (or speculative verify + draft) step of ``B`` sequences at mean context
   ``isl + osl / 2`` costs ``T_dec`` and emits ``a`` tokens per sequence (``a`` the speculative
   accept length, :func:`domain.speculative.accept_length`, else 1);
-- ``B`` requests finish every ``B x T_pre + (osl / a) x T_dec`` seconds: output
-  ``B x osl`` tokens in that time.
+- ``B`` requests finish every ``B x T_pre + ((osl - 1) / a) x T_dec`` seconds (the prefill
+  yields the first token): output ``B x osl`` tokens in that time.
 
 ``B`` is ``min(clients per replica, max_running_requests, KV tokens / (isl + osl))``: the
-admission cap, and the pool holding every admitted request's prompt and reserved output
-(SGLang admits against the whole ``max_new_tokens``; ``schedule_policy.py``).
+admission cap, and the pool holding every admitted request's prompt and its whole output. The
+engine itself admits against the prompt plus the remaining output times ``new_token_ratio``
+(0.7 x ``schedule_conservativeness`` at first, decaying; SGLang ``schedule_policy.py``), so
+this ignores ``schedule_conservativeness`` and is conservative where the ratio has decayed.
 
 The replay: mean arrival rate ``lambda`` of the trace window against the pool's capacity
 ``mu`` (requests/s at its largest batch, the same formula at the trace's mean lengths);
-utilization ``rho = lambda / mu``; infinite TTFT at ``rho >= 1`` (the queue grows without
-bound). Below it, TTFT p99 ~ the prefill of a p99-long prompt + one decode step (a new
-request waits for the step in flight) + a p99 queueing wait of ``ln(100) x rho / (1 - rho) x
-T_pre`` (the exponential tail of an M/M/1 wait, Kleinrock, "Queueing Systems" vol. 1, 1975, on
-the whole pool's utilization: near capacity a request waits for a running one to finish and
-free its slot and KV). It is deliberately simple and pessimistic (the default study's best
-config: 26 s predicted, 7 s on the twin); the guided brain ranks by it and learns where the
-SLO boundary really lies.
+utilization ``rho = lambda / mu``; infinite TTFT at ``rho >= 1`` or a prefill load
+``rho_p = lambda_replica x T_pre >= 1`` (the queue grows without bound). Below both, TTFT p99
+is the sum of
+
+- the prefill of the p99 prompt by uncached tokens (:attr:`ReplayProfile.new_p99`, on top of
+  its cached history) and one decode step (a new request waits for the step in flight);
+- the p99 wait for the prefill server, an M/M/1 queue at ``rho_p``: ``T_pre ln(100 rho_p) /
+  (1 - rho_p)`` (Kleinrock, "Queueing Systems" vol. 1, 1975; SGLang runs a waiting prefill
+  before the next decode step, so prefill is one server);
+- the p99 wait for a running-request slot, an M/M/c queue with ``c = B`` slots and service
+  one request's E2E (Halfin & Whitt's many-server approximation of Erlang C, Operations
+  Research 29(3), 1981): negligible until ``rho`` nears 1, then dominant.
+
+On the search benchmark's GLM-5 scenario the best config is predicted at 6.1 s TTFT p99
+against 7.0 s on the twin; over its six scenarios the SLO verdict is right for 58-97 % of the
+configs that start (``benchmarks/search_efficiency.py`` prints the estimate's accuracy).
 """
 
 from __future__ import annotations
@@ -44,6 +56,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import norm
 
 from domain.config import ServingConfig
 from domain.costmodel import StepCostModel, build_cost_model
@@ -53,9 +66,6 @@ from domain.speculative import accept_length, draft_tokens_for_batch, steps_for_
 from domain.study import SaturationSpec
 from domain.workload import Trace
 
-# ln(100): the 99th percentile of an exponential tail in units of its mean.
-P99_TAIL = math.log(100.0)
-
 
 @dataclass(frozen=True, slots=True)
 class ReplayProfile:
@@ -63,8 +73,10 @@ class ReplayProfile:
 
     Units: requests/s, tokens. ``reuse_share`` is the share of prompt tokens whose prefix block
     occurred earlier in the window (an unbounded prefix cache's hit rate; 0 without block
-    hashes). ``rate_req_s`` is 0 when the window has no length (one arrival instant and no
-    ``duration_s``).
+    hashes); ``new_p99`` the 99th percentile of each request's uncached tokens under that
+    cache (in a conversation trace the longest prompts carry the most cached history, so it
+    is far below ``isl_p99 x (1 - reuse_share)``). ``rate_req_s`` is 0 when the window has no
+    length (one arrival instant and no ``duration_s``).
     """
 
     rate_req_s: float
@@ -73,6 +85,8 @@ class ReplayProfile:
     osl_mean: float
     reuse_share: float
     requests: int
+    new_p99: float = 0.0  # p99 over requests of their uncached prompt tokens
+    cached_at_p99: float = 0.0  # mean cached tokens of the requests at or above that p99
 
     @classmethod
     def of(cls, window: Trace, duration_s: float | None = None) -> ReplayProfile:
@@ -81,26 +95,32 @@ class ReplayProfile:
         Args:
             window: the replayed requests.
             duration_s: the window's length in replay seconds (the study's ``duration_s /
-                time_scale``); None: the span of the arrivals (at least 1 ms).
+                time_scale``); None: the span of the arrivals (a rate of 0 when every request
+                arrives at once).
         """
         reqs = window.requests
         isl = np.fromiter((r.input_tokens for r in reqs), float, len(reqs))
         osl = np.fromiter((r.output_tokens for r in reqs), float, len(reqs))
         span = duration_s if duration_s else reqs[-1].arrival_s - reqs[0].arrival_s
         seen: set[int] = set()
-        hit = 0.0
-        for r in reqs:
+        hits = np.zeros(len(reqs))
+        for k, r in enumerate(reqs):
             if not r.hash_ids or not r.block_size:
                 continue
             for i, h in enumerate(r.hash_ids):
                 if h not in seen or i * r.block_size >= r.input_tokens:
                     break  # a prefix cache matches up to the first new block only
-                hit += min(r.block_size, r.input_tokens - i * r.block_size)
+                hits[k] += min(r.block_size, r.input_tokens - i * r.block_size)
             seen.update(r.hash_ids)
+        new = isl - hits
+        new_p99 = float(np.percentile(new, 99))
+        top = new >= new_p99
         return cls(rate_req_s=len(reqs) / span if span > 0 else 0.0,
                    isl_mean=float(isl.mean()), isl_p99=float(np.percentile(isl, 99)),
-                   osl_mean=float(osl.mean()), reuse_share=min(1.0, hit / float(isl.sum())),
-                   requests=len(reqs))
+                   osl_mean=float(osl.mean()),
+                   reuse_share=min(1.0, float(hits.sum()) / float(isl.sum())),
+                   requests=len(reqs), new_p99=new_p99,
+                   cached_at_p99=float(hits[top].mean()) if top.any() else 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,25 +144,38 @@ class Estimate:
         return self.ttft_p99_ms / slo_ttft_p99_ms
 
 
-def _prefill_per_request(cost: StepCostModel, isl: float, hit: float, chunk: int) -> float:
+def _pairs(cost: StepCostModel, tokens: float, context: float) -> tuple[float, float]:
+    """(attention, DSA indexer) query-key pairs of ``tokens`` new tokens at mean ``context``.
+
+    DSA attends at most ``index_topk`` keys per query while its indexer scores the whole
+    context (as the twin's prefill step counts them); dense attention attends everything.
+    """
+    if cost.topk:
+        return tokens * min(context, cost.topk), tokens * context
+    return tokens * context, 0.0
+
+
+def _prefill_per_request(cost: StepCostModel, isl: float, hit: float, chunk: int,
+                         cached: float | None = None) -> float:
     """Seconds of prefill one request of ``isl`` tokens (``hit`` share cached) costs.
 
     Chunks of ``chunk`` new tokens (``chunk <= 0``: one chunk); prompts shorter than a chunk
-    share one (the step's cost is split between them).
+    share one (the step's cost is split between them). ``cached`` (tokens) replaces
+    ``isl x hit`` when given.
     """
-    cached = isl * hit
+    cached = isl * hit if cached is None else cached
     new = max(1.0, isl - cached)
     if chunk <= 0 or new <= chunk:
         k = max(1, int(chunk // new)) if chunk > 0 else 1
         n = k * new
-        pairs = k * new * (cached + new / 2)
-        return cost.prefill_time(int(n), pairs, pairs) / k
+        attn, index = _pairs(cost, k * new, cached + new / 2)
+        return cost.prefill_time(int(n), attn, index) / k
     total, done = 0.0, cached
     left = new
     while left > 0:
         c = min(chunk, left)
-        pairs = c * (done + c / 2)
-        total += cost.prefill_time(int(c), pairs, pairs)
+        attn, index = _pairs(cost, c, done + c / 2)
+        total += cost.prefill_time(int(c), attn, index)
         done += c
         left -= c
     return total
@@ -175,6 +208,37 @@ def _throughput(cost: StepCostModel, rep: FitReport, batch: float, isl: float, o
 
 def _batch(rep: FitReport, clients: float, isl: float, osl: float) -> float:
     return max(0.0, min(clients, rep.max_running_requests, rep.kv_tokens / (isl + osl)))
+
+
+def _p99_exp_wait(rho: float, service_s: float) -> float:
+    """p99 wait of an M/M/1 queue in seconds: ``S ln(100 rho) / (1 - rho)``.
+
+    0 below 1 % load, inf at or above full load.
+    """
+    if rho >= 1:
+        return math.inf
+    if rho <= 0.01:
+        return 0.0
+    return service_s * math.log(100 * rho) / (1 - rho)
+
+
+def _p99_slot_wait(rho: float, slots: float, e2e_s: float) -> float:
+    """p99 wait for a free running-request slot: an M/M/c queue with ``c = slots``, seconds.
+
+    The probability of waiting is Halfin & Whitt's many-server approximation of Erlang C,
+    ``1 / (1 + beta Phi(beta) / phi(beta))`` with ``beta = (1 - rho) sqrt(c)`` (Operations
+    Research 29(3), 1981); a wait is exponential with rate ``c (1 - rho) / E2E``.
+    """
+    if rho >= 1:
+        return math.inf
+    c = max(1.0, slots)
+    beta = (1 - rho) * math.sqrt(c)
+    if beta > 6:  # P(wait) < 1e-8
+        return 0.0
+    p_wait = 1.0 / (1.0 + beta * float(norm.cdf(beta)) / float(norm.pdf(beta)))
+    if p_wait <= 0.01:
+        return 0.0
+    return math.log(100 * p_wait) * e2e_s / (c * (1 - rho))
 
 
 def estimate(config: ServingConfig, saturation: SaturationSpec,
@@ -220,12 +284,20 @@ def estimate(config: ServingConfig, saturation: SaturationSpec,
     rho = r.rate_req_s / mu if mu > 0 else math.inf
     # the decode batch a request meets on arrival: the load's share of the largest batch
     b_load = max(1, int(round(min(rho, 1.0) * b_max)))
-    t_dec, _ = _decode_step(cost, rep, b_load, r.isl_mean + r.osl_mean / 2)
-    first = _prefill_per_request(cost, r.isl_p99, r.reuse_share, rep.chunked_prefill_size)
-    if rho >= 1:
+    t_dec, acc = _decode_step(cost, rep, b_load, r.isl_mean + r.osl_mean / 2)
+    if r.new_p99 > 0:  # the p99 prompt by uncached tokens, on top of its cached history
+        first = _prefill_per_request(cost, r.new_p99 + r.cached_at_p99, 0.0,
+                                     rep.chunked_prefill_size, cached=r.cached_at_p99)
+    else:
+        first = _prefill_per_request(cost, r.isl_p99, r.reuse_share, rep.chunked_prefill_size)
+    lam = r.rate_req_s / config.replicas
+    rho_p = lam * t_pre
+    if rho >= 1 or rho_p >= 1:
         ttft = math.inf
     else:
-        ttft = (first + t_dec + P99_TAIL * rho / (1 - rho) * t_pre) * 1000
+        e2e = t_pre + max(r.osl_mean - 1, 0.0) / acc * t_dec  # slot-seconds per request
+        ttft = (first + t_dec + _p99_exp_wait(rho_p, t_pre)
+                + _p99_slot_wait(rho, b_max, e2e)) * 1000
     return Estimate(fits=True, batch=batch, output_tok_s_per_gpu=sat, capacity_req_s=mu,
                     utilization=rho, ttft_p99_ms=ttft)
 

@@ -325,12 +325,12 @@ async def search(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
     seen = {t.config.config_id() for t in trials}
     losers = _losers(trials, study.drop_regressions)
     i = 0
+    step = None
     while True:
         trials = ledger.trials("search")
         bases = [t for t in trials if t.seq == pos["best_seq"]] or trials
         if i >= len(bases):
-            step = None
-            break
+            break  # every base said NoViableConfig: the last one's reason stands
         base_trial = bases[i]
         i += 1
         step = await planner.step(base_trial.config, seen, ctx.run_id, losers=losers,
@@ -357,7 +357,8 @@ async def search(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
         pos = search_position(ledger, study)
         said = step.decision.reason if step is not None and isinstance(
             step.decision, NoViableConfig) else None
-        reason = (said if said is not None and pos["best_seq"] is not None
+        space_brain = ctx.study.search.brain != "ovat"
+        reason = (said if said is not None and (pos["best_seq"] is not None or space_brain)
                   else "every one-knob change of the best config was tried or pruned"
                   if pos["best_seq"] is not None else
                   "no config ran: every config reachable from the baseline was pruned or "
@@ -417,6 +418,8 @@ async def search(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
                     f"launched instead of {row['changed']} (research: {decision.reason})")}
     ctx.report(phase="search", trial=pos["launched"] + 1, total=budget.max_trials,
                config=plan.changed)
+    ctx.event("plan", key=f"search:{plan.config.config_id()}", changed=plan.changed,
+              brain=study.search.brain, rationale=plan.rationale)
     await _launch_and_measure(ctx, f"search:{plan.config.config_id()}", "search", plan.config,
                               plan.changed, base_trial.seq, plan.predicted, extra=extra,
                               planner=planner)

@@ -519,6 +519,10 @@ def _predicted_section(trials: list[Trial]) -> list[str]:
     keys: list[str] = []
     for t in rows_t:
         keys += [k for k in t.predicted if k not in keys]
+    # the replay TTFT p99 measured when the same config was replayed in validation
+    replayed = {t.config.config_id(): t.replay.ttft_ms.p99 for t in trials
+                if t.phase == "validate" and t.replay is not None}
+    with_replay = "replay_ttft_p99_ms" in keys
     rows = []
     for t in rows_t:
         s = t.saturation
@@ -526,12 +530,15 @@ def _predicted_section(trials: list[Trial]) -> list[str]:
         rows.append([t.seq, _changed(t), *pred,
                      _num(s.output_tok_s) if s else t.status,
                      _num(s.output_tok_s_per_gpu) if s else "",
-                     _num(s.tok_s_per_user) if s else ""])
+                     _num(s.tok_s_per_user) if s else ""]
+                    + ([_num(replayed.get(t.config.config_id()))] if with_replay else []))
     out += ["Estimates made before launch (per replica; the guided brain's throughput per "
             "GPU and replay TTFT p99 are for the whole pool) next to the measured saturation "
             "decode throughput.", ""]
     out += _table(["seq", "changed", *[f"predicted {k}" for k in keys],
-                   "measured output tok/s", "measured tok/s/GPU", "measured tok/s/user"], rows)
+                   "measured output tok/s", "measured tok/s/GPU", "measured tok/s/user"]
+                  + (["measured replay TTFT p99 ms (validation)"] if with_replay else []),
+                  rows)
     return out + [""]
 
 

@@ -10,8 +10,17 @@ import math
 import pytest
 
 from domain.config import ServingConfig
+from domain.costmodel import build_cost_model
 from domain.errors import DoesNotFit
-from domain.estimate import Estimate, ReplayProfile, estimate, safe_estimate
+from domain.estimate import (
+    Estimate,
+    ReplayProfile,
+    _p99_slot_wait,
+    _pairs,
+    _prefill_per_request,
+    estimate,
+    safe_estimate,
+)
 from domain.fit import fit
 from domain.metrics import summarize
 from domain.study import SaturationSpec
@@ -52,11 +61,43 @@ def test_replay_profile_by_hand():
     assert p.isl_p99 == pytest.approx(13.84)
     assert p.osl_mean == pytest.approx((5 + 7 + 3 + 1 + 4) / 5)
     assert p.reuse_share == pytest.approx((0 + 8 + 10 + 0 + 0) / 50)
+    # uncached tokens [10, 2, 0, 6, 14]: p99 of [0, 2, 6, 10, 14] is 10 + 0.96 * 4; only the
+    # hashless 14-token request is at or above it, with nothing cached
+    assert p.new_p99 == pytest.approx(13.84)
+    assert p.cached_at_p99 == 0.0
     # no duration: the span of the arrivals (4 s)
     assert ReplayProfile.of(win).rate_req_s == pytest.approx(5 / 4.0)
     # no block hashes anywhere: no reuse
     flat = trace(req(0.0, 100, 10), req(0.5, 100, 10))
     assert ReplayProfile.of(flat, 1.0).reuse_share == 0.0
+
+
+def test_new_p99_is_the_uncached_tail_and_cached_at_p99_its_history():
+    win = trace(
+        req(0.0, 8, 1, (1, 2), 4),              # new 8, cached 0
+        req(1.0, 20, 1, (1, 2, 3, 4, 5), 4),    # 1, 2 seen: cached 8, new 12
+        req(2.0, 12, 1),                        # no hashes: cached 0, new 12
+        req(3.0, 24, 1, (1, 2, 3, 4, 5, 6), 4),  # 1..5 seen: cached 20, new 4
+    )
+    p = ReplayProfile.of(win, duration_s=4.0)
+    assert p.reuse_share == pytest.approx((8 + 20) / 64)
+    # p99 of the uncached [4, 8, 12, 12]: index 0.99 * 3 = 2.97 between the two 12s
+    assert p.new_p99 == pytest.approx(12.0)
+    # the two 12-token requests are at the p99; their cached tokens average (8 + 0) / 2
+    assert p.cached_at_p99 == pytest.approx(4.0)
+    # the longest prompt (24) carries the most history: the uncached tail is below
+    # isl_p99 x (1 - reuse_share) (numpy's p99 of [8, 12, 20, 24]: 20 + 0.97 * 4)
+    assert p.isl_p99 == pytest.approx(23.88)
+    assert p.new_p99 < p.isl_p99 * (1 - p.reuse_share)
+
+
+def test_ttft_grows_with_the_uncached_p99_prompt():
+    base = dataclasses.replace(profile(0.3), new_p99=2000.0, cached_at_p99=6000.0)
+    more = dataclasses.replace(base, new_p99=8000.0)
+    lo, hi = estimate(GLM, GLM_SAT, base), estimate(GLM, GLM_SAT, more)
+    assert lo.ttft_p99_ms < hi.ttft_p99_ms < math.inf
+    # the queueing terms do not depend on it: same capacity and utilization
+    assert lo.utilization == pytest.approx(hi.utilization)
 
 
 # -- the saturation estimate ----------------------------------------------------------------
@@ -152,3 +193,68 @@ def test_estimate_agrees_with_the_twin_on_a_small_config(cfg, sat):
     print(f"twin {twin:,.1f} tok/s/GPU, estimate {est.output_tok_s_per_gpu:,.1f} tok/s/GPU "
           f"({est.output_tok_s_per_gpu / twin:.3f}x) at batch {est.batch:.1f}")
     assert twin > 0 and abs(est.output_tok_s_per_gpu / twin - 1) <= 0.25
+
+
+# -- the queueing and prefill terms ---------------------------------------------------------
+
+def _hw_p99_slot_wait(rho: float, c: float, e2e: float) -> float:
+    """The Halfin-Whitt slot wait, by hand (Phi via erf)."""
+    beta = (1 - rho) * math.sqrt(c)
+    phi = math.exp(-beta * beta / 2) / math.sqrt(2 * math.pi)
+    cdf = 0.5 * (1 + math.erf(beta / math.sqrt(2)))
+    p_wait = 1 / (1 + beta * cdf / phi)
+    return math.log(100 * p_wait) * e2e / (c * (1 - rho))
+
+
+def test_slot_wait_is_zero_at_low_load_and_grows_towards_saturation():
+    # many slots, light load: a free slot is (almost) always there
+    assert _p99_slot_wait(0.3, 256, 10.0) == 0.0
+    assert _p99_slot_wait(0.5, 64, 10.0) == 0.0  # beta = 4: P(wait) ~ 3e-5
+    rhos = [0.5, 0.8, 0.9, 0.95, 0.99, 0.999]
+    waits = [_p99_slot_wait(r, 64, 10.0) for r in rhos]
+    assert all(a <= b for a, b in zip(waits, waits[1:], strict=False))
+    assert all(a < b for a, b in zip(waits[1:], waits[2:], strict=False))
+    assert waits[1] > 0 and waits[-1] > 100 * waits[1]
+    # by hand at rho 0.9, 64 slots: beta 0.8, P(wait) ~ 0.315, p99 ~ 5.4 s for a 10 s E2E
+    assert waits[2] == pytest.approx(_hw_p99_slot_wait(0.9, 64, 10.0), rel=1e-9)
+    assert waits[2] == pytest.approx(5.39, abs=0.02)
+    # at the same load more slots wait less; the wait scales with the E2E
+    assert _p99_slot_wait(0.9, 256, 10.0) < waits[2]
+    assert _p99_slot_wait(0.9, 64, 20.0) == pytest.approx(2 * waits[2])
+
+
+def test_dsa_prefill_attends_at_most_index_topk_keys():
+    cost = build_cost_model(GLM, fit(GLM))
+    assert cost.topk > 0  # GLM-5 is a DSA model
+    k = cost.topk
+    # within index_topk: attention and indexer both count the whole context
+    assert _pairs(cost, 1000, k / 2) == (1000 * k / 2, 1000 * k / 2)
+    # a long context: attention capped at index_topk keys per query, the indexer scores all
+    ctx = 16 * k
+    attn, index = _pairs(cost, 1000, ctx)
+    assert attn == 1000 * k and index == 1000 * ctx
+    capped = cost.prefill_time(1000, attn, index)
+    uncapped = cost.prefill_time(1000, 1000 * ctx, 1000 * ctx)
+    assert capped < uncapped
+    assert cost.prefill_time(1000, *_pairs(cost, 1000, k / 2)) == \
+        cost.prefill_time(1000, 1000 * k / 2, 1000 * k / 2)
+    # a request's chunked prefill on a long cached history counts its pairs through the cap
+    chunk = fit(GLM).chunked_prefill_size
+    new_tokens, cached = 2 * chunk + 1000, 40 * k
+
+    def by_hand(cap: bool) -> float:
+        total, done, left = 0.0, float(cached), float(new_tokens)
+        while left > 0:
+            c = min(chunk, left)
+            mid = done + c / 2
+            total += cost.prefill_time(int(c), c * (min(mid, k) if cap else mid), c * mid)
+            done += c
+            left -= c
+        return total
+
+    got = _prefill_per_request(cost, cached + new_tokens, 0.0, chunk, cached=cached)
+    assert got == pytest.approx(by_hand(cap=True), rel=1e-12)
+    assert got < by_hand(cap=False)
+    # a dense model attends everything and has no indexer
+    dense = build_cost_model(LLAMA_H100, fit(LLAMA_H100))
+    assert dense.topk == 0 and _pairs(dense, 1000, ctx) == (1000 * ctx, 0.0)
