@@ -316,6 +316,9 @@ SIGMA_TTFT = 0.7
 # posterior sds above its mean (2: a one-sided 97.7 % bound; 1 stopped 13 % of the benchmark's
 # perturbed-prior searches short of 95 % of the optimum, 2 stops 3 %).
 UCB_Z = 2.0
+# Floor of the SLO probability in the score: the TTFT prior can be off by more than its sd, so
+# where every config is predicted far over the SLO, throughput still orders them.
+FEASIBLE_FLOOR = 0.05
 # Predicted scores within this log-distance of each other (2 %) are ties (GuidedPlanner.proposals).
 TIE = math.log(1.02)
 
@@ -350,7 +353,9 @@ class GuidedPlanner(SpacePlanner):
       carries stays uncertain and is worth a launch; once measured to change nothing, its
       points keep only the per-config error :data:`SIGMA_NOISE` of optimism (router
       policies, HiCache ratios the saturation run cannot see).
-    - **The SLO.** ``P(ratio x e <= theta)`` with ``ratio`` the predicted replay TTFT p99 over
+    - **The SLO** (at least :data:`FEASIBLE_FLOOR` in the score, so throughput still orders
+      configs that are all predicted far over the SLO). ``P(ratio x e <= theta)`` with
+      ``ratio`` the predicted replay TTFT p99 over
       the SLO and ``log e ~ N(0, SIGMA_TTFT^2)``: a standard normal CDF at ``(log theta - log
       ratio) / SIGMA_TTFT`` (probability of feasibility, as in constrained Bayesian
       optimisation, Gardner et al., ICML 2014); 1 without a replay profile, 0 when the pool
@@ -390,7 +395,7 @@ class GuidedPlanner(SpacePlanner):
         self.estimator = estimator or (lambda c: _estimate_cached(c, key, replay))
         self._est: dict[ServingConfig, Estimate] = {}
         self.theta = 1.0
-        self._ranked: dict[Point, tuple[float, float]] = {}
+        self._ranked: dict[Point, tuple[float, float, float, float]] = {}
         self._best: ServingConfig | None = None
         self.stop_reason: str | None = None
         self.known_lessons: list[Lesson] = []
@@ -422,16 +427,9 @@ class GuidedPlanner(SpacePlanner):
         step = await super().step(best, seen, run_id, losers, history)
         plan = step.decision
         if isinstance(plan, TrialPlan):
-            est = self.estimate(plan.config)
             point = self.point_of(plan.config)
-            pred, _ = self._ranked.get(point, (est.output_tok_s_per_gpu, 0.0)) \
-                if point is not None else (est.output_tok_s_per_gpu, 0.0)
-            extra: dict[str, Any] = {"output_tok_s_per_gpu": round(pred, 1)}
-            if self.replay is not None:
-                extra["replay_utilization"] = round(est.utilization, 3) \
-                    if math.isfinite(est.utilization) else None
-                extra["replay_ttft_p99_ms"] = round(est.ttft_p99_ms) \
-                    if math.isfinite(est.ttft_p99_ms) else None
+            ranked = self._ranked.get(point) if point is not None else None
+            extra = self.prediction(plan.config, ranked[0] if ranked else None)
             step = step.model_copy(update={"decision": plan.model_copy(
                 update={"predicted": {**plan.predicted, **extra}})})
         elif self.stop_reason is not None:
@@ -561,8 +559,9 @@ class GuidedPlanner(SpacePlanner):
                 continue  # the memory fit or the engine rules it out: never a candidate
             mean, upper = self.corrected(point, est)
             ratio = self.ratio(est)
-            self._ranked[point] = (mean, ratio)
-            score = upper * self.feasible(ratio)
+            p_slo = self.feasible(ratio)
+            self._ranked[point] = (mean, ratio, upper, p_slo)
+            score = upper * max(FEASIBLE_FLOOR, p_slo)
             moved = 0 if bp is None else sum(a != b for a, b in zip(bp, point, strict=True))
             forbidden = any(lesson.forbids(cfg) for lesson in self.known_lessons)
             key = (int(forbidden), -round(math.log(max(score, 1e-300)) / TIE), moved,
@@ -583,12 +582,34 @@ class GuidedPlanner(SpacePlanner):
                 f"{self.study.min_improvement:.0%}, even {UCB_Z:g} sd above the corrected "
                 "estimate")
 
+    def prediction(self, config: ServingConfig, corrected: float | None = None) -> dict[str, Any]:
+        """The brain's prediction for ``config`` as ``TrialPlan.predicted`` entries.
+
+        ``output_tok_s_per_gpu`` (``corrected``, the posterior mean the ranking used, else the
+        raw estimate) and, with a replay profile, ``replay_utilization`` and
+        ``replay_ttft_p99_ms`` (None when predicted unbounded). Empty when the estimate rules
+        the config out.
+        """
+        est = self.estimate(config)
+        if not est.fits:
+            return {}
+        out: dict[str, Any] = {"output_tok_s_per_gpu": round(
+            est.output_tok_s_per_gpu if corrected is None else corrected, 1)}
+        if self.replay is not None:
+            out["replay_utilization"] = round(est.utilization, 3) \
+                if math.isfinite(est.utilization) else None
+            out["replay_ttft_p99_ms"] = round(est.ttft_p99_ms) \
+                if math.isfinite(est.ttft_p99_ms) else None
+        return out
+
     def why(self, point: Point, rationale: str) -> str:
-        """The rationale with the point's corrected prediction and predicted TTFT ratio."""
-        pred, ratio = self._ranked.get(point, (0.0, math.inf))
+        """The rationale: corrected prediction, its optimistic bound, the SLO odds."""
+        mean, ratio, upper, p_slo = self._ranked.get(point, (0.0, math.inf, 0.0, 0.0))
         slo = ("" if self.replay is None else
-               f", predicted replay TTFT p99 {ratio:.2f}x the SLO (boundary {self.theta:.2f}x)")
-        return f"predicted {pred:,.0f} tok/s/GPU{slo}; {rationale}"
+               f"; predicted replay TTFT p99 {ratio:.2f}x the SLO (boundary {self.theta:.2f}x), "
+               f"P(meets the SLO) {p_slo:.2f}")
+        return (f"predicted {mean:,.0f} tok/s/GPU (optimistic bound {upper:,.0f}){slo}; "
+                f"{rationale}")
 
 
 def best_threshold(labelled: Sequence[tuple[float, bool]]) -> float:

@@ -805,7 +805,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ap.error(f"unknown scenarios {sorted(unknown)}; known: "
                  f"{', '.join(s.name for s in SCENARIOS)}")
     brains = [b for b in args.brains.split(",") if b]
-    odd = [b for b in brains if b not in BRAINS and not prior_error(b)]
+    if not brains:
+        ap.error("--brains: give at least one brain")
+    odd = [b for b in brains if b not in BRAINS and not _PERTURBED.fullmatch(b)]
     if odd:
         ap.error(f"unknown brains {odd}; known: {', '.join(BRAINS)}, or guided-eNN (the guided "
                  "brain with a prior wrong by sigma NN/100)")

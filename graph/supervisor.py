@@ -24,7 +24,7 @@ from agents.analyst import (
     failure_lesson,
     replica_mean,
 )
-from agents.brains import make_planner
+from agents.brains import GuidedPlanner, make_planner
 from agents.claude import AgentFailure, AgentUsage, failure_reason
 from agents.deployer import ClaudeDeployer, Deployer
 from agents.mcp_tools import call
@@ -307,8 +307,11 @@ async def search(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
                                 else []))
             ctx.report(phase="search", pruned="baseline", reason=verdict.reason)
         else:
+            predicted = dict(verdict.predicted)
+            if isinstance(planner, GuidedPlanner):  # its prior for the baseline too
+                predicted.update(planner.prediction(base))
             await _launch_and_measure(ctx, f"search:{base.config_id()}", "search", base, "",
-                                      None, verdict.predicted, is_baseline=True)
+                                      None, predicted, is_baseline=True)
         return {**search_position(ledger, study), "phase": "search"}
     if pos["launched"] >= budget.max_trials:
         return {**pos, "phase": "validate",

@@ -536,6 +536,9 @@ def test_servetune_run_with_the_guided_brain(tmp_path):
         db.close()
     launched = [b for s, b in rows if s != "pruned"]
     assert rows[0][0] == "baseline" and 2 <= len(launched) <= 3
+    # the baseline carries the guided brain's prediction too (report: predicted vs measured)
+    assert rows[0][1]["predicted"]["output_tok_s_per_gpu"] > 0
+    assert "replay_ttft_p99_ms" in rows[0][1]["predicted"]
     ids = [ServingConfig.model_validate(b["config"]).config_id() for b in launched]
     assert len(set(ids)) == len(ids)
     assert not any(b["config"].get("attention_backend") == "fa3" for b in launched)
@@ -583,3 +586,27 @@ def test_servetune_run_with_the_guided_brain(tmp_path):
         assert "the SLO (boundary 1.00x)" in e["rationale"]
     assert plans[0]["rationale"] == with_slo.decision.rationale
     assert (tmp_path / "runs" / "g1" / "report.md").exists()
+
+
+@pytest.mark.anyio
+async def test_throughput_orders_configs_that_are_all_predicted_far_over_the_slo(lessons):
+    """Every config ~50x over the SLO: its probability is floored (FEASIBLE_FLOOR), so the
+    fastest is launched first, not the one predicted least far over."""
+    st = study(knobs=SMALL, search={"brain": "guided"})
+
+    def ttft_far(c: ServingConfig) -> float:  # the fastest is predicted the furthest over
+        return SLO_MS * (80.0 if c.weights == "nvfp4" else 50.0)
+
+    g = make_planner(st, lessons, replay=REPLAY, estimator=scripted(tput_small, ttft_far))
+    launched, _, _, _ = await drive(g, st, 1, tput_small)
+    cfg = launched[0].config
+    assert (cfg.weights, cfg.kv_cache_dtype, cfg.mem_fraction_static) == \
+        ("nvfp4", "fp8_e4m3", 0.9)
+    assert "P(meets the SLO) 0.00" in launched[0].rationale
+    # a config predicted to meet it still outranks a faster one predicted far over it
+    g2 = make_planner(st, lessons, replay=REPLAY, estimator=scripted(
+        tput_small, lambda c: SLO_MS * (80.0 if c.weights == "nvfp4" else 0.2)))
+    launched, _, _, _ = await drive(g2, st, 1, tput_small)
+    assert launched[0].config.weights == "fp8"
+    assert g2.prediction(launched[0].config)["output_tok_s_per_gpu"] == pytest.approx(
+        tput_small(launched[0].config), rel=1e-3)

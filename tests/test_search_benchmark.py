@@ -112,3 +112,12 @@ def test_report_prints_ratios_against_baselines(table, runs):
         for base, v in r.items():
             assert v == pytest.approx(pooled[base]["trials"] / pooled[ours]["trials"])
     assert all(pooled[b]["forbidden"] == 0 for b in se.BRAINS)
+
+
+def test_benchmark_command_line_checks_the_brains(capsys):
+    assert se.prior_error("guided-e0") == 0.0 and se.prior_error("guided-e45") == 0.45
+    assert se.prior_error("guided") == 0.0 and se.prior_error("guided-eX") == 0.0
+    for bad, said in ((",", "at least one brain"), ("guided-eX", "unknown brains")):
+        with pytest.raises(SystemExit) as e:
+            se.main(["--brains", bad, "--scenarios", "glm5-b200-mooncake"])
+        assert e.value.code == 2 and said in capsys.readouterr().err
