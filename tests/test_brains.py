@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fixtures.planning import drive as drive_with
+from fixtures.planning import forbid_fa3, row
 from mcp import Client
 
 from agents.brains import GridPlanner, TpePlanner, make_planner
 from agents.planner import (
     NoViableConfig,
     Planner,
-    TrialPlan,
     research_change,
     research_lesson,
     research_questions,
@@ -56,43 +57,15 @@ def objective(c) -> float:
         * (1.1 if c.kv_cache_dtype == "fp8_e4m3" else 1.0)
 
 
-def row(seq: int, status: str, config, obj: float | None = None, reason: str = "") -> Trial:
-    return Trial(run_id="r", seq=seq, key=f"search:{config.config_id()}", phase="search",
-                 status=status, config=config, reason=reason, objective=obj)
-
-
 async def drive(planner, st, steps: int, history: list[Trial] | None = None):
     """Run ``steps`` planner steps against :func:`objective`, ledgering like the supervisor."""
-    base = st.base_config()
-    hist = history if history is not None else [row(1, "baseline", base, objective(base))]
-    seen = {t.config.config_id() for t in hist}
-    launched, pruned = [], []
-    for _ in range(steps):
-        s = await planner.step(base, seen, "r", history=list(hist))
-        for p in s.pruned:
-            pruned.append(p)
-            hist.append(row(len(hist) + 1, "pruned", p.config, reason=p.reason))
-        if not isinstance(s.decision, TrialPlan):
-            return launched, pruned, s.decision, hist
-        c = s.decision.config
-        launched.append(s.decision)
-        hist.append(row(len(hist) + 1, "discard", c, objective(c)))
-    return launched, pruned, None, hist
+    return await drive_with(planner, st, steps, objective, history)
 
 
 @pytest.fixture
 async def lessons(store):
     async with Client(build_server(store)) as client:
         yield client
-
-
-async def forbid_fa3(lessons, st) -> str:
-    """Store the lesson 'fa3 refused on B200' and return its id."""
-    cfg = st.base_config().model_copy(update={"attention_backend": "fa3"})
-    lesson = research_lesson(cfg, "attention_backend=fa3", "FA3 requires SM>=80 and SM<=90", "r0")
-    from agents.mcp_tools import call
-    stored = await call(lessons, "add_lesson", {"lesson": lesson.model_dump(mode="json")})
-    return stored["lesson"]["id"]
 
 
 @pytest.mark.anyio

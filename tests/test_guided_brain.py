@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fixtures.planning import drive, forbid_fa3, row
 from mcp import Client
 
 from agents.brains import GridPlanner, GuidedPlanner, best_threshold, make_planner
-from agents.mcp_tools import call
 from agents.planner import NoViableConfig, TrialPlan, research_lesson, resolved_settings
 from domain.config import ServingConfig
 from domain.errors import ConfigInvalid
@@ -65,32 +65,6 @@ SMALL = {"weights": ["fp8", "nvfp4"], "kv_cache_dtype": ["bf16", "fp8_e4m3"],
          "mem_fraction_static": [0.85, 0.90]}
 
 
-def row(seq: int, status: str, config: ServingConfig, obj: float | None = None,
-        reason: str = "") -> Trial:
-    return Trial(run_id="r", seq=seq, key=f"search:{config.config_id()}", phase="search",
-                 status=status, config=config, reason=reason, objective=obj)
-
-
-async def drive(planner, st: Study, steps: int, truth: Callable[[ServingConfig], float | None],
-                history: list[Trial] | None = None):
-    """``steps`` planner steps; a launch measures ``truth`` (None: ran, missed the SLO)."""
-    base = st.base_config()
-    hist = history if history is not None else [row(1, "baseline", base, truth(base))]
-    seen = {t.config.config_id() for t in hist}
-    launched, pruned = [], []
-    for _ in range(steps):
-        s = await planner.step(base, seen, "r", history=list(hist))
-        for p in s.pruned:
-            pruned.append(p)
-            hist.append(row(len(hist) + 1, "pruned", p.config, reason=p.reason))
-        if not isinstance(s.decision, TrialPlan):
-            return launched, pruned, s.decision, hist
-        c = s.decision.config
-        launched.append(s.decision)
-        hist.append(row(len(hist) + 1, "discard", c, truth(c)))
-    return launched, pruned, None, hist
-
-
 def scripted(tput: Callable[[ServingConfig], float],
              ttft: Callable[[ServingConfig], float] = lambda c: 1000.0):
     """An estimator that predicts ``tput`` tok/s/GPU and ``ttft`` ms for every config."""
@@ -108,14 +82,6 @@ def scripted(tput: Callable[[ServingConfig], float],
 async def lessons(store):
     async with Client(build_server(store)) as client:
         yield client
-
-
-async def forbid_fa3(lessons, st: Study) -> str:
-    """Store the lesson 'fa3 refused on B200' and return its id."""
-    cfg = st.base_config().model_copy(update={"attention_backend": "fa3"})
-    lesson = research_lesson(cfg, "attention_backend=fa3", "FA3 requires SM>=80 and SM<=90", "r0")
-    stored = await call(lessons, "add_lesson", {"lesson": lesson.model_dump(mode="json")})
-    return stored["lesson"]["id"]
 
 
 # -- selection ------------------------------------------------------------------------------
