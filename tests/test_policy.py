@@ -378,14 +378,17 @@ def dra_objs(count=8, mode=None, v1beta1=False):
 def test_gpu_budget_counts_dra_claim_templates_per_pod(v1beta1):
     objs = dra_objs(v1beta1=v1beta1)
     assert gpu_demand(objs) == 16  # 2 pods x 8 GPUs; the NIC is not a GPU
-    enforce(objs, policy(dra=True))
+    nic = {"dra_other_classes": ("rdma.mellanox.com",)}  # a NIC class the operator allows
+    enforce(objs, policy(dra=True, **nic))
     with pytest.raises(PolicyViolation, match="request 16 GPUs"):
-        enforce(objs, policy(dra=True, gpu_budget=8))
+        enforce(objs, policy(dra=True, gpu_budget=8, **nic))
+    with pytest.raises(PolicyViolation, match="'rdma.mellanox.com' is not a DeviceClass"):
+        enforce(objs, policy(dra=True))
 
 
 def test_dra_unbounded_or_missing_template_is_refused():
     rct, d = dra_objs(mode="All")
-    r = only(violations(rct, policy(dra=True)))
+    r = only(violations(rct, policy(dra=True, dra_other_classes=("rdma.mellanox.com",))))
     assert "spec.spec.devices.requests[0].exactly.allocationMode: All" in r
     assert "ExactCount" in r
     r = only(violations(d, policy(dra=True)))
@@ -448,7 +451,8 @@ def test_not_a_mapping_is_refused():
     ({"router": True}, {}),
     ({"gpus_per_node": 4}, {"lws": True}),
     ({"dra": True, "k8s_version": "1.34"}, {"dra": True}),
-], ids=["deployment", "router", "lws", "dra"])
+    ({"dra": True, "dra_nic_class": "dranet"}, {"dra": True, "dra_other_classes": ("dranet",)}),
+], ids=["deployment", "router", "lws", "dra", "dra-nic"])
 def test_rendered_sglang_manifests_pass(opts_kw, policy_kw):
     try:
         from sandbox.manifests import SglangOptions, render_sglang

@@ -408,7 +408,10 @@ def test_cli_render_prints_valid_multi_document_yaml():
     assert [o["kind"] for o in objs][:2] == ["Namespace", "ServiceAccount"]
     assert validate(objs, "1.34") == []
     assert objs[0]["metadata"]["labels"]["pod-security.kubernetes.io/warn-version"] == "v1.34"
-    assert by_kind(objs, "ConfigMap")[0]["data"]["study.yaml"] == STUDY.read_text()
+    # the study as written, but its shipped trace is named by its path in the image
+    assert by_kind(objs, "ConfigMap")[0]["data"]["study.yaml"] == STUDY.read_text().replace(
+        "trace: data/traces/mooncake_fast25_conversation_trace.jsonl",
+        'trace: "/opt/servetune/data/traces/mooncake_fast25_conversation_trace.jsonl"')
 
 
 def test_cli_render_writes_files(tmp_path):
