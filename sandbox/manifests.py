@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from domain.config import ServingConfig, flag_for
 from domain.trial import manifest_for
@@ -27,8 +27,11 @@ from sandbox.namespace import render_sandbox
 from sandbox.podspec import (
     COMPONENT_LABEL,
     DEPLOYMENT_LABEL,
+    check_image,
     check_labels,
     check_name,
+    check_quantity,
+    check_subdomain,
     container_security,
     pod_security,
 )
@@ -91,6 +94,22 @@ class SglangOptions(BaseModel):
                                "GPU driver")
     dra_nic_class: str | None = Field(None, description="DeviceClass of NICs (e.g. 'dranet'); "
                                       "set: one NIC per GPU under the same PCIe root")
+
+    @field_validator("model_cache_pvc", "hf_token_secret", "dra_gpu_class", "dra_nic_class")
+    @classmethod
+    def _object_name(cls, value: str | None, info: Any) -> str | None:
+        """PVC, Secret and DeviceClass names are DNS-1123 subdomains."""
+        return None if value is None else check_subdomain(value, info.field_name)
+
+    @field_validator("shm_size")
+    @classmethod
+    def _quantity(cls, value: str) -> str:
+        return check_quantity(value, "shm_size")
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str | None) -> str | None:
+        return None if value is None else check_image(value)
 
 
 def dra_api_version(k8s_version: str) -> str:

@@ -58,6 +58,43 @@ IMAGE_REF = re.compile(r"[a-z0-9][a-z0-9._-]*(?::[0-9]+)?(?:/[a-z0-9][a-z0-9._/-
                        r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?")
 
 
+def check_subdomain(name: str, what: str = "name") -> str:
+    """``name`` if it is a DNS-1123 subdomain: the names of Secrets, PVCs, StorageClasses.
+
+    Lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, at most
+    253 characters (k8s.io/apimachinery/pkg/util/validation ``IsDNS1123Subdomain``).
+
+    Raises:
+        ValueError: saying what a valid name looks like.
+    """
+    if not isinstance(name, str) or len(name) > 253 or not LABEL_PREFIX.fullmatch(name):
+        raise ValueError(f"{what} {name!r}: use lowercase letters, digits, '-' and '.', "
+                         "starting and ending with a letter or digit, at most 253 characters "
+                         "(a DNS-1123 subdomain)")
+    return name
+
+
+def check_quantity(value: str, what: str = "quantity") -> str:
+    """``value`` if it is a positive Kubernetes quantity (``20Gi``, ``500m``, ``1.5Ti``).
+
+    Parsed by the Kubernetes client's ``kubernetes.utils.parse_quantity``.
+
+    Raises:
+        ValueError: not a quantity, or zero or negative.
+    """
+    from kubernetes.utils import parse_quantity  # the client is heavy: load it when needed
+
+    try:
+        q = parse_quantity(value) if isinstance(value, str) and value == value.strip() else None
+        ok = q is not None and q.is_finite() and q > 0  # Decimal; "Infinity" parses too
+    except (ValueError, TypeError, ArithmeticError):
+        ok = False
+    if not ok:
+        raise ValueError(f"{what} {value!r}: give a positive Kubernetes quantity such as 20Gi, "
+                         "500Mi or 2")
+    return value
+
+
 def check_namespace(namespace: str, what: str = "namespace") -> str:
     """``namespace`` if it is a DNS-1123 label and not a system or shared namespace.
 

@@ -11,13 +11,35 @@ Rules (one test each in ``tests/test_policy.py``):
 - **kind**: only the (API group, kind) pairs the sandbox Role may write,
   :func:`sandbox.rbac.writable_kinds` -- no Secrets, Pods, ClusterRoles, Namespaces...;
 - **privileged** containers, **root** (``runAsUser: 0``, ``runAsNonRoot`` not true at the pod or
-  container level, as the pod-security ``restricted`` profile reads them), **hostPath** volumes,
-  **hostNetwork / hostPID / hostIPC** and container ``hostPort``, added **capabilities**,
+  container level, as the pod-security ``restricted`` profile reads them), **hostNetwork /
+  hostPID / hostIPC** and container ``hostPort``, added **capabilities**,
   **allowPrivilegeEscalation: true**, **images** outside the allow-list (init and ephemeral
   containers included);
-- **GPU budget**: the GPUs the applied objects request (``*/gpu`` extended resources of each pod x
-  its pods -- Deployment replicas, Job parallelism, LeaderWorkerSet replicas x group size -- plus
-  GPUs of DRA claims) plus ``already_used`` stay within ``Policy.gpu_budget``.
+- the other controls of the Pod Security Standards ``restricted`` profile
+  (kubernetes.io/docs/concepts/security/pod-security-standards/), checked here because the
+  namespace's Pod Security admission label is only set on a sandbox servetune rendered:
+  **volume types** other than configMap, csi, downwardAPI, emptyDir, ephemeral,
+  persistentVolumeClaim, projected and secret (hostPath, gitRepo, nfs...), a **seccomp** profile
+  other than RuntimeDefault or Localhost (set at the pod level, or on every container),
+  **AppArmor** other than RuntimeDefault or Localhost (fields and the beta annotations),
+  **sysctls** outside the safe set (:data:`SAFE_SYSCTLS`), **SELinux** types and users,
+  ``procMount`` other than Default, Windows ``hostProcess``;
+- **Secrets**: no pod reads a Secret (``secret`` and projected volumes, ``envFrom.secretRef``,
+  ``env.valueFrom.secretKeyRef``, a CSI ``nodePublishSecretRef``) except the one the operator names
+  as ``Policy.model_token_secret`` (``--model-token-secret``: the Hugging Face token of gated
+  weights), by name;
+- **Services** are ClusterIP only (no NodePort, LoadBalancer or ExternalName) without
+  ``externalIPs``: nothing is exposed outside the cluster;
+- **GPU budget**: the GPUs the applied objects request (GPU resources of each pod x its pods --
+  Deployment replicas, Job parallelism, LeaderWorkerSet replicas x group size -- plus the devices
+  of DRA claims of a GPU device class) plus ``already_used`` stay within ``Policy.gpu_budget``.
+  ``nvidia.com/gpu``, ``nvidia.com/gpu.shared`` and every ``nvidia.com/mig-*`` count one GPU
+  each; any other extended resource (a name with a ``/`` outside the ``kubernetes.io`` domains,
+  e.g. ``amd.com/gpu``, ``gpu.intel.com/i915``, ``habana.ai/gaudi``, ``aws.amazon.com/neuron``) is
+  refused, since the budget cannot tell an accelerator from something else; native resources
+  (``cpu``, ``memory``, ``ephemeral-storage``, ``hugepages-*``) have no ``/``. DRA requests count
+  by device class: ``Policy.dra_gpu_classes`` count their devices, ``Policy.dra_other_classes``
+  (NICs) count none, any other class is refused.
 
 Pod templates are read from Deployments, Jobs, LeaderWorkerSets (``leaderTemplate`` and
 ``workerTemplate``), and, so that one answer lists every problem, also from kinds the Role refuses
@@ -31,6 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from domain.errors import ServetuneError
+from sandbox.podspec import check_subdomain
 from sandbox.rbac import writable_kinds
 
 DEFAULT_IMAGE_ALLOW: tuple[str, ...] = ("lmsysorg/sglang:", "ghcr.io/servetune/")
@@ -53,6 +76,33 @@ CLUSTER_SCOPED_KINDS = frozenset({
 })
 
 _DRA_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
+
+DEFAULT_DRA_GPU_CLASSES: tuple[str, ...] = ("gpu.nvidia.com", "mig.nvidia.com")
+"""DeviceClasses of the NVIDIA DRA driver (k8s-dra-driver-gpu): whole GPUs and MIG devices."""
+
+# Extended resources counted as one GPU per unit: the NVIDIA device plugin's whole GPUs, its
+# time-sliced/MPS replicas (renamed to nvidia.com/gpu.shared with renameByDefault) and its MIG
+# devices under the "mixed" strategy (nvidia.com/mig-<slices>g.<memory>gb).
+_GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
+_MIG_PREFIX = "nvidia.com/mig-"
+
+# Pod Security Standards, "restricted" profile: the volume types it allows.
+RESTRICTED_VOLUME_TYPES = frozenset({
+    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+    "projected", "secret"})
+# Pod Security Standards, "baseline" Sysctls control (pod-security-admission check_sysctls.go,
+# the set for Kubernetes 1.32+): namespaced sysctls isolated from other pods.
+SAFE_SYSCTLS = frozenset({
+    "kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.tcp_syncookies", "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
+    "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_keepalive_intvl",
+    "net.ipv4.tcp_keepalive_probes", "net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem"})
+# Pod Security Standards, "baseline" SELinux control: the allowed seLinuxOptions.type values.
+_SELINUX_TYPES = ("container_t", "container_init_t", "container_kvm_t", "container_engine_t")
+_PROFILE_TYPES = ("RuntimeDefault", "Localhost")  # seccomp (restricted) and AppArmor (baseline)
+_APPARMOR_ANNOTATION = "container.apparmor.security.beta.kubernetes.io/"
+_SECCOMP_ANNOTATIONS = ("seccomp.security.alpha.kubernetes.io/pod",
+                        "container.seccomp.security.alpha.kubernetes.io/")
 _HOST_NS = {"hostNetwork": "network", "hostPID": "process (PID)", "hostIPC": "IPC"}
 
 
@@ -69,9 +119,16 @@ class Policy:
             ``docker.io/owner/name`` is read as ``owner/name``.
         lws: The Role grants LeaderWorkerSets (a replica spanning nodes).
         dra: The Role grants ResourceClaims and ResourceClaimTemplates (DRA).
+        model_token_secret: The one Secret pods may read (a DNS-1123 subdomain), in any form
+            (volume, projected, envFrom, secretKeyRef): the operator's ``--model-token-secret``,
+            the Hugging Face token of gated weights. None (default): no Secret at all.
+        dra_gpu_classes: DRA DeviceClasses whose devices count as GPUs against the budget.
+        dra_other_classes: DRA DeviceClasses pods may claim that hold no GPU (NICs, e.g.
+            ``dranet``); a claim of any class in neither tuple is refused.
 
     Raises:
-        ValueError: Empty namespace, negative budget, or an empty allow-list entry.
+        ValueError: Empty namespace, negative budget, an empty allow-list entry, or a
+            ``model_token_secret`` or DeviceClass that is not a DNS-1123 subdomain.
     """
 
     namespace: str
@@ -79,6 +136,9 @@ class Policy:
     image_allow: tuple[str, ...] = DEFAULT_IMAGE_ALLOW
     lws: bool = False
     dra: bool = False
+    model_token_secret: str | None = None
+    dra_gpu_classes: tuple[str, ...] = DEFAULT_DRA_GPU_CLASSES
+    dra_other_classes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.namespace:
@@ -90,6 +150,14 @@ class Policy:
             raise ValueError("Policy.image_allow is a tuple of entries, not one string")
         if any(not entry for entry in self.image_allow):
             raise ValueError("Policy.image_allow has an empty entry (it would allow every image)")
+        if self.model_token_secret is not None:
+            check_subdomain(self.model_token_secret, "Policy.model_token_secret")
+        for field in ("dra_gpu_classes", "dra_other_classes"):
+            classes = getattr(self, field)
+            if isinstance(classes, str):
+                raise ValueError(f"Policy.{field} is a tuple of DeviceClass names, not one string")
+            for name in classes:
+                check_subdomain(name, f"Policy.{field} entry")
 
     def image_allowed(self, image: str) -> bool:
         """Whether ``image`` matches an entry of :attr:`image_allow` (see the class doc)."""
@@ -152,13 +220,14 @@ def enforce(objs: Iterable[dict[str, Any]], policy: Policy, *, already_used: int
         raise PolicyViolation(reasons)
 
 
-def gpu_demand(objs: Iterable[dict[str, Any]]) -> int:
+def gpu_demand(objs: Iterable[dict[str, Any]], policy: Policy | None = None) -> int:
     """GPUs the objects hold once running (count), as the budget rule counts them.
 
     Useful to compute ``already_used`` from the objects a study has applied. Unreadable
-    quantities count as 0 here (the budget rule refuses them).
+    quantities and refused resources count as 0 here (the budget rule refuses them).
+    ``policy`` gives the DRA GPU device classes (default :data:`DEFAULT_DRA_GPU_CLASSES`).
     """
-    return _count_gpus(list(objs))[0]
+    return _count_gpus(list(objs), policy)[0]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -264,9 +333,98 @@ def _object_violations(obj: Any, policy: Policy) -> list[str]:
         return [f"{obj!r}: not a Kubernetes object; give a mapping with apiVersion, kind, "
                 "metadata and spec"]
     who = _who(obj)
-    out = [f"{who}: {r}" for r in _namespace_rule(obj, policy) + _kind_rule(obj, policy)]
+    out = [f"{who}: {r}" for r in _namespace_rule(obj, policy) + _kind_rule(obj, policy)
+           + _service_rule(obj)]
     for pods in _pod_templates(obj):
-        out += [f"{who}: {r}" for r in _pod_rules(pods.spec, pods.path, policy)]
+        meta_path = pods.path.removesuffix("spec") + "metadata"
+        out += [f"{who}: {r}" for r in _pod_rules(pods.spec, pods.path, policy)
+                + _annotation_rules(_d(_at(obj, meta_path)), meta_path)]
+    return out
+
+
+def _service_rule(obj: dict[str, Any]) -> list[str]:
+    if obj.get("kind") != "Service" or _group(str(obj.get("apiVersion", ""))) != "":
+        return []
+    spec, out = _d(obj.get("spec")), []
+    kind = spec.get("type")
+    if kind not in (None, "ClusterIP"):
+        out.append(f"spec.type: {kind!r} reaches the Service from outside the cluster (or "
+                   "elsewhere); remove type or set it to ClusterIP (clients in the cluster use "
+                   "http://<name>.<namespace>.svc)")
+    if spec.get("externalIPs"):
+        out.append(f"spec.externalIPs: {spec['externalIPs']!r} takes traffic for addresses "
+                   "outside the cluster; remove externalIPs and keep the Service ClusterIP")
+    return out
+
+
+def _annotation_rules(meta: dict[str, Any], path: str) -> list[str]:
+    out = []
+    for key, value in _d(meta.get("annotations")).items():
+        key, value = str(key), str(value)
+        if key.startswith(_APPARMOR_ANNOTATION) and not (
+                value == "runtime/default" or value.startswith("localhost/")):
+            out.append(f"{path}.annotations[{key!r}]: {value!r} lifts AppArmor confinement; "
+                       "remove the annotation (the runtime's default profile applies)")
+        if key.startswith(_SECCOMP_ANNOTATIONS) and not (
+                value in ("runtime/default", "docker/default") or value.startswith("localhost/")):
+            out.append(f"{path}.annotations[{key!r}]: {value!r} lifts seccomp confinement; "
+                       "remove it and set securityContext.seccompProfile.type: RuntimeDefault")
+    return out
+
+
+def _secret_rule(name: Any, where: str, policy: Policy) -> list[str]:
+    """A pod reads Secret ``name`` at ``where``: refused unless it is the model token Secret."""
+    if policy.model_token_secret is not None and name == policy.model_token_secret:
+        return []
+    allowed = (f"only the Secret {policy.model_token_secret!r} (--model-token-secret) may be "
+               "read" if policy.model_token_secret else "no Secret may be read; the operator "
+               "names the one model token Secret (e.g. a Hugging Face token) with "
+               "--model-token-secret NAME")
+    return [f"{where}: reads Secret {name!r}; {allowed}; remove this reference"]
+
+
+def _volume_rules(vol: dict[str, Any], path: str, policy: Policy) -> list[str]:
+    out: list[str] = []
+    for vtype in sorted(k for k in vol if k != "name"):
+        if vtype == "hostPath":
+            hp = _d(vol.get("hostPath")).get("path")
+            out.append(f"{path}.hostPath: mounts the node's {hp!r}; use an emptyDir (scratch, "
+                       "/dev/shm with medium: Memory) or a PersistentVolumeClaim (model cache) "
+                       "instead")
+        elif vtype not in RESTRICTED_VOLUME_TYPES:
+            out.append(f"{path}.{vtype}: this volume type is outside the restricted Pod Security "
+                       f"profile; use one of {', '.join(sorted(RESTRICTED_VOLUME_TYPES))} (a "
+                       "PersistentVolumeClaim for storage)")
+    if "secret" in vol:
+        out += _secret_rule(_d(vol["secret"]).get("secretName"), f"{path}.secret", policy)
+    for j, src in enumerate(_l(_d(vol.get("projected")).get("sources"))):
+        if "secret" in _d(src):
+            out += _secret_rule(_d(_d(src)["secret"]).get("name"),
+                                f"{path}.projected.sources[{j}].secret", policy)
+    ref = _d(vol.get("csi")).get("nodePublishSecretRef")
+    if ref is not None:
+        out += _secret_rule(_d(ref).get("name"), f"{path}.csi.nodePublishSecretRef", policy)
+    return out
+
+
+def _security_context_rules(sc: dict[str, Any], where: str) -> list[str]:
+    """Controls of the restricted profile read alike at the pod and the container level."""
+    out = []
+    seccomp = _d(sc.get("seccompProfile")).get("type")
+    if "seccompProfile" in sc and seccomp not in _PROFILE_TYPES:
+        out.append(f"{where}.seccompProfile.type: {seccomp!r} lifts the system-call filter; set "
+                   "it to RuntimeDefault")
+    apparmor = _d(sc.get("appArmorProfile")).get("type")
+    if "appArmorProfile" in sc and apparmor not in _PROFILE_TYPES:
+        out.append(f"{where}.appArmorProfile.type: {apparmor!r} lifts AppArmor confinement; "
+                   "remove it or set it to RuntimeDefault")
+    selinux = _d(sc.get("seLinuxOptions"))
+    if (selinux.get("type") not in (None, "", *_SELINUX_TYPES) or selinux.get("user")
+            or selinux.get("role")):
+        out.append(f"{where}.seLinuxOptions: {selinux!r} changes the SELinux label; remove it "
+                   "(only the container_t types, without user or role, are allowed)")
+    if _d(sc.get("windowsOptions")).get("hostProcess") not in (None, False):
+        out.append(f"{where}.windowsOptions.hostProcess: runs on the node itself; remove it")
     return out
 
 
@@ -314,12 +472,15 @@ def _pod_rules(spec: dict[str, Any], path: str, policy: Policy) -> list[str]:
                        "namespace; remove it (pods reach each other over the pod network and "
                        "the Service)")
     for i, vol in enumerate(_l(spec.get("volumes"))):
-        if "hostPath" in _d(vol):
-            hp = _d(_d(vol).get("hostPath")).get("path")
-            out.append(f"{path}.volumes[{i}].hostPath: mounts the node's {hp!r}; use an emptyDir "
-                       "(scratch, /dev/shm with medium: Memory) or a PersistentVolumeClaim "
-                       "(model cache) instead")
+        out += _volume_rules(_d(vol), f"{path}.volumes[{i}]", policy)
     pod_sc = _d(spec.get("securityContext"))
+    out += _security_context_rules(pod_sc, f"{path}.securityContext")
+    unsafe = [str(_d(x).get("name")) for x in _l(pod_sc.get("sysctls"))
+              if _d(x).get("name") not in SAFE_SYSCTLS]
+    if unsafe:
+        out.append(f"{path}.securityContext.sysctls: {', '.join(map(repr, unsafe))} outside the "
+                   "safe set of the Pod Security Standards; remove them (allowed: "
+                   f"{', '.join(sorted(SAFE_SYSCTLS))})")
     if pod_sc.get("runAsUser") == 0:
         out.append(f"{path}.securityContext.runAsUser: 0 runs as root; set runAsUser: 1000 "
                    "(the image's non-root user)")
@@ -327,16 +488,23 @@ def _pod_rules(spec: dict[str, Any], path: str, policy: Policy) -> list[str]:
     if pod_nonroot is not None and pod_nonroot is not True:
         out.append(f"{path}.securityContext.runAsNonRoot: {pod_nonroot!r} allows root; set it "
                    "to true")
-    unset = []
+    unset, no_seccomp = [], []
+    pod_seccomp = "seccompProfile" in pod_sc
     for cpath, c in _containers(spec, path):
         out += _container_rules(c, cpath, policy)
-        nonroot = _d(c.get("securityContext")).get("runAsNonRoot")
-        if nonroot is None and pod_nonroot is None:
+        sc = _d(c.get("securityContext"))
+        if sc.get("runAsNonRoot") is None and pod_nonroot is None:
             unset.append(cpath)
+        if not pod_seccomp and "seccompProfile" not in sc:
+            no_seccomp.append(cpath)
     if unset:
         out.append(f"{path}.securityContext.runAsNonRoot: unset, so {', '.join(unset)} may run "
                    "as root; set runAsNonRoot: true (and runAsUser: 1000) in the pod's "
                    "securityContext")
+    if no_seccomp:
+        out.append(f"{path}.securityContext.seccompProfile: unset, so {', '.join(no_seccomp)} "
+                   "may run without a system-call filter; set seccompProfile.type: "
+                   "RuntimeDefault in the pod's securityContext")
     return out
 
 
@@ -368,6 +536,18 @@ def _container_rules(c: dict[str, Any], path: str, policy: Policy) -> list[str]:
                    "add list and keep capabilities.drop: [ALL]")
     if sc.get("runAsUser") == 0:
         out.append(f"{where}.runAsUser: 0 runs as root; set runAsUser: 1000 or remove it")
+    out += _security_context_rules(sc, where)
+    if sc.get("procMount") not in (None, "Default"):
+        out.append(f"{where}.procMount: {sc['procMount']!r} unmasks /proc; remove it")
+    for i, src in enumerate(_l(c.get("envFrom"))):
+        if "secretRef" in _d(src):
+            out += _secret_rule(_d(_d(src)["secretRef"]).get("name"),
+                                f"{path}.envFrom[{i}].secretRef", policy)
+    for i, var in enumerate(_l(c.get("env"))):
+        ref = _d(_d(var).get("valueFrom")).get("secretKeyRef")
+        if ref is not None:
+            out += _secret_rule(_d(ref).get("name"),
+                                f"{path}.env[{i}].valueFrom.secretKeyRef", policy)
     nonroot = sc.get("runAsNonRoot")
     if nonroot is not None and nonroot is not True:
         out.append(f"{where}.runAsNonRoot: {nonroot!r} allows root; set it to true or remove it "
@@ -388,20 +568,42 @@ def _gpu_quantity(value: Any) -> int | None:
     return None
 
 
+def _is_gpu_resource(name: str) -> bool:
+    return name in _GPU_RESOURCES or name.startswith(_MIG_PREFIX)
+
+
 def _container_gpus(c: dict[str, Any], path: str) -> tuple[int, list[str]]:
+    """GPUs of one container: its GPU resources summed (one GPU per unit of each).
+
+    A resource name with a ``/`` that is neither a GPU resource nor in a ``kubernetes.io``
+    domain (reserved for Kubernetes' own resources) is an extended resource the budget cannot
+    judge -- another vendor's accelerator (``amd.com/gpu``, ``habana.ai/gaudi``...) or a device
+    plugin of unknown kind -- and is refused.
+    """
     res = _d(c.get("resources"))
-    n, errors = 0, []
+    per_name: dict[str, int] = {}
+    errors: list[str] = []
+    refused: set[str] = set()
     for section in ("limits", "requests"):
         for key, value in _d(res.get(section)).items():
-            if not str(key).endswith("/gpu"):
+            key = str(key)
+            domain = key.split("/", 1)[0] if "/" in key else None
+            if not _is_gpu_resource(key):
+                if domain is not None and domain != "kubernetes.io" and \
+                        not domain.endswith(".kubernetes.io") and key not in refused:
+                    refused.add(key)  # once, not once per limits and requests
+                    errors.append(
+                        f"{path}.resources.{section}[{key!r}]: an extended resource the GPU "
+                        "budget cannot count; request GPUs as nvidia.com/gpu (or "
+                        "nvidia.com/gpu.shared, nvidia.com/mig-*) and nothing else")
                 continue
             q = _gpu_quantity(value)
             if q is None:
                 errors.append(f"{path}.resources.{section}[{key!r}]: {value!r} is not a whole GPU "
                               "count; give an integer such as 8")
-            else:
-                n = max(n, q)  # requests equal limits for extended resources; take the larger
-    return n, errors
+            else:  # requests equal limits for extended resources; take the larger
+                per_name[key] = max(per_name.get(key, 0), q)
+    return sum(per_name.values()), errors
 
 
 def _pod_gpus(spec: dict[str, Any], path: str,
@@ -437,8 +639,14 @@ def _pod_gpus(spec: dict[str, Any], path: str,
     return max(running, peak) + dra, errors
 
 
-def _claim_gpus(obj: dict[str, Any]) -> tuple[int, list[str]]:
-    """GPUs of a ResourceClaim(Template): devices of a GPU device class, per instance."""
+def _claim_gpus(obj: dict[str, Any], policy: Policy | None) -> tuple[int, list[str]]:
+    """GPUs of a ResourceClaim(Template): devices of a GPU device class, per instance.
+
+    A request of a class in neither ``policy.dra_gpu_classes`` nor ``policy.dra_other_classes``
+    (defaults without a policy: :data:`DEFAULT_DRA_GPU_CLASSES`, none) is refused.
+    """
+    gpu_classes = policy.dra_gpu_classes if policy else DEFAULT_DRA_GPU_CLASSES
+    other_classes = policy.dra_other_classes if policy else ()
     spec = _d(obj.get("spec"))
     if obj.get("kind") == "ResourceClaimTemplate":
         spec, base = _d(spec.get("spec")), "spec.spec.devices.requests"
@@ -454,7 +662,15 @@ def _claim_gpus(obj: dict[str, Any]) -> tuple[int, list[str]]:
                    [(f"{base}[{i}]", req)])
         most = 0
         for path, r in options:
-            if "gpu" not in str(r.get("deviceClassName", "")).lower():
+            device_class = r.get("deviceClassName")
+            if device_class in other_classes:
+                continue
+            if device_class not in gpu_classes:
+                errors.append(
+                    f"{path}.deviceClassName: {device_class!r} is not a DeviceClass the GPU "
+                    f"budget counts; claim {' or '.join(gpu_classes) or 'no class'}"
+                    + (f" (or {', '.join(other_classes)}, which hold no GPU)"
+                       if other_classes else ""))
                 continue
             if r.get("allocationMode") == "All":
                 errors.append(f"{path}.allocationMode: All takes every matching GPU of a node, "
@@ -471,14 +687,15 @@ def _claim_gpus(obj: dict[str, Any]) -> tuple[int, list[str]]:
     return n, errors
 
 
-def _count_gpus(objs: list[Any]) -> tuple[int, list[str], list[str]]:
+def _count_gpus(objs: list[Any],
+                policy: Policy | None = None) -> tuple[int, list[str], list[str]]:
     """(total GPUs, one breakdown line per object holding GPUs, errors)."""
     objs = [o for o in objs if isinstance(o, dict)]
     claims: dict[str, int] = {}
     total, lines, errors = 0, [], []
     for obj in objs:
         if obj.get("kind") in _DRA_KINDS:
-            n, err = _claim_gpus(obj)
+            n, err = _claim_gpus(obj, policy)
             errors += [f"{_who(obj)}: {e}" for e in err]
             if obj["kind"] == "ResourceClaimTemplate":
                 claims[str(_d(obj.get("metadata")).get("name"))] = n
@@ -498,7 +715,7 @@ def _count_gpus(objs: list[Any]) -> tuple[int, list[str], list[str]]:
 
 
 def _budget_violations(objs: list[Any], policy: Policy, already_used: int) -> list[str]:
-    total, lines, errors = _count_gpus(objs)
+    total, lines, errors = _count_gpus(objs, policy)
     out = list(errors)
     if total + already_used > policy.gpu_budget:
         left = max(policy.gpu_budget - already_used, 0)

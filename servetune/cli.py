@@ -90,6 +90,10 @@ KubeconfigOpt = Annotated[Path | None, typer.Option(
                          "~/.kube/config; in a pod, its service account)")]
 ContextOpt = Annotated[str | None, typer.Option(
     "--context", help="kubernetes backend: kubeconfig context (default: the current one)")]
+ModelTokenSecretOpt = Annotated[str | None, typer.Option(
+    "--model-token-secret", help="kubernetes backend: Secret whose key 'token' becomes the "
+                                 "engines' HF_TOKEN (gated weights); the one Secret the sandbox "
+                                 "policy lets pods read (default: none)")]
 
 
 @app.command()
@@ -119,6 +123,7 @@ def run(
                             "sandbox namespace)")] = "servetune",
     kubeconfig: KubeconfigOpt = None,
     context: ContextOpt = None,
+    model_token_secret: ModelTokenSecretOpt = None,
 ) -> None:
     """Run (or resume) a study and write runs/<run-id>/ with report.md, plots and the ledger."""
     t0 = time.time()
@@ -144,7 +149,8 @@ def run(
     except ServetuneError as e:
         _fail(str(e))
     cluster, cluster_flags = _cluster_backend(backend, namespace, kubeconfig, context,
-                                              study.gpu_count, settings)
+                                              study.gpu_count, settings,
+                                              model_token_secret=model_token_secret)
     if run_id is not None and not RUN_ID_RE.fullmatch(run_id):
         _fail(f"--run-id {run_id!r}: start with a letter or digit, then use ASCII letters, "
               "digits, '-' and '_' (at most 64 characters)")
@@ -161,24 +167,37 @@ def run(
 
 
 def _cluster_backend(kind: str, namespace: str, kubeconfig: Path | None, context: str | None,
-                     gpus: int, settings: Settings) -> tuple[Any, str]:
+                     gpus: int, settings: Settings, *,
+                     model_token_secret: str | None = None) -> tuple[Any, str]:
     """The run's cluster backend and the flags that rebuild it (for the resume hint).
 
     The twin keeps its records in memory, as before; local and kubernetes share the state
-    folder with the MCP servers. The kubernetes backend's GPU budget is the study's GPU count.
+    folder with the MCP servers. The kubernetes backend's GPU budget is the study's GPU count;
+    ``model_token_secret`` is the one Secret its policy lets pods read (``--model-token-secret``).
     """
     from mcp_servers.cluster.backend import BACKEND_KINDS, BackendError, make_backend
+    from sandbox.podspec import check_subdomain
 
     if kind not in BACKEND_KINDS:
         _fail(f"--backend {kind!r}: choose {', '.join(BACKEND_KINDS)}")
     if kind != "kubernetes" and (kubeconfig is not None or context is not None):
         _fail("--kubeconfig and --context choose a cluster: give them with --backend kubernetes")
+    if model_token_secret is not None:
+        if kind != "kubernetes":
+            _fail("--model-token-secret names a Secret of the cluster: give it with --backend "
+                  "kubernetes")
+        try:
+            check_subdomain(model_token_secret, "--model-token-secret")
+        except ValueError as e:
+            _fail(str(e))
     if kubeconfig is not None and not kubeconfig.is_file():
         _fail(f"--kubeconfig {kubeconfig}: no such file")
     try:
         backend = make_backend(kind, namespace, None if kind == "twin" else settings.state_dir,
                                kubeconfig=kubeconfig, context=context,
-                               gpu_budget=gpus if kind == "kubernetes" else None)
+                               gpu_budget=gpus if kind == "kubernetes" else None,
+                               **({"model_token_secret": model_token_secret}
+                                  if model_token_secret is not None else {}))
     except BackendError as e:
         _fail(str(e))
     if kind == "kubernetes":  # credentials, reachability and RBAC, before any work starts
@@ -192,6 +211,8 @@ def _cluster_backend(kind: str, namespace: str, kubeconfig: Path | None, context
     flags += f" --namespace {namespace}" if namespace != "servetune" else ""
     flags += f" --kubeconfig {shlex.quote(str(kubeconfig))}" if kubeconfig is not None else ""
     flags += f" --context {shlex.quote(context)}" if context is not None else ""
+    flags += (f" --model-token-secret {model_token_secret}"
+              if model_token_secret is not None else "")
     return backend, flags
 
 
@@ -621,6 +642,7 @@ def mcp_cluster(
     router: Annotated[bool, typer.Option(
         "--router", help="kubernetes backend: the SGLang router in front of the replicas")]
     = False,
+    model_token_secret: ModelTokenSecretOpt = None,
 ) -> None:
     """The cluster server ("kubectl": deploy, status, logs, events, teardown) over stdio."""
     import shlex
@@ -647,15 +669,23 @@ def mcp_cluster(
             opts = SglangOptions(gpus_per_node=gpus_per_node, model_cache_pvc=model_cache_pvc,
                                  router=router, dra=dra, k8s_version=k8s_version)
         except ValidationError as e:
-            _fail(f"kubernetes options: {e.errors()[0]['msg']}")
+            _fail(f"kubernetes options: {e.errors()[0]['msg'].removeprefix('Value error, ')}")
         if kubeconfig is not None and not kubeconfig.is_file():
             _fail(f"--kubeconfig {kubeconfig}: no such file")
+        if model_token_secret is not None:
+            from sandbox.podspec import check_subdomain
+
+            try:
+                check_subdomain(model_token_secret, "--model-token-secret")
+            except ValueError as e:
+                _fail(str(e))
         kube = dict(kubeconfig=kubeconfig, context=context, gpu_budget=gpu_budget,
-                    image_allow=image_allow, lws=lws, sglang_options=opts)
+                    image_allow=image_allow, lws=lws, sglang_options=opts,
+                    model_token_secret=model_token_secret)
     elif kubeconfig or context or gpu_budget is not None or image_allow or lws or dra or \
-            router or model_cache_pvc:
-        _fail("--kubeconfig, --context, --gpu-budget, --image-allow, --lws, --dra, --router and "
-              "--model-cache-pvc are options of --backend kubernetes")
+            router or model_cache_pvc or model_token_secret:
+        _fail("--kubeconfig, --context, --gpu-budget, --image-allow, --lws, --dra, --router, "
+              "--model-cache-pvc and --model-token-secret are options of --backend kubernetes")
     try:
         main(backend, namespace, state_dir or settings.state_dir, argv, ready_timeout_s, devices,
              **kube)

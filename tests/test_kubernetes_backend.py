@@ -397,3 +397,60 @@ def test_cli_run_with_unusable_credentials_fails_in_one_line_before_any_work(tmp
     assert r.stderr.count("\n") == 1 and "NoCredentials" in r.stderr
     assert "--backend kubernetes: cannot reach Kubernetes" in r.stderr
     assert not out.exists()  # no run folder was made
+
+
+# ----- D7: the one model token Secret, from the command line to the policy ----------------------
+
+def test_d7_model_token_secret_reaches_the_policy_and_the_pods(api, clock):
+    b = backend(api, clock, opts=SglangOptions(hf_token_secret="hf-token"))
+    with pytest.raises(BackendError, match="--model-token-secret"):
+        b.deploy("t1", config(), {MANAGED: "servetune"})  # the policy names no Secret
+    assert applies(api) == []
+    b = make_backend("kubernetes", NS, None, gpu_budget=16, model_token_secret="hf-token")
+    assert b.policy.model_token_secret == "hf-token" and b.opts.hf_token_secret == "hf-token"
+    b = KubernetesBackend(NS, api, b.opts, b.policy, clock=clock)
+    b.deploy("t1", config(), {MANAGED: "servetune"})
+    env = api.objects[("apps/v1", "Deployment", "t1")]["spec"]["template"]["spec"][
+        "containers"][0]["env"]
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+        "name": "hf-token", "key": "token", "optional": True}}} in env
+    with pytest.raises(BackendError, match="model_token_secret"):
+        make_backend("kubernetes", NS, gpu_budget=8, model_token_secret="Bad_Name")
+
+
+def test_d7_cli_run_model_token_secret(tmp_path, monkeypatch):
+    kc = tmp_path / "kubeconfig"
+    kc.write_text("apiVersion: v1\nkind: Config\n")
+    monkeypatch.setattr(KubernetesBackend, "list", lambda self: [])  # the pre-flight call
+    backend, flags = _cluster_backend("kubernetes", "tune-a", kc, None, 8,
+                                      Settings(state_dir=tmp_path),
+                                      model_token_secret="hf-token")
+    assert backend.policy.model_token_secret == "hf-token"
+    assert backend.opts.hf_token_secret == "hf-token"
+    assert flags.endswith(" --model-token-secret hf-token")
+    for argv, message in [
+            (["run", "--model-token-secret", "hf-token"], "--backend kubernetes"),
+            (["run", "--backend", "kubernetes", "--kubeconfig", str(kc),
+              "--model-token-secret", "Bad_Name"], "--model-token-secret 'Bad_Name'"),
+            (["mcp", "cluster", "--model-token-secret", "hf-token"], "--backend kubernetes"),
+            (["mcp", "cluster", "--backend", "kubernetes", "--gpu-budget", "8",
+              "--model-token-secret", "../x"], "--model-token-secret '../x'")]:
+        r = CliRunner().invoke(app, argv)
+        assert r.exit_code == 2, (argv, r.output)
+        assert message in " ".join(r.stderr.split()) and "Traceback" not in r.output
+
+
+def test_d7_cli_mcp_cluster_model_token_secret_reaches_the_policy(tmp_path, monkeypatch):
+    import types
+
+    from mcp_servers.cluster import server
+
+    built = []
+    monkeypatch.setattr(server, "build_server", lambda b: built.append(b) or
+                        types.SimpleNamespace(run=lambda: None))
+    r = CliRunner().invoke(app, ["mcp", "cluster", "--backend", "kubernetes", "--namespace", NS,
+                                 "--gpu-budget", "8", "--state-dir", str(tmp_path),
+                                 "--model-token-secret", "hf-token"])
+    assert r.exit_code == 0, r.output
+    (b,) = built
+    assert b.policy.model_token_secret == "hf-token" and b.opts.hf_token_secret == "hf-token"

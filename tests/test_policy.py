@@ -378,14 +378,17 @@ def dra_objs(count=8, mode=None, v1beta1=False):
 def test_gpu_budget_counts_dra_claim_templates_per_pod(v1beta1):
     objs = dra_objs(v1beta1=v1beta1)
     assert gpu_demand(objs) == 16  # 2 pods x 8 GPUs; the NIC is not a GPU
-    enforce(objs, policy(dra=True))
+    nic = {"dra_other_classes": ("rdma.mellanox.com",)}  # a NIC class the operator allows
+    enforce(objs, policy(dra=True, **nic))
     with pytest.raises(PolicyViolation, match="request 16 GPUs"):
-        enforce(objs, policy(dra=True, gpu_budget=8))
+        enforce(objs, policy(dra=True, gpu_budget=8, **nic))
+    with pytest.raises(PolicyViolation, match="'rdma.mellanox.com' is not a DeviceClass"):
+        enforce(objs, policy(dra=True))
 
 
 def test_dra_unbounded_or_missing_template_is_refused():
     rct, d = dra_objs(mode="All")
-    r = only(violations(rct, policy(dra=True)))
+    r = only(violations(rct, policy(dra=True, dra_other_classes=("rdma.mellanox.com",))))
     assert "spec.spec.devices.requests[0].exactly.allocationMode: All" in r
     assert "ExactCount" in r
     r = only(violations(d, policy(dra=True)))
@@ -448,7 +451,8 @@ def test_not_a_mapping_is_refused():
     ({"router": True}, {}),
     ({"gpus_per_node": 4}, {"lws": True}),
     ({"dra": True, "k8s_version": "1.34"}, {"dra": True}),
-], ids=["deployment", "router", "lws", "dra"])
+    ({"dra": True, "dra_nic_class": "dranet"}, {"dra": True, "dra_other_classes": ("dranet",)}),
+], ids=["deployment", "router", "lws", "dra", "dra-nic"])
 def test_rendered_sglang_manifests_pass(opts_kw, policy_kw):
     try:
         from sandbox.manifests import SglangOptions, render_sglang
@@ -464,3 +468,174 @@ def test_rendered_sglang_manifests_pass(opts_kw, policy_kw):
     assert gpu_demand(objs) == config.gpus  # 2 replicas x tp 8
     with pytest.raises(PolicyViolation, match="GPU budget"):
         enforce(objs, policy(gpu_budget=config.gpus - 1, **policy_kw))
+
+
+# --------------------------------------------------------------------------- D7: Secrets
+
+SECRET_FORMS = ["volume", "projected", "envFrom", "secretKeyRef"]
+
+
+def with_secret(form, name):
+    """The SGLang Deployment reading Secret ``name`` in one of the four ways a pod can."""
+    d = sglang_deployment()
+    c, spec = container(d), pod_spec(d)
+    if form == "volume":
+        spec["volumes"].append({"name": "tok", "secret": {"secretName": name}})
+    elif form == "projected":
+        spec["volumes"].append({"name": "tok", "projected": {"sources": [
+            {"configMap": {"name": "cm"}}, {"secret": {"name": name}}]}})
+    elif form == "envFrom":
+        c["envFrom"] = [{"secretRef": {"name": name}}]
+    else:
+        c["env"].append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": name, "key": "token"}}})
+    return d
+
+
+@pytest.mark.parametrize("form", SECRET_FORMS)
+def test_d7_secret_reads_are_refused(form):
+    r = only(violations(with_secret(form, "hf-token"), policy()))
+    assert "'hf-token'" in r and "Secret" in r and "--model-token-secret" in r
+
+
+@pytest.mark.parametrize("form", SECRET_FORMS)
+def test_d7_only_the_named_model_token_secret_is_allowed(form):
+    p = policy(model_token_secret="hf-token")
+    assert violations(with_secret(form, "hf-token"), p) == []
+    r = only(violations(with_secret(form, "cloud-creds"), p))
+    assert "'cloud-creds'" in r and "only the Secret 'hf-token'" in r
+
+
+def test_d7_model_token_secret_must_be_a_dns_subdomain():
+    for bad in ("", "Bad_Name", "../etc", "a" * 254):
+        with pytest.raises(ValueError, match="model_token_secret"):
+            Policy(NS, 8, model_token_secret=bad)
+    assert Policy(NS, 8, model_token_secret="hf.token-1").model_token_secret == "hf.token-1"
+
+
+# --------------------------------------------------------------------------- D8: GPU resources
+
+
+def with_limits(resources, budget=8):
+    d = sglang_deployment(gpus=0)
+    res = container(d)["resources"]
+    for section in ("requests", "limits"):
+        del res[section]["nvidia.com/gpu"]
+        res[section].update(resources)
+    return d
+
+
+@pytest.mark.parametrize("resource", ["nvidia.com/mig-3g.40gb", "nvidia.com/gpu.shared",
+                                      "nvidia.com/mig-1g.10gb"])
+def test_d8_mig_and_shared_gpus_count_against_the_budget(resource):
+    d = with_limits({resource: 16})
+    assert gpu_demand([d]) == 16
+    with pytest.raises(PolicyViolation, match="request 16 GPUs"):
+        enforce([d], policy(gpu_budget=8))
+
+
+@pytest.mark.parametrize("resource", ["amd.com/gpu", "gpu.intel.com/i915", "habana.ai/gaudi",
+                                      "aws.amazon.com/neuroncore", "google.com/tpu",
+                                      "example.com/foo"])
+def test_d8_other_extended_resources_are_refused(resource):
+    r = only(violations(with_limits({resource: 1}), policy()))
+    assert f"[{resource!r}]" in r and "nvidia.com/gpu" in r
+
+
+def test_d8_dra_mig_class_counts_and_unknown_classes_are_refused():
+    rct, d = dra_objs(count=64)
+    rct["spec"]["spec"]["devices"]["requests"] = [
+        {"name": "gpus", "exactly": {"deviceClassName": "mig.nvidia.com", "count": 64}}]
+    assert gpu_demand([rct, d]) == 128  # 2 pods x 64 MIG devices
+    with pytest.raises(PolicyViolation, match="request 128 GPUs"):
+        enforce([rct, d], policy(dra=True, gpu_budget=8))
+    rct["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "tpu.example"
+    r = only(violations(rct, policy(dra=True)))
+    assert "deviceClassName: 'tpu.example'" in r and "gpu.nvidia.com" in r
+
+
+# --------------------------------------------------------------------------- pod security
+
+OTHER_NS = "team-x"  # a namespace servetune did not render: no Pod Security admission label
+
+
+def other_ns(obj):
+    obj["metadata"]["namespace"] = OTHER_NS
+    return obj
+
+
+POD_SECURITY_CASES = {
+    "seccomp-unconfined-pod": (lambda d: pod_spec(d)["securityContext"].update(
+        seccompProfile={"type": "Unconfined"}), "seccompProfile.type: 'Unconfined'"),
+    "seccomp-unconfined-container": (lambda d: container(d)["securityContext"].update(
+        seccompProfile={"type": "Unconfined"}), "seccompProfile.type: 'Unconfined'"),
+    "seccomp-unset": (lambda d: (pod_spec(d)["securityContext"].pop("seccompProfile"),
+                                 container(d)["securityContext"].pop("seccompProfile")),
+                      "seccompProfile: unset"),
+    "apparmor-unconfined": (lambda d: pod_spec(d)["securityContext"].update(
+        appArmorProfile={"type": "Unconfined"}), "appArmorProfile.type: 'Unconfined'"),
+    "apparmor-container": (lambda d: container(d)["securityContext"].update(
+        appArmorProfile={"type": "Unconfined"}), "appArmorProfile.type: 'Unconfined'"),
+    "apparmor-annotation": (lambda d: d["spec"]["template"]["metadata"].update(annotations={
+        "container.apparmor.security.beta.kubernetes.io/sglang": "unconfined"}),
+        "'unconfined'"),
+    "sysctl": (lambda d: pod_spec(d)["securityContext"].update(sysctls=[
+        {"name": "kernel.shm_rmid_forced", "value": "1"},
+        {"name": "net.core.somaxconn", "value": "65535"}]), "'net.core.somaxconn'"),
+    "gitrepo": (lambda d: pod_spec(d)["volumes"].append(
+        {"name": "src", "gitRepo": {"repository": "https://x/y.git"}}), "volumes[4].gitRepo"),
+    "nfs": (lambda d: pod_spec(d)["volumes"].append(
+        {"name": "n", "nfs": {"server": "10.0.0.1", "path": "/"}}), "volumes[4].nfs"),
+    "hostpath": (lambda d: pod_spec(d)["volumes"].append(
+        {"name": "h", "hostPath": {"path": "/"}}), "volumes[4].hostPath"),
+    "selinux": (lambda d: container(d)["securityContext"].update(
+        seLinuxOptions={"type": "spc_t"}), "seLinuxOptions"),
+    "procmount": (lambda d: container(d)["securityContext"].update(procMount="Unmasked"),
+                  "procMount"),
+    "windows-hostprocess": (lambda d: pod_spec(d)["securityContext"].update(
+        windowsOptions={"hostProcess": True}), "hostProcess"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(POD_SECURITY_CASES))
+@pytest.mark.parametrize("ns", [NS, OTHER_NS])
+def test_pod_security_restricted_fields_are_refused(case, ns):
+    change, words = POD_SECURITY_CASES[case]
+    d = sglang_deployment()
+    d["metadata"]["namespace"] = ns
+    change(d)
+    r = only(violations(d, policy(namespace=ns)))
+    assert words in r, r
+
+
+def test_pod_security_allowed_values_pass():
+    d = other_ns(sglang_deployment())
+    pod_spec(d)["securityContext"].update(
+        seccompProfile={"type": "Localhost", "localhostProfile": "p.json"},
+        appArmorProfile={"type": "RuntimeDefault"},
+        sysctls=[{"name": "net.ipv4.tcp_keepalive_time", "value": "60"}])
+    del container(d)["securityContext"]["seccompProfile"]
+    pod_spec(d)["volumes"].append({"name": "cfg", "configMap": {"name": "c"}})
+    pod_spec(d)["volumes"].append({"name": "dapi", "downwardAPI": {"items": []}})
+    assert violations(d, policy(namespace=OTHER_NS)) == []
+    # seccomp set on every container (none at pod level) is enough
+    d = sglang_deployment()
+    del pod_spec(d)["securityContext"]["seccompProfile"]
+    assert violations(d, policy()) == []
+
+
+@pytest.mark.parametrize("ns", [NS, OTHER_NS])
+@pytest.mark.parametrize("spec,words", [
+    ({"type": "NodePort"}, "type: 'NodePort'"),
+    ({"type": "LoadBalancer"}, "type: 'LoadBalancer'"),
+    ({"type": "ExternalName", "externalName": "evil.example"}, "type: 'ExternalName'"),
+    ({"externalIPs": ["203.0.113.7"]}, "externalIPs"),
+], ids=["nodeport", "loadbalancer", "externalname", "externalips"])
+def test_services_are_cluster_ip_only(ns, spec, words):
+    s = service()
+    s["metadata"]["namespace"] = ns
+    s["spec"].update(spec)
+    r = only(violations(s, policy(namespace=ns)))
+    assert words in r and "ClusterIP" in r
+    s["spec"] = {**service()["spec"], "type": "ClusterIP"}
+    assert violations(s, policy(namespace=ns)) == []

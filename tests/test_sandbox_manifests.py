@@ -408,7 +408,10 @@ def test_cli_render_prints_valid_multi_document_yaml():
     assert [o["kind"] for o in objs][:2] == ["Namespace", "ServiceAccount"]
     assert validate(objs, "1.34") == []
     assert objs[0]["metadata"]["labels"]["pod-security.kubernetes.io/warn-version"] == "v1.34"
-    assert by_kind(objs, "ConfigMap")[0]["data"]["study.yaml"] == STUDY.read_text()
+    # the study as written, but its shipped trace is named by its path in the image
+    assert by_kind(objs, "ConfigMap")[0]["data"]["study.yaml"] == STUDY.read_text().replace(
+        "trace: data/traces/mooncake_fast25_conversation_trace.jsonl",
+        'trace: "/opt/servetune/data/traces/mooncake_fast25_conversation_trace.jsonl"')
 
 
 def test_cli_render_writes_files(tmp_path):
@@ -480,3 +483,148 @@ def test_cli_render_config_errors(tmp_path, content, name, extra, message):
                             "--namespace", NS, *extra])
     assert r.exit_code == 2, r.output
     assert message in r.stderr and r.stdout == ""
+
+
+# ----- D15: option values are checked before anything is written ----------------------------
+
+@pytest.mark.parametrize("args,message", [
+    (["--api-cidr", "not-a-cidr"], "--api-cidr 'not-a-cidr'"),
+    (["--api-cidr", "10.0.0.1/8"], "--api-cidr '10.0.0.1/8'"),
+    (["--storage", "20Gi; rm"], "--storage '20Gi; rm'"),
+    (["--storage", "-5Gi"], "--storage '-5Gi'"),
+    (["--storage-class", "fast; rm -rf"], "--storage-class 'fast; rm -rf'"),
+    (["--storage-class", "../etc"], "--storage-class '../etc'"),
+    (["--model-token-secret", "Bad_Name"], "--model-token-secret 'Bad_Name'"),
+], ids=["cidr", "cidr-host-bits", "storage", "storage-negative", "storage-class",
+        "storage-class-path", "token-secret"])
+def test_d15_render_refuses_invalid_values(tmp_path, args, message):
+    out = tmp_path / "m"
+    r = runner.invoke(app, ["sandbox", "render", "--namespace", NS, "--gpus", "8", "--image",
+                            "img", "--study", str(STUDY), "--out", str(out), *args])
+    assert r.exit_code == 2, r.output
+    assert message in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert "Traceback" not in r.output and r.stdout == "" and not out.exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model-cache-pvc", "../etc"], "--model-cache-pvc '../etc'"),
+    (["--model-cache-pvc", "models; rm"], "--model-cache-pvc 'models; rm'"),
+    (["--model-token-secret", "../hf"], "--model-token-secret '../hf'"),
+], ids=["pvc-path", "pvc-shell", "token-secret"])
+def test_d15_render_config_refuses_invalid_values(tmp_path, args, message):
+    config = tmp_path / "c.json"
+    config.write_text(cfg().model_dump_json())
+    out = tmp_path / "m"
+    r = runner.invoke(app, ["sandbox", "render-config", "--config", str(config), "--name",
+                            "best", "--namespace", NS, "--out", str(out), *args])
+    assert r.exit_code == 2, r.output
+    assert message in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert r.stdout == "" and not out.exists()
+
+
+# ----- D7: the operator's model token Secret --------------------------------------------------
+
+def test_d7_render_config_model_token_secret_passes_the_policy(tmp_path):
+    from sandbox.policy import Policy, PolicyViolation, enforce
+
+    config = tmp_path / "c.json"
+    config.write_text(cfg(replicas=1).model_dump_json())
+    r = runner.invoke(app, ["sandbox", "render-config", "--config", str(config), "--name",
+                            "best", "--namespace", NS, "--model-token-secret", "hf-token"])
+    assert r.exit_code == 0, r.output
+    objs = list(yaml.safe_load_all(r.stdout))
+    env = by_kind(objs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["env"]
+    token = [e for e in env if e["name"] == "HF_TOKEN"]
+    assert token and token[0]["valueFrom"]["secretKeyRef"]["name"] == "hf-token"
+    enforce(objs, Policy(NS, 8, model_token_secret="hf-token"))
+    with pytest.raises(PolicyViolation, match="--model-token-secret"):
+        enforce(objs, Policy(NS, 8))  # the policy names no Secret: refused
+    token[0]["valueFrom"]["secretKeyRef"]["name"] = "cloud-creds"
+    with pytest.raises(PolicyViolation, match="'cloud-creds'"):
+        enforce(objs, Policy(NS, 8, model_token_secret="hf-token"))
+
+
+def test_d7_render_passes_the_model_token_secret_to_the_run():
+    from sandbox.policy import Policy, violations
+
+    r = runner.invoke(app, ["sandbox", "render", "--namespace", NS, "--gpus", "8", "--image",
+                            "ghcr.io/servetune/servetune:0.1.0", "--study", str(STUDY),
+                            "--model-token-secret", "hf-token"])
+    assert r.exit_code == 0, r.output
+    job = by_kind(list(yaml.safe_load_all(r.stdout)), "Job")[0]
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--model-token-secret") + 1] == "hf-token"
+    run = typer.main.get_command(app).commands["run"]
+    ctx = run.make_context("run", list(args[1:]))  # an option servetune run knows
+    assert ctx.params["model_token_secret"] == "hf-token"
+    assert violations(job, Policy(NS, 0, model_token_secret="hf-token")) == []
+
+
+# ----- the replay trace the Job reads ------------------------------------------------------------
+
+def render_study(tmp_path, study_text, *extra):
+    study = tmp_path / "study.yaml"
+    study.write_text(study_text)
+    return runner.invoke(app, ["sandbox", "render", "--namespace", NS, "--gpus", "8",
+                               "--image", "img", "--study", str(study), *extra])
+
+
+def configmap(r):
+    return by_kind(list(yaml.safe_load_all(r.stdout)), "ConfigMap")[0]["data"]
+
+
+def test_trace_shipped_is_read_from_the_image(tmp_path):
+    r = runner.invoke(app, ["sandbox", "render", "--namespace", NS, "--gpus", "8", "--image",
+                            "img", "--study", str(STUDY)])
+    assert r.exit_code == 0, r.output
+    data = configmap(r)
+    study = yaml.safe_load(data["study.yaml"])
+    assert study["replay"]["trace"] == \
+        "/opt/servetune/data/traces/mooncake_fast25_conversation_trace.jsonl"
+    assert set(data) == {"study.yaml"}
+    # the same when the user's study names the shipped trace by its absolute path here
+    text = STUDY.read_text().replace(
+        "data/traces/", f"{REPO}/data/traces/")
+    r = render_study(tmp_path, text)
+    assert r.exit_code == 0, r.output
+    assert yaml.safe_load(configmap(r)["study.yaml"])["replay"]["trace"] == \
+        "/opt/servetune/data/traces/mooncake_fast25_conversation_trace.jsonl"
+
+
+def test_trace_of_the_user_goes_into_the_configmap(tmp_path):
+    trace = tmp_path / "my trace.jsonl"
+    lines = (REPO / "data/traces/mooncake_fast25_conversation_trace.jsonl").read_text(
+        ).splitlines()[:200]
+    trace.write_text("\n".join(lines) + "\n")
+    text = STUDY.read_text().replace(
+        "data/traces/mooncake_fast25_conversation_trace.jsonl", str(trace))
+    r = render_study(tmp_path, text)
+    assert r.exit_code == 0, r.output
+    data = configmap(r)
+    study = yaml.safe_load(data["study.yaml"])
+    key = study["replay"]["trace"].removeprefix("/etc/servetune/")
+    assert study["replay"]["trace"].startswith("/etc/servetune/") and key != "study.yaml"
+    assert data[key] == trace.read_text()
+    assert str(tmp_path) not in data["study.yaml"]
+    assert "# Timestamp-faithful replay" in data["study.yaml"]  # the study's comments stay
+    assert validate(list(yaml.safe_load_all(r.stdout))) == []
+    # a trace next to the study, named relative to it, too
+    (tmp_path / "t.jsonl").write_text(trace.read_text())
+    r = render_study(tmp_path, text.replace(str(trace), "t.jsonl"))
+    assert r.exit_code == 0, r.output
+    study = yaml.safe_load(configmap(r)["study.yaml"])
+    assert study["replay"]["trace"].startswith("/etc/servetune/")
+
+
+def test_trace_over_a_mebibyte_is_refused_naming_the_options(tmp_path):
+    trace = tmp_path / "big.jsonl"
+    line = (REPO / "data/traces/mooncake_fast25_conversation_trace.jsonl").read_text(
+        ).splitlines()[0]
+    trace.write_text((line + "\n") * ((1 << 20) // len(line) + 10))
+    text = STUDY.read_text().replace(
+        "data/traces/mooncake_fast25_conversation_trace.jsonl", str(trace))
+    r = render_study(tmp_path, text, "--out", str(tmp_path / "m"))
+    assert r.exit_code == 2, r.output
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert "1 MiB" in r.stderr and "PVC" in r.stderr and "image" in r.stderr
+    assert not (tmp_path / "m").exists()

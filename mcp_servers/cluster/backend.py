@@ -481,7 +481,8 @@ def make_backend(kind: str = "twin", namespace: str = "servetune", state_dir: Pa
                  visible_devices: list[str] | None = None, *, kubeconfig: Path | None = None,
                  context: str | None = None, gpu_budget: int | None = None,
                  image_allow: Sequence[str] | None = None, lws: bool = False,
-                 sglang_options: Any = None) -> ClusterBackend:
+                 sglang_options: Any = None,
+                 model_token_secret: str | None = None) -> ClusterBackend:
     """The backend ``kind`` over ``state_dir`` (what the cluster and bench servers share).
 
     Args:
@@ -505,7 +506,12 @@ def make_backend(kind: str = "twin", namespace: str = "servetune", state_dir: Pa
         lws: ``kubernetes`` only: the sandbox Role grants LeaderWorkerSets (a replica spanning
             nodes).
         sglang_options: ``kubernetes`` only: a :class:`sandbox.manifests.SglangOptions`
-            (None: its defaults); its ``dra`` also allows DRA claims in the policy.
+            (None: its defaults); its ``dra`` also allows DRA claims in the policy, its DRA GPU
+            and NIC DeviceClasses are the ones the policy allows.
+        model_token_secret: ``kubernetes`` only: the one Secret the pods may read
+            (``--model-token-secret``): the engine gets ``HF_TOKEN`` from its key ``token`` and
+            the policy allows that Secret, by name, and no other (None: the options'
+            ``hf_token_secret``, else no Secret).
 
     Raises:
         BackendError: unknown kind, ``local`` without a state_dir, or a bad policy.
@@ -529,16 +535,28 @@ def make_backend(kind: str = "twin", namespace: str = "servetune", state_dir: Pa
                                    ready_timeout_s=ready_timeout_s,
                                    visible_devices=visible_devices)
     if kind == "kubernetes":
+        from pydantic import ValidationError
+
         from mcp_servers.cluster.kubeapi import RealKubeApi  # imports the kubernetes client
         from mcp_servers.cluster.kubernetes import KubernetesBackend
         from sandbox.manifests import SglangOptions
-        from sandbox.policy import DEFAULT_IMAGE_ALLOW, Policy
+        from sandbox.podspec import check_subdomain
+        from sandbox.policy import DEFAULT_DRA_GPU_CLASSES, DEFAULT_IMAGE_ALLOW, Policy
 
-        opts = sglang_options if sglang_options is not None else SglangOptions()
         try:
+            opts = sglang_options if sglang_options is not None else SglangOptions()
+            if model_token_secret is not None:
+                check_subdomain(model_token_secret, "model_token_secret")
+                opts = SglangOptions(**{**opts.model_dump(), "hf_token_secret":
+                                        model_token_secret})
+            gpu_classes = tuple(dict.fromkeys((*DEFAULT_DRA_GPU_CLASSES, opts.dra_gpu_class)))
             policy = None if gpu_budget is None else Policy(
                 namespace, gpu_budget, tuple(image_allow or DEFAULT_IMAGE_ALLOW), lws=lws,
-                dra=opts.dra)
+                dra=opts.dra, model_token_secret=opts.hf_token_secret,
+                dra_gpu_classes=gpu_classes,
+                dra_other_classes=(opts.dra_nic_class,) if opts.dra_nic_class else ())
+        except ValidationError as e:  # the message names the option
+            raise BackendError(e.errors()[0]["msg"].removeprefix("Value error, ")) from e
         except ValueError as e:
             raise BackendError(str(e)) from e
         return KubernetesBackend(namespace, RealKubeApi(namespace, kubeconfig, context), opts,

@@ -354,7 +354,7 @@ class KubernetesBackend:
                 for o in self._call(f"list {kind}s", self.api.list, api_version, kind,
                                     selector(MANAGED_BY))
                 if (_meta(o).get("labels") or {}).get(DEPLOYMENT_LABEL) != name]
-        return gpu_demand(objs)
+        return gpu_demand(objs, self.policy)
 
     # ----- status ------------------------------------------------------------------------
 
