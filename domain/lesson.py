@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from domain.config import ServingConfig
+from domain.redact import RedactedStr
 
 Outcome = Literal["oom", "does-not-fit", "crash", "invalid-flag", "unsupported", "slo-miss",
                   "improvement", "regression"]
@@ -182,14 +183,17 @@ class Lesson(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str = Field("", description="content hash; filled by with_id()")
-    title: str = Field(min_length=3, max_length=300)
+    # Text fields are redacted (domain/redact.py) whenever a lesson is validated: when it is
+    # made (add_lesson, the analyst, the planner) and when a stored one is read back.
+    title: RedactedStr = Field(min_length=3, max_length=300)
     scope: Scope
     condition: list[Clause] = Field(description="all clauses must hold (conjunction)")
     outcome: Outcome
-    failure_class: str | None = Field(None, description="e.g. OOM_WEIGHTS, INVALID_BACKEND")
-    root_cause: str = Field(max_length=5_000)
-    fix: str = Field(max_length=2_000)
-    evidence: str = Field(max_length=20_000,
+    failure_class: RedactedStr | None = Field(None, description="e.g. OOM_WEIGHTS, "
+                                              "INVALID_BACKEND")
+    root_cause: RedactedStr = Field(max_length=5_000)
+    fix: RedactedStr = Field(max_length=2_000)
+    evidence: RedactedStr = Field(max_length=20_000,
                           description="log lines, arithmetic, or metrics that prove it")
     source: Literal["trial", "estimate", "research", "user"] = "trial"
     run_id: str | None = None
