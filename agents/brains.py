@@ -41,7 +41,7 @@ from domain.config import ServingConfig
 from domain.errors import ConfigInvalid
 from domain.estimate import Estimate, ReplayProfile, safe_estimate
 from domain.knobs import apply_knob, normalize_value
-from domain.lesson import Lesson
+from domain.lesson import STORED, Lesson
 from domain.study import SaturationSpec, Study
 
 Point = tuple[int, ...]
@@ -449,7 +449,9 @@ class GuidedPlanner(SpacePlanner):
             while start is not None and len(out) < 10_000:
                 page = await call(self.lessons, "list_lessons",
                                   {"gpu": self.study.gpu, "start": start, "max_items": 200})
-                out += [Lesson.model_validate(x) for x in page.get("items", [])]
+                # as stored: a lesson whose condition names no family is kept, forbids nothing
+                out += [Lesson.model_validate(x, context=STORED)
+                        for x in page.get("items", [])]
                 start = page.get("next_start")
         except ToolCallFailed:
             return out

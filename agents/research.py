@@ -28,7 +28,7 @@ from mcp import Client
 from agents.claude import AgentBudget, AgentUsage, ClaudeAgent, Meter
 from agents.mcp_tools import ToolCallFailed, call
 from agents.outputs import Claim, ResearchFindings, ResearchQuestion
-from domain.lesson import Lesson
+from domain.lesson import STORED, Lesson
 from mcp_servers.source.analysis import mentions_value
 
 MAX_CONSTRAINT_CLAIMS = 6
@@ -341,7 +341,7 @@ class DeterministicMemoryResearcher:
             if res is None:
                 break
             for h in res["hits"]:
-                lesson = Lesson.model_validate(h["lesson"])
+                lesson = Lesson.model_validate(h["lesson"], context=STORED)
                 if lesson.id not in found:
                     found[lesson.id] = (lesson, float(h["score"]), i == 0)
         kept = [(les, score, same) for les, score, same in found.values()

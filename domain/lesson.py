@@ -9,12 +9,22 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 
 from domain.config import ServingConfig
+from domain.knob_domain import field_domain
+from domain.redact import RedactedStr
 
 Outcome = Literal["oom", "does-not-fit", "crash", "invalid-flag", "unsupported", "slo-miss",
                   "improvement", "regression"]
@@ -34,12 +44,59 @@ def _field_adapter(name: str) -> TypeAdapter[Any]:
     return TypeAdapter(ServingConfig.model_fields[name].annotation or Any)
 
 
-def _allowed_none(name: str) -> tuple[None, ...]:
-    try:
-        _field_adapter(name).validate_python(None)
-    except ValidationError:
-        return ()
-    return (None,)
+# Validation context for lessons read back from a store: a clause or condition that names no
+# family (see Lesson.defect) is kept, marked and ignored instead of refused, so the store stays
+# readable. Everywhere else (add_lesson, the analyst, the planner) such a lesson is refused.
+STORED: dict[str, Any] = {"stored": True}
+
+
+def _stored(info: ValidationInfo) -> bool:
+    return bool(info.context and info.context.get("stored"))
+
+
+def _freeze(value: Any) -> Any:
+    return tuple(_freeze(v) for v in value) if isinstance(value, list | tuple) else value
+
+
+def _thaw(value: Any) -> Any:
+    return [_thaw(v) for v in value] if isinstance(value, tuple) else value
+
+
+@lru_cache(maxsize=4096, typed=True)
+def _clause_problem(field: str, op: Op, frozen: Any) -> str | None:
+    clause = Clause.model_construct(field=field, op=op, value=_thaw(frozen))
+    dom = field_domain(field)
+    if op in ("eq", "ne", "in", "not_in"):
+        for v in (clause.value if op in ("in", "not_in") else [clause.value]):
+            if not dom.contains(v):
+                return (f"clause {clause.text()}: {v!r} is not in the domain of {field} "
+                        f"({dom.describe()})")
+    named = clause.value if op in ("in", "not_in") else [clause.value]
+    truth = [clause.holds(v) for v in dom.representatives(named)]
+    if all(truth):
+        return (f"clause {clause.text()} holds for every valid config ({field} takes "
+                f"{dom.describe()}); name a narrower condition")
+    if not any(truth):
+        return (f"clause {clause.text()} holds for no config ({field} takes "
+                f"{dom.describe()}); it would never match")
+    return None
+
+
+@lru_cache(maxsize=4096, typed=True)
+def _condition_problem(frozen: tuple[tuple[str, Op, Any], ...]) -> str | None:
+    clauses = [Clause.model_construct(field=f, op=o, value=_thaw(v)) for f, o, v in frozen]
+    for c in clauses:
+        if (problem := c.problem()) is not None:
+            return problem
+    for field in dict.fromkeys(c.field for c in clauses):
+        mine = [c for c in clauses if c.field == field]
+        named = [v for c in mine for v in (c.value if c.op in ("in", "not_in") else [c.value])]
+        if len(mine) > 1 and not any(all(c.holds(v) for c in mine)
+                                     for v in field_domain(field).representatives(named)):
+            text = " AND ".join(c.text() for c in clauses)
+            return (f"no config satisfies the condition {text}: its clauses on {field} "
+                    "contradict each other")
+    return None
 
 
 class Clause(BaseModel):
@@ -52,7 +109,7 @@ class Clause(BaseModel):
     value: Any = None
 
     @model_validator(mode="after")
-    def _valid(self) -> Clause:
+    def _valid(self, info: ValidationInfo) -> Clause:
         if self.field not in KNOB_FIELDS:
             raise ValueError(f"clause field {self.field!r} is not a knob of ServingConfig; "
                              f"known: {', '.join(KNOB_FIELDS)} (gpu, model, weights and engine "
@@ -73,36 +130,22 @@ class Clause(BaseModel):
                 except ValidationError as e:
                     raise ValueError(f"clause {self.field} {self.op}: {v!r} is not a valid "
                                      f"{self.field} value") from e
-        if self._always_true():
-            raise ValueError(f"clause {self.text()} holds for every valid config; name a "
-                             "narrower condition")
+        problem = self.problem()
+        if problem is not None and not _stored(info):
+            raise ValueError(problem)
         return self
 
-    def _always_true(self) -> bool:
-        info = ServingConfig.model_fields[self.field]
-        if self.op == "not_null":
-            return None not in _allowed_none(self.field)
-        if self.op in ("ge", "gt", "le", "lt"):
-            lo = next((m.ge for m in info.metadata if hasattr(m, "ge")), None)
-            lo = lo if lo is not None else next((m.gt for m in info.metadata
-                                                 if hasattr(m, "gt")), None)
-            hi = next((m.le for m in info.metadata if hasattr(m, "le")), None)
-            hi = hi if hi is not None else next((m.lt for m in info.metadata
-                                                 if hasattr(m, "lt")), None)
-            if None in _allowed_none(self.field):
-                return False  # an unset value never satisfies a bound
-            v = self.value
-            return bool((self.op == "ge" and lo is not None and v <= lo)
-                        or (self.op == "gt" and lo is not None and v < lo)
-                        or (self.op == "le" and hi is not None and v >= hi)
-                        or (self.op == "lt" and hi is not None and v > hi))
-        return False
+    def problem(self) -> str | None:
+        """Why this clause names no family, or None if it does.
 
-    def matches(self, config: ServingConfig) -> bool:
-        """True if ``config`` satisfies this clause (False for unknown fields or type clashes)."""
-        if self.field not in ServingConfig.model_fields:
-            return False
-        v = getattr(config, self.field)
+        A clause must hold for some valid value of its field and fail for another (see
+        :mod:`domain.knob_domain`), and each value it compares for equality or membership must
+        be a valid value of the field.
+        """
+        return _clause_problem(self.field, self.op, _freeze(self.value))
+
+    def holds(self, v: Any) -> bool:
+        """True if a field value ``v`` satisfies this clause (False on a type clash)."""
         try:
             match self.op:
                 case "eq":
@@ -123,6 +166,12 @@ class Clause(BaseModel):
                          "gt": v > self.value, "ge": v >= self.value}[self.op])
         except TypeError:
             return False
+
+    def matches(self, config: ServingConfig) -> bool:
+        """True if ``config`` satisfies this clause (False for unknown fields or type clashes)."""
+        if self.field not in ServingConfig.model_fields:
+            return False
+        return self.holds(getattr(config, self.field))
 
     def text(self) -> str:
         """Human-readable form, e.g. ``tp_size <= 4``."""
@@ -182,25 +231,43 @@ class Lesson(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str = Field("", description="content hash; filled by with_id()")
-    title: str = Field(min_length=3, max_length=300)
+    # Text fields are redacted (domain/redact.py) whenever a lesson is validated: when it is
+    # made (add_lesson, the analyst, the planner) and when a stored one is read back.
+    title: RedactedStr = Field(min_length=3, max_length=300)
     scope: Scope
     condition: list[Clause] = Field(description="all clauses must hold (conjunction)")
     outcome: Outcome
-    failure_class: str | None = Field(None, description="e.g. OOM_WEIGHTS, INVALID_BACKEND")
-    root_cause: str = Field(max_length=5_000)
-    fix: str = Field(max_length=2_000)
-    evidence: str = Field(max_length=20_000,
+    failure_class: RedactedStr | None = Field(None, description="e.g. OOM_WEIGHTS, "
+                                              "INVALID_BACKEND")
+    root_cause: RedactedStr = Field(max_length=5_000)
+    fix: RedactedStr = Field(max_length=2_000)
+    evidence: RedactedStr = Field(max_length=20_000,
                           description="log lines, arithmetic, or metrics that prove it")
     source: Literal["trial", "estimate", "research", "user"] = "trial"
     run_id: str | None = None
     trial_id: str | None = None
 
     @model_validator(mode="after")
-    def _not_universal(self) -> Lesson:
+    def _not_universal(self, info: ValidationInfo) -> Lesson:
         if self.outcome in FORBIDDING and not self.condition:
             raise ValueError("a lesson that forbids configs needs at least one condition clause; "
                              "an empty condition would forbid every config in its scope")
+        defect = self.defect()
+        if defect is not None and not _stored(info):
+            raise ValueError(defect)
         return self
+
+    def defect(self) -> str | None:
+        """Why this lesson's condition names no family of configs, or None if it does.
+
+        A condition names a family when each clause holds for some valid value of its field
+        and fails for another, every value it compares is a valid value of its field, and the
+        clauses over one field can hold together. A lesson with a defect is refused when made;
+        one read back from a store (validated with the ``STORED`` context) is kept but never
+        forbids anything.
+        """
+        return _condition_problem(tuple((c.field, c.op, _freeze(c.value))
+                                        for c in self.condition))
 
     def with_id(self) -> Lesson:
         """A copy whose id hashes scope + condition + outcome (same finding => same id)."""
@@ -214,8 +281,11 @@ class Lesson(BaseModel):
         return self.scope.matches(config) and all(c.matches(config) for c in self.condition)
 
     def forbids(self, config: ServingConfig) -> bool:
-        """True if the lesson says ``config`` cannot run (a failure outcome and a match)."""
-        return self.outcome in FORBIDDING and self.matches(config)
+        """True if the lesson says ``config`` cannot run (a failure outcome and a match).
+
+        A lesson with a :meth:`defect` (read back from a store) forbids nothing.
+        """
+        return self.outcome in FORBIDDING and self.defect() is None and self.matches(config)
 
     def condition_text(self) -> str:
         """The condition as ``a AND b`` text."""

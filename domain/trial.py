@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
 
 from domain.acceptance import AcceptDecision
 from domain.admission import OverAdmission
@@ -13,6 +13,7 @@ from domain.config import ServingConfig, flag_inventory
 from domain.lesson import Lesson
 from domain.metrics import MetricsSummary
 from domain.quality import QualityGate
+from domain.redact import RedactedStr, redact_any
 
 # "failed": an agent (Claude brain) gave an invalid output twice or ran out of budget; the trial
 # used a slot of the trial budget but measured nothing that can win.
@@ -51,7 +52,8 @@ class Trial(BaseModel):
     config: ServingConfig
     changed: str = Field("", description="'knob=value' relative to the parent, '' for baseline")
     parent_seq: int | None = None
-    reason: str = Field(description="one line: why kept, discarded, pruned or crashed")
+    # reason, log_tail and retries carry engine log lines: stored redacted (domain/redact.py)
+    reason: RedactedStr = Field(description="one line: why kept, discarded, pruned or crashed")
     failure_class: str | None = None
     lesson_ids: list[str] = Field(default_factory=list)
     lessons_written: list[Lesson] = Field(
@@ -83,8 +85,8 @@ class Trial(BaseModel):
         "on the twin, pass or fail on real endpoints)")
     predicted: dict[str, Any] = Field(default_factory=dict,
                                       description="the estimator's numbers before launch")
-    log_tail: list[str] = Field(default_factory=list)
-    retries: list[dict[str, Any]] = Field(
+    log_tail: list[RedactedStr] = Field(default_factory=list)
+    retries: Annotated[list[dict[str, Any]], BeforeValidator(redact_any)] = Field(
         default_factory=list, description="failed tries of this trial's launch or benchmark "
         "that were tried again because their failure class is transient (domain/faults.py): "
         "what (deploy/bench), attempt, failure_class, stage, evidence")

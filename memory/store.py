@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from domain.config import ServingConfig
 from domain.errors import ServetuneError
-from domain.lesson import FORBIDDING, Lesson
+from domain.lesson import FORBIDDING, STORED, Lesson
 from memory.embeddings import KIND_BY_NAME, EmbeddingKind, default_embedding
 
 log = logging.getLogger(__name__)
@@ -38,14 +38,20 @@ MAX_EVIDENCE_CHARS = 4000
 
 
 
+_warned: set[str] = set()  # ids of defective lessons already logged by this process
+
+
 def _decode(meta: Any) -> Lesson | None:
     """The lesson stored in ``meta``, or None (logged) if it no longer validates.
 
     A store written by an older servetune, or edited by hand, may hold a lesson that today's
-    schema refuses; skipping it keeps every other lesson readable.
+    schema refuses; skipping it keeps every other lesson readable. A lesson whose condition
+    names no family (``Lesson.defect``: true for every config, a value outside its field's
+    domain) is kept, so it can be listed and removed, but it forbids nothing. Its text is
+    redacted on the way out like every lesson's (domain/redact.py).
     """
     try:
-        return Lesson.model_validate_json(str(meta["lesson"]))
+        return Lesson.model_validate_json(str(meta["lesson"]), context=STORED)
     except (ValidationError, KeyError) as e:
         log.warning("skipping an unreadable lesson %s: %s", meta.get("id", "?"),
                     str(e).splitlines()[0])
@@ -299,12 +305,22 @@ class LessonStore:
         """Every lesson that forbids ``config`` (failure outcome, scope and condition match).
 
         Candidates are narrowed by scope metadata in the store; the condition is checked with
-        ``Lesson.forbids``. Oldest first.
+        ``Lesson.forbids``. Oldest first. A lesson whose condition names no family
+        (``Lesson.defect``) is ignored, with a warning logged once per lesson.
         """
         where = _and([{"forbidding": True}, *_clauses(
             gpu=config.gpu, model=config.model, quantization=config.weights,
             engine=config.engine, engine_version=config.engine_version)])
-        return [lesson for _, lesson in self._fetch(where=where) if lesson.forbids(config)]
+        out = []
+        for _, lesson in self._fetch(where=where):
+            defect = lesson.defect()
+            if defect is not None:
+                if lesson.id not in _warned:
+                    _warned.add(lesson.id)
+                    log.warning("ignoring lesson %s of %s: %s", lesson.id, self.path, defect)
+            elif lesson.forbids(config):
+                out.append(lesson)
+        return out
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -317,7 +333,12 @@ class LessonStore:
         Returns:
             The lesson as stored (merged with the earlier one when the id existed: newer wording,
             first run_id/trial_id kept, distinct evidence appended).
+
+        Raises:
+            ValueError: the lesson's condition names no family of configs (``Lesson.defect``).
         """
+        if (defect := lesson.defect()) is not None:
+            raise ValueError(defect)
         if not lesson.id:
             lesson = lesson.with_id()
         rows = self._fetch(ids=[lesson.id])
@@ -380,7 +401,8 @@ def lessons_markdown(lessons: Iterable[Lesson]) -> str:
             "",
             f"- **Id:** `{lesson.id or '(unsaved)'}`",
             f"- **Scope:** {scope}",
-            f"- **When:** `{lesson.condition_text()}`",
+            f"- **When:** `{lesson.condition_text()}`"
+            + (f" (ignored: {defect})" if (defect := lesson.defect()) else ""),
             f"- **Outcome:** {outcome}",
             f"- **Root cause:** {lesson.root_cause}",
             f"- **Fix:** {lesson.fix}",

@@ -25,6 +25,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -542,8 +543,11 @@ def lessons_list(
     table = Table(title=f"{len(items)} lessons")
     for col in ("id", "outcome", "title", "when"):
         table.add_column(col, overflow="fold")
-    for lesson in items:
-        table.add_row(lesson.id, lesson.outcome, lesson.title, lesson.condition_text())
+    for lesson in items:  # text as plain text: a lesson's words are never Rich markup
+        defect = lesson.defect()
+        when = lesson.condition_text() + (f"\nignored (forbids nothing): {defect}"
+                                          if defect else "")
+        table.add_row(lesson.id, lesson.outcome, escape(lesson.title), escape(when))
     console.print(table)
 
 

@@ -1,4 +1,8 @@
-"""Cluster operations: plain functions over an injected backend, returning pydantic models."""
+"""Cluster operations: plain functions over an injected backend, returning pydantic models.
+
+Every answer that carries engine output (a status's message, log lines, event messages) passes
+through :func:`domain.redact.redact` here, so no backend can hand a secret to the model.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import time
 from pydantic import BaseModel
 
 from domain.config import ServingConfig
+from domain.redact import redact
 from mcp_servers.cluster.backend import ClusterBackend, DeploymentStatus, Event
 
 MAX_LOG_LINES = 500
@@ -39,7 +44,27 @@ def deploy(backend: ClusterBackend, name: str, config: ServingConfig,
     """Deploy ``config`` as ``name`` with servetune's labels added; wait up to ``wait_s`` s."""
     lab = {**MANAGED_BY, "servetune/config-id": config.config_id()}
     lab.update(labels or {})
-    return backend.deploy(name, config, lab, wait_s)
+    return redact_status(backend.deploy(name, config, lab, wait_s))
+
+
+def redact_status(st: DeploymentStatus) -> DeploymentStatus:
+    """``st`` with its message (the engine's last log line or error) redacted."""
+    return st.model_copy(update={"message": redact(st.message)})
+
+
+def status(backend: ClusterBackend, name: str) -> DeploymentStatus:
+    """The status of ``name``, its message redacted."""
+    return redact_status(backend.status(name))
+
+
+def teardown(backend: ClusterBackend, name: str) -> DeploymentStatus:
+    """Tear ``name`` down; its final status, the message redacted."""
+    return redact_status(backend.teardown(name))
+
+
+def list_deployments(backend: ClusterBackend) -> list[DeploymentStatus]:
+    """Every deployment of the backend, oldest first, messages redacted."""
+    return [redact_status(st) for st in backend.list()]
 
 
 def logs(backend: ClusterBackend, name: str, tail: int | None = None,
@@ -68,7 +93,7 @@ def logs(backend: ClusterBackend, name: str, tail: int | None = None,
     max_lines = max(1, min(max_lines, MAX_LOG_LINES))
     page = lines[start:start + max_lines]
     nxt = start + max_lines if start + max_lines < len(lines) else None
-    return LogPage(name=name, lines=[ln.text for ln in page], total_lines=len(lines),
+    return LogPage(name=name, lines=[redact(ln.text) for ln in page], total_lines=len(lines),
                    start=start, next_start=nxt)
 
 
@@ -88,7 +113,8 @@ def events(backend: ClusterBackend, name: str | None = None, since_s: float | No
         cutoff = time.time() - since_s
         evs = [e for e in evs if e.t >= cutoff]
     max_items = max(1, min(max_items, MAX_EVENTS))
-    page = evs[start:start + max_items]
+    page = [e.model_copy(update={"message": redact(e.message)})
+            for e in evs[start:start + max_items]]
     nxt = start + max_items if start + max_items < len(evs) else None
     return EventPage(name=name, events=page, total_events=len(evs), start=start,
                      next_start=nxt)

@@ -92,7 +92,7 @@ def build_server(backend: ClusterBackend) -> MCPServer:
 
         st = _guard(namespace, ops.deploy, backend, name, config)
         if st.phase == "Pending" and wait_s > 0:
-            st = _guard(namespace, settle, backend, name, wait_s, progress)
+            st = ops.redact_status(_guard(namespace, settle, backend, name, wait_s, progress))
         log.info("deployed %s: %s", name, st.phase)
         return st
 
@@ -102,7 +102,7 @@ def build_server(backend: ClusterBackend) -> MCPServer:
 
         Answers at once; while Pending, call it again after a few seconds.
         """
-        return _guard(namespace, backend.status, name)
+        return _guard(namespace, ops.status, backend, name)
 
     @server.tool(annotations=ToolAnnotations(readOnlyHint=True, openWorldHint=False))
     def get_logs(name: Name,
@@ -145,7 +145,7 @@ def build_server(backend: ClusterBackend) -> MCPServer:
 
         Idempotent; the answer's phase is Terminated.
         """
-        return _guard(namespace, backend.teardown, name)
+        return _guard(namespace, ops.teardown, backend, name)
 
     @server.tool(annotations=ToolAnnotations(readOnlyHint=True, openWorldHint=False))
     def list_deployments(namespace: Namespace = None) -> list[DeploymentStatus]:
@@ -155,7 +155,7 @@ def build_server(backend: ClusterBackend) -> MCPServer:
         reports it as a CorruptRecord warning naming the file, and tear_down of that name
         stops what it started and frees the name.
         """
-        return _guard(namespace, backend.list)
+        return _guard(namespace, ops.list_deployments, backend)
 
     return server
 

@@ -9,6 +9,9 @@ file in the same folder, then :func:`os.replace`), and every read-modify-write h
 A file that is not a JSON object (truncated, hand-edited) raises :class:`UnreadableRecord`
 naming the file; :meth:`RecordStore.set_aside` renames it to ``<name>.json.<time>.corrupt``, out of
 the way of the name.
+
+Records are written redacted (:func:`domain.redact.redact_any` over every string): they hold
+engine log lines (an exit event's last line, a status message), which may print a secret.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from domain.redact import redact_any
 
 
 class UnreadableRecord(ValueError):
@@ -115,7 +120,8 @@ class RecordStore:
         return dest
 
     def write(self, name: str, record: dict[str, Any]) -> None:
-        """Store ``record`` as ``name`` (atomically replacing any previous version)."""
+        """Store ``record`` as ``name`` (atomically replacing any previous version), redacted."""
+        record = redact_any(record)
         if self.root is None:
             self._mem[name] = json.loads(json.dumps(record))
             return

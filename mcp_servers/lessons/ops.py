@@ -13,7 +13,7 @@ import re
 from pydantic import BaseModel, Field
 
 from domain.config import ServingConfig
-from domain.lesson import FORBIDDING, Lesson, Outcome
+from domain.lesson import FORBIDDING, STORED, Lesson, Outcome
 from memory.store import LessonStore
 
 
@@ -37,6 +37,10 @@ class LessonPage(BaseModel):
     items: list[Lesson]
     total: int = Field(description="lessons matching the filters, over all pages")
     next_start: int | None = Field(description="pass as start for the next page; null at the end")
+    ignored: dict[str, str] = Field(
+        default_factory=dict, description="id -> why: lessons of this page whose condition "
+        "names no family of configs (true for every config, or a value outside its field's "
+        "domain); they forbid nothing and are left out of export_skill")
 
 
 class AddResult(BaseModel):
@@ -86,7 +90,9 @@ def query_lessons(store: LessonStore, text: str, k: int = 5, gpu: str | None = N
         raise ValueError("text is empty: describe the failure or question in words, "
                          "e.g. 'fp8 out of memory at weight load'")
     hits = store.query(text, k=k, gpu=gpu, model=model, quantization=quantization)
-    return QueryResult(query=text, hits=[LessonHit(score=s, lesson=x) for x, s in hits])
+    # STORED: a stored lesson whose condition names no family is shown, not refused
+    return QueryResult.model_validate(
+        {"query": text, "hits": [{"score": s, "lesson": x} for x, s in hits]}, context=STORED)
 
 
 def list_lessons(store: LessonStore, gpu: str | None = None, model: str | None = None,
@@ -110,8 +116,11 @@ def list_lessons(store: LessonStore, gpu: str | None = None, model: str | None =
                          f"max_items={max_items})")
     matching = store.list(gpu=gpu, model=model, outcome=outcome)
     end = start + max_items
-    return LessonPage(items=matching[start:end], total=len(matching),
-                      next_start=end if end < len(matching) else None)
+    items = matching[start:end]
+    ignored = {x.id: defect for x in items if (defect := x.defect()) is not None}
+    return LessonPage.model_validate(
+        {"items": items, "total": len(matching), "ignored": ignored,
+         "next_start": end if end < len(matching) else None}, context=STORED)
 
 
 def add_lesson(store: LessonStore, lesson: Lesson, run_id: str | None = None) -> AddResult:
@@ -126,8 +135,11 @@ def add_lesson(store: LessonStore, lesson: Lesson, run_id: str | None = None) ->
         run_id: run to record when the lesson names none (injected by the server, not the model).
 
     Raises:
+        ValueError: the condition names no family of configs (``Lesson.defect``).
         StoreUnavailable: the store cannot be written.
     """
+    if (defect := lesson.defect()) is not None:
+        raise ValueError(defect)
     lesson = lesson.model_copy(update={"id": ""}).with_id()
     if lesson.run_id is None and run_id is not None:
         lesson = lesson.model_copy(update={"run_id": run_id})
@@ -182,7 +194,8 @@ def export_skill(store: LessonStore, name: str = "servetune-lessons", gpu: str |
     Forbidding lessons (oom, does-not-fit, crash, invalid-flag, unsupported) come first as
     rules ("do not launch configs where ..."), then the informative ones (improvements,
     regressions, SLO misses). Each carries its id so a chat can cite it and look it up with
-    the lessons server's ``query_lessons``.
+    the lessons server's ``query_lessons``. Lessons whose condition names no family of configs
+    (``Lesson.defect``, possible only in a store written before that check) are left out.
 
     Args:
         store: the lesson store.
@@ -198,7 +211,8 @@ def export_skill(store: LessonStore, name: str = "servetune-lessons", gpu: str |
     if not re.match(SKILL_NAME_PATTERN, name):
         raise ValueError(f"skill name {name!r}: use lowercase letters, digits and '-', starting "
                          "with a letter or digit, at most 64 characters")
-    lessons = store.list(gpu=gpu, model=model, quantization=quantization)
+    lessons = [x for x in store.list(gpu=gpu, model=model, quantization=quantization)
+               if x.defect() is None]
     rules = [x for x in lessons if x.outcome in FORBIDDING]
     notes = [x for x in lessons if x.outcome not in FORBIDDING]
     scope = ", ".join(f"{k} {v}" for k, v in (("GPU", gpu), ("model", model),
