@@ -807,6 +807,23 @@ async def test_stdio_round_trip(tmp_path):
         (h["path"], h["line"], h["kind"]) for h in r.structured_content["hits"]}
 
 
+@pytest.mark.parametrize("name", [pytest.param(LONG, id="dir"),
+                                  pytest.param(LONG + ".whl", id="wheel")])
+def test_a_tree_path_component_over_255_characters_is_refused(tmp_path, name):
+    with pytest.raises(SourceError, match="cannot be read"):
+        open_tree(tmp_path / name, cache_dir=tmp_path / "cache")
+
+
+def test_cli_tree_path_component_over_255_characters_is_one_line(tmp_path):
+    env = dict(os.environ, SERVETUNE_SOURCE_CACHE=str(tmp_path / "cache"), COLUMNS="200")
+    r = subprocess.run([sys.executable, "-m", "servetune.cli", "mcp", "sglang-source", "--tree",
+                        str(tmp_path / LONG)], cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stdout + r.stderr
+    assert "error:" in r.stdout + r.stderr and "File name too long" in r.stdout + r.stderr
+
+
 # -- fetch --------------------------------------------------------------------------------------
 
 def make_wheel(path: Path, members: dict[str, str]) -> Path:
