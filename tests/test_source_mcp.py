@@ -824,6 +824,25 @@ def test_cli_tree_path_component_over_255_characters_is_one_line(tmp_path):
     assert "error:" in r.stdout + r.stderr and "File name too long" in r.stdout + r.stderr
 
 
+def test_a_wheel_or_cache_path_component_over_255_characters_is_refused(tmp_path):
+    with pytest.raises(SourceError, match="File name too long"):
+        fetch_wheel("0.5.23", tmp_path / "cache", wheel=tmp_path / (LONG + ".whl"))
+    with pytest.raises(SourceError, match="File name too long"):
+        open_tree(None, cache_dir=tmp_path / LONG)
+    with pytest.raises(SourceError, match="File name too long"):
+        fetch_wheel("0.5.23", tmp_path / LONG, run=lambda *a, **k: pytest.fail("pip ran"))
+
+
+def test_cli_source_fetch_wheel_component_over_255_characters_is_one_line(tmp_path):
+    env = dict(os.environ, SERVETUNE_SOURCE_CACHE=str(tmp_path / "cache"), COLUMNS="200")
+    r = subprocess.run([sys.executable, "-m", "servetune.cli", "source", "fetch", "--wheel",
+                        str(tmp_path / (LONG + ".whl"))], cwd=REPO_ROOT, env=env,
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stdout + r.stderr
+    assert "error:" in r.stdout + r.stderr and "File name too long" in r.stdout + r.stderr
+
+
 # -- fetch --------------------------------------------------------------------------------------
 
 def make_wheel(path: Path, members: dict[str, str]) -> Path:
