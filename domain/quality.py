@@ -13,7 +13,9 @@ What changes numerics relative to a reference config (:func:`numerics_changes`):
 The check (on real endpoints only): greedy completions (temperature 0) of a fixed prompt set
 from the candidate and from the reference, compared position by position as whitespace tokens
 (:func:`token_match_rate`). On the twin there are no real outputs, and the gate says so
-(``not-applicable``) instead of pretending.
+(``not-applicable``) instead of pretending; the same holds for an HTTP endpoint that identifies
+itself as simulated (``servetune twin serve``, which ``--backend local`` starts without a GPU,
+sends :data:`SIMULATED_HEADER` on every response).
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ from domain.config import ServingConfig
 
 GateStatus = Literal["not-needed", "not-applicable", "pass", "fail"]
 TWIN_NOT_APPLICABLE = "not applicable (twin: no real outputs)"
+SIMULATED_NOT_APPLICABLE = "not applicable (simulated endpoint)"
+# The response header by which a simulated server names itself (value: what simulates it, e.g.
+# "twin"). servetune's own name: SGLang (or any other real server) never sends it.
+SIMULATED_HEADER = "x-servetune-simulated"
 
 
 class QualityGate(BaseModel):

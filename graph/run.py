@@ -211,6 +211,7 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
                                researchers=researchers, research_parallel=research_parallel,
                                claude=claude, namespace=backend.namespace, repeats=repeats,
                                replay=replay_profile(bench, study))
+            ctx.event("backend", backend=backend.kind)  # the report's first lines
             for name in await tear_down_leftovers(c_cluster, run_id):
                 ctx.event("teardown-leftover", name=name)
             already_done = resumed and snap.values.get("phase") == "done"
@@ -220,6 +221,8 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
                 inp = resume_input(run_id, snap.values, tuple(snap.next))
                 # durability="sync": each step's checkpoint is on disk before the next starts.
                 final = await graph.ainvoke(inp, cfg, context=ctx, durability="sync")
+        if bench.simulated_endpoints:  # endpoints that said they are simulated, for the report
+            ctx.event("endpoints", simulated=dict(bench.simulated_endpoints))
         if faults is not None:  # what was injected, for the report (events.jsonl)
             record_injected(ctx, backend, bench, lesson_store,
                             sum(TRANSIENT_RETRIES.values()) - retried_before)

@@ -10,8 +10,10 @@ before the next one, keyed by config, so a resumed run repeats none of them.
   capacity and, where the trace's prefixes repeat (prefix-cache hits >= :data:`REPEAT_HITS`),
   HiCache; each is a ``validate`` trial, adopted only by :func:`domain.admission.adopt`.
 - :func:`quality_gate`: the gate of :mod:`domain.quality` for a finalist -- not needed when its
-  numerics equal the reference's (the study's baseline), not applicable on the twin, else the
-  greedy outputs of the fixed prompt set (bench ``run_greedy``) against the reference's.
+  numerics equal the reference's (the study's baseline), not applicable on the twin or when an
+  endpoint identifies itself as simulated (``run_greedy`` marks its result ``simulated``: the
+  twin server that ``--backend local`` runs without a GPU), else the greedy outputs of the fixed
+  prompt set (bench ``run_greedy``) against the reference's.
 - :func:`frontier_targets`: the finalists plus a speculative (NEXTN) variant of the winner when
   the model ships an MTP/NextN head.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,7 +36,13 @@ from domain.errors import ConfigInvalid
 from domain.knobs import apply_knob
 from domain.ledger import Ledger
 from domain.models import get_model
-from domain.quality import TWIN_NOT_APPLICABLE, QualityGate, compare_outputs, numerics_changes
+from domain.quality import (
+    SIMULATED_NOT_APPLICABLE,
+    TWIN_NOT_APPLICABLE,
+    QualityGate,
+    compare_outputs,
+    numerics_changes,
+)
 from domain.study import Study
 from domain.trial import Trial, manifest_for
 from graph.retry import launch, measure
@@ -162,20 +171,34 @@ def gate_needed(study: Study, config: ServingConfig) -> list[str]:
     return numerics_changes(config, study.base_config())
 
 
+@dataclass(frozen=True)
+class Simulated:
+    """``run_greedy`` met a simulated endpoint: there are no model outputs to compare."""
+
+    by: str  # what simulates it (the endpoint's x-servetune-simulated header, e.g. "twin")
+
+
 async def candidate_outputs(ctx: StudyContext, config: ServingConfig, name: str
-                            ) -> list[str] | None:
+                            ) -> list[str] | Simulated | None:
     """Greedy outputs of deployed ``name`` if the gate needs them, else None.
 
-    Needed on real endpoints when ``config`` changes numerics vs the reference.
+    Needed on real endpoints when ``config`` changes numerics vs the reference; a
+    :class:`Simulated` when the endpoint says it is simulated.
     """
     if ctx.backend_kind == "twin" or not gate_needed(ctx.study, config):
         return None
     r = await call(ctx.bench, "run_greedy", {"deployment": name})
+    if r.get("simulated"):
+        return Simulated(str(r["simulated"]))
     return [str(x) for x in r["outputs"]]
 
 
-async def _reference_outputs(ctx: StudyContext, deployer: Deployer) -> list[str] | str:
-    """The reference's greedy outputs (cached in ledger meta), or why they could not be had."""
+async def _reference_outputs(ctx: StudyContext, deployer: Deployer
+                             ) -> list[str] | Simulated | str:
+    """The reference's greedy outputs (cached in ledger meta), or why they could not be had.
+
+    A :class:`Simulated` when the reference's endpoint says it is simulated (nothing cached).
+    """
     ref = ctx.study.base_config()
     raw = ctx.ledger.get_meta(REFERENCE_META)
     if raw:
@@ -194,6 +217,8 @@ async def _reference_outputs(ctx: StudyContext, deployer: Deployer) -> list[str]
         return f"the reference's outputs could not be read: {e}"
     finally:
         await deployer.teardown(name)
+    if r.get("simulated"):
+        return Simulated(str(r["simulated"]))
     outputs = [str(x) for x in r["outputs"]]
     ctx.ledger.set_meta(REFERENCE_META, json.dumps({"config_id": ref.config_id(),
                                                     "prompts_sha": r["prompts_sha"],
@@ -201,9 +226,14 @@ async def _reference_outputs(ctx: StudyContext, deployer: Deployer) -> list[str]
     return outputs
 
 
-async def quality_gate(ctx: StudyContext, config: ServingConfig, outputs: list[str] | None,
-                       deployer: Deployer) -> QualityGate:
-    """The quality gate's decision on ``config`` (``outputs``: from :func:`candidate_outputs`)."""
+async def quality_gate(ctx: StudyContext, config: ServingConfig,
+                       outputs: list[str] | Simulated | None, deployer: Deployer) -> QualityGate:
+    """The quality gate's decision on ``config`` (``outputs``: from :func:`candidate_outputs`).
+
+    Simulated outputs (the candidate's or the reference's endpoint says it is simulated) make
+    it ``not-applicable`` (:data:`~domain.quality.SIMULATED_NOT_APPLICABLE`): it neither blocks
+    nor passes.
+    """
     ref = ctx.study.base_config()
     changes = gate_needed(ctx.study, config)
     need = ctx.study.validation.quality_min_token_match
@@ -213,9 +243,13 @@ async def quality_gate(ctx: StudyContext, config: ServingConfig, outputs: list[s
                            "reference (baseline): numerics unchanged", **base)
     if ctx.backend_kind == "twin":
         return QualityGate(status="not-applicable", reason=TWIN_NOT_APPLICABLE, **base)
+    if isinstance(outputs, Simulated):
+        return QualityGate(status="not-applicable", reason=SIMULATED_NOT_APPLICABLE, **base)
     if outputs is None:
         return QualityGate(status="fail", reason="no greedy outputs of the candidate", **base)
     reference = await _reference_outputs(ctx, deployer)
+    if isinstance(reference, Simulated):
+        return QualityGate(status="not-applicable", reason=SIMULATED_NOT_APPLICABLE, **base)
     if isinstance(reference, str):
         return QualityGate(status="fail", reason=reference, **base)
     rate, ok = compare_outputs(outputs, reference, need)

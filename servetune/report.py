@@ -1,6 +1,8 @@
 """The end-of-run report: ``report.md`` plus PNG plots, written into a run's folder.
 
-Everything shown comes from the ledger's trials, the study and the lessons handed in; nothing is
+Everything shown comes from the ledger's trials, the study and the lessons handed in, plus the
+run's ``events.jsonl`` (the backend and the endpoints that said they were simulated, written by
+:func:`graph.run.run_study`, named in the report's first lines; injected faults); nothing is
 measured here. Units: throughput in output tokens per second (per GPU, or per user = 1 / TPOT),
 latencies in milliseconds, durations in seconds. Files are written atomically (temp file in the
 same folder, then ``os.replace``) so a reader never sees half a report.
@@ -26,7 +28,7 @@ from domain.metrics import MetricsSummary
 from domain.pareto import dominated_by, pareto_front
 from domain.study import Study
 from domain.trial import Trial
-from servetune.faults_report import faults_section
+from servetune.faults_report import faults_section, read_events
 
 SEARCH_PNG = "search.png"
 FRONTIER_PNG = "frontier.png"
@@ -273,8 +275,38 @@ def _best_finalist(validated: list[Trial]) -> Trial | None:
 
 
 # ---------------------------------------------------------------- report sections
+def _backend_line(events: list[dict[str, Any]]) -> str:
+    """Which backend ran the trials and whether their endpoints were simulated.
+
+    From the run's events: the last ``backend`` event (one per start of the run) and every
+    ``endpoints`` event (base URL -> what simulates it, for the endpoints whose responses
+    carried ``x-servetune-simulated``).
+    """
+    kinds = [str(e.get("backend")) for e in events if e.get("kind") == "backend"]
+    simulated: dict[str, str] = {}
+    for e in events:
+        if e.get("kind") == "endpoints" and isinstance(e.get("simulated"), dict):
+            simulated.update({str(k): str(v) for k, v in e["simulated"].items()})
+    if not kinds:
+        return ("Backend: not recorded (this run's events do not name it), so whether its "
+                "endpoints were simulated is unknown.")
+    kind = kinds[-1]
+    if kind == "twin":
+        return (f"Backend: `{kind}`; endpoints: simulated (the digital twin in virtual time): "
+                "every number is the twin's, not a GPU's, and no output is a model's.")
+    if simulated:
+        by = ", ".join(sorted(set(simulated.values())))
+        n = len(simulated)
+        return (f"Backend: `{kind}`; endpoints: simulated ({n} of them identified "
+                f"{'itself' if n == 1 else 'themselves'} as the {by} server, "
+                f"`x-servetune-simulated: {by}`): throughput and "
+                "latency are the twin's in real time, not a GPU's, and no output is a model's, "
+                "so the quality gate is not applicable.")
+    return f"Backend: `{kind}`; endpoints: real (none identified itself as simulated)."
+
+
 def _summary(study: Study, trials: list[Trial], run_id: str, stop_reason: str,
-             elapsed_s: float) -> list[str]:
+             elapsed_s: float, backend: str) -> list[str]:
     search = [t for t in trials if t.phase == "search"]
     launched = sum(t.launched for t in search)
     pruned = sum(t.status == "pruned" for t in search)
@@ -283,7 +315,7 @@ def _summary(study: Study, trials: list[Trial], run_id: str, stop_reason: str,
     replayed = sum(t.phase == "validate" for t in trials)
     sweep = sum(t.phase == "frontier" for t in trials)
     return [
-        f"# {study.name}: run `{run_id}`", "",
+        f"# {study.name}: run `{run_id}`", "", backend, "",
         f"Model `{study.model}` on {study.gpu_count} x {study.gpu} with {study.engine} "
         f"{study.engine_version}. Stopped because: {stop_reason or 'not given'}. "
         f"Elapsed: {elapsed_s:,.1f} s. Search trials: {launched} launched, {pruned} pruned "
@@ -497,9 +529,10 @@ def _quality_section(trials: list[Trial]) -> list[str]:
     out += ["A finalist that changes numerics relative to the reference (the baseline: weights "
             "checkpoint or KV cache dtype) must reproduce the reference's greedy outputs on a "
             "fixed prompt set (token match rate >= the study's "
-            "validation.quality_min_token_match) before it can be the winner. On the twin "
-            "there are no real outputs, so the gate is reported as not applicable, never "
-            "faked.", ""]
+            "validation.quality_min_token_match) before it can be the winner. On the twin, "
+            "and on an endpoint that identifies itself as simulated (the twin server that "
+            "`--backend local` runs without a GPU), there are no real outputs, so the gate is "
+            "reported as not applicable, never faked.", ""]
     rows = []
     for t in gated:
         q = t.quality
@@ -779,7 +812,8 @@ def render_report(run_dir: Path, study: Study, trials: list[Trial], lessons: lis
         if not written:
             (run_dir / name).unlink(missing_ok=True)
 
-    lines = _summary(study, trials, run_id, stop_reason, elapsed_s)
+    lines = _summary(study, trials, run_id, stop_reason, elapsed_s,
+                     _backend_line(read_events(run_dir / "events.jsonl")))
     lines += _workloads(study, replay_requests, trace_file)
     lines += _result(study, trials)
     lines += _trials_table(trials)

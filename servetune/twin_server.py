@@ -28,6 +28,10 @@ limit) get HTTP 400 with SGLang's ``ErrorResponse`` body and message; a request 
 later (it never fits the KV pool) ends its stream with an error event, or a 400 body. A client
 that disconnects aborts its request in the engine (its slot and KV are freed).
 
+Every response carries the header ``x-servetune-simulated: twin``
+(:data:`domain.quality.SIMULATED_HEADER`), which SGLang never sends: a client can tell the twin
+from a real server, and the quality gate is not applicable to its outputs.
+
 Startup: the twin's startup (:func:`domain.twin.startup.start`) prints the engine's log; a config
 the engine refuses exits with the engine's code and error line (like a failed ``sglang serve``),
 a servable one binds, prints ``The server is fired up and ready to roll!`` and (``--port-file``)
@@ -50,13 +54,17 @@ from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.datastructures import MutableHeaders
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from domain.config import ServingConfig
 from domain.fit import FitReport
 from domain.models import get_model
+from domain.quality import SIMULATED_HEADER
 from domain.twin.realtime import RealtimeTwin, block_hashes
 from domain.twin.startup import start
 
@@ -75,6 +83,34 @@ EMIT_AHEAD_S = 0.0005
 # how often a non-streamed request checks that its client is still connected (s)
 DISCONNECT_POLL_S = 0.5
 READY_LINE = "The server is fired up and ready to roll!"
+
+
+SIMULATED_BY = "twin"  # the value of SIMULATED_HEADER on every response of this server
+
+
+class SimulatedHeader:
+    """ASGI middleware: ``x-servetune-simulated: twin`` on every HTTP response (404s included).
+
+    Pure ASGI (it only edits the ``http.response.start`` message), so streamed responses and
+    client-disconnect detection are untouched.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        """Wrap ``app``."""
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve ``scope`` through the wrapped app, adding the header to its response start."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_marked(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message)[SIMULATED_HEADER] = SIMULATED_BY
+            await send(message)
+
+        await self.app(scope, receive, send_marked)
 
 
 class BadRequest(ValueError):
@@ -468,7 +504,7 @@ class TwinService:
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
             *([Route("/twin/timing", self.timing, methods=["GET"])] if self.record else []),
-        ], lifespan=lifespan)
+        ], middleware=[Middleware(SimulatedHeader)], lifespan=lifespan)
 
 
 # (name, type, help, value of a ReplicaLoad) in SGLang's names and help texts

@@ -205,7 +205,7 @@ def test_sigkill_mid_study_then_resume(tmp_path):
             proc.wait(timeout=30)
         rows = ledger_rows(ledger)
         assert rows[:len(before)] == before  # nothing committed was changed or lost
-        redeployed = [json.loads(x)["key"] for x in events.read_text().splitlines()[n_events:]]
+        redeployed = [json.loads(x).get("key") for x in events.read_text().splitlines()[n_events:]]
         assert not set(redeployed) & finished_keys  # no finished trial deployed twice
         before = rows
         finished_keys = {k for _, k, status, _, _ in rows if status != "pruned"}
@@ -215,7 +215,7 @@ def test_sigkill_mid_study_then_resume(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     after = ledger_rows(ledger)
     assert after[:len(before)] == before
-    redeployed = [json.loads(x)["key"] for x in events.read_text().splitlines()[n_events:]]
+    redeployed = [json.loads(x).get("key") for x in events.read_text().splitlines()[n_events:]]
     assert not set(redeployed) & finished_keys
     # the resumed run reaches the same decisions as an uninterrupted one (own fresh store)
     ref_env = dict(env, SERVETUNE_LESSONS_DIR=str(tmp_path / "lessons-ref"))

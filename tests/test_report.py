@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from domain.config import ServingConfig
 from domain.lesson import Clause, Lesson, Scope
 from domain.metrics import MetricsSummary, Percentiles
+from domain.quality import QualityGate
 from domain.study import Study, parse_study
 from domain.trial import Trial
 from servetune.report import render_report, summary_rows
@@ -160,6 +162,37 @@ def test_full_report_names_winner_with_its_launch_command(full: tuple[Path, str]
             "request served)") in result
     assert "Changes from the baseline" in result and "max_running_requests unset -> 256" in result
     assert "No finalist met the SLO" not in text
+
+
+SIMULATED_GATE = QualityGate(status="not-applicable", reason="not applicable (simulated endpoint)",
+                             changes=["kv_cache_dtype bf16 -> fp8_e4m3"])
+
+
+@pytest.mark.parametrize(("events", "first"), [
+    pytest.param([{"kind": "backend", "backend": "local"},
+                  {"kind": "endpoints", "simulated": {"http://127.0.0.1:4001": "twin"}}],
+                 "Backend: `local`; endpoints: simulated (1 of them identified itself as the "
+                 "twin server", id="local-simulated"),
+    pytest.param([{"kind": "backend", "backend": "kubernetes"}],
+                 "Backend: `kubernetes`; endpoints: real", id="kubernetes-real"),
+    pytest.param([{"kind": "backend", "backend": "twin"}],
+                 "Backend: `twin`; endpoints: simulated (the digital twin in virtual time",
+                 id="twin"),
+    pytest.param([], "Backend: not recorded", id="older-run"),
+])
+def test_first_lines_name_the_backend_and_whether_endpoints_were_simulated(
+        tmp_path: Path, study: Study, events: list[dict], first: str) -> None:
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    fp8kv = cfg(max_running_requests=256, kv_cache_dtype="fp8_e4m3")
+    trials = search_trials() + [trial(6, "validate", "winner", fp8kv, "kv_cache_dtype=fp8_e4m3",
+                                      "replay", parent_seq=2, objective=1200.0,
+                                      saturation=summary(1200.0, 35.0),
+                                      replay=summary(300.0, 30.0), quality=SIMULATED_GATE)]
+    lines = render(tmp_path, study, trials).splitlines()
+    assert lines[0].startswith("# glm5-b200: run")
+    assert lines[2].startswith(first), lines[2]
+    assert "- Quality gate: not applicable (simulated endpoint)" in lines
+    assert "pass" not in section("\n".join(lines), "Quality gate").split("| reason |")[1]
 
 
 def test_workloads_show_request_count_time_scale_and_window(full: tuple[Path, str]) -> None:

@@ -677,6 +677,66 @@ async def test_refusals_are_tool_errors(mini, tool, args, message):
     assert message in r.content[0].text
 
 
+LONG = "a" * 300  # one path component over the 255-byte file-name limit (ENAMETOOLONG)
+
+
+@pytest.mark.parametrize(("tool", "args"), [
+    pytest.param("read_file", {"path": f"sglang/{LONG}.py"}, id="read_file"),
+    pytest.param("list_files", {"path": f"sglang/{LONG}"}, id="list_files"),
+    pytest.param("grep", {"pattern": "x", "path": f"sglang/{LONG}"}, id="grep"),
+    pytest.param("outline", {"path": f"sglang/{LONG}.py"}, id="outline"),
+    pytest.param("read_file", {"path": f"sglang/{'b' * 200}/{'c' * 256}/x.py"}, id="256-inner"),
+    pytest.param("read_file", {"path": "sglang/" + "\u00e9" * 130 + ".py"}, id="263-utf8-bytes"),
+])
+async def test_a_path_component_over_255_characters_is_a_clear_tool_error(mini, tool, args):
+    async with Client(build_server(mini)) as client:
+        r = await client.call_tool(tool, args)
+    assert r.is_error
+    text = r.content[0].text
+    assert "255" in text and "component" in text, text
+
+
+@pytest.mark.parametrize(("tool", "args"), [
+    pytest.param("read_file", {"path": "sglang/locked/x.py"}, id="read_file"),
+    pytest.param("list_files", {"path": "sglang/locked"}, id="list_files"),
+    pytest.param("grep", {"pattern": "x", "path": "sglang/locked"}, id="grep"),
+    pytest.param("outline", {"path": "sglang/locked/x.py"}, id="outline"),
+])
+async def test_an_unreadable_path_is_a_clear_tool_error(mini, monkeypatch, tool, args):
+    # Tests run as root here, where chmod 000 does not deny: stat() is made to raise EACCES,
+    # as it does for another user's directory.
+    real_stat = Path.stat
+
+    def stat(self, *a, **kw):
+        if "locked" in self.parts:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_stat(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "stat", stat)
+    async with Client(build_server(mini)) as client:
+        r = await client.call_tool(tool, args)
+    assert r.is_error
+    assert "Permission denied" in r.content[0].text and "locked" in r.content[0].text
+
+
+@pytest.mark.parametrize(("tool", "args", "message"), [
+    pytest.param("read_file", {"path": "sglang/loop"}, "symlink cycle", id="eloop-read"),
+    pytest.param("list_files", {"path": "sglang/loop/x"}, "symlink cycle", id="eloop-list"),
+    pytest.param("read_file", {"path": "sglang/__init__.py/x"}, "no such file",
+                 id="enotdir-read"),
+    pytest.param("outline", {"path": "sglang/__init__.py/x.py"}, "no such file",
+                 id="enotdir-outline"),
+    pytest.param("read_file", {"path": "sglang/" + "a" * 255}, "no such file",
+                 id="255-is-a-name"),
+])
+async def test_loops_and_files_used_as_dirs_are_tool_errors(tmp_path, tool, args, message):
+    root = build_tree(tmp_path)
+    (root / "sglang/loop").symlink_to("loop")
+    async with Client(build_server(SourceTree(root))) as client:
+        r = await client.call_tool(tool, args)
+    assert r.is_error and message in r.content[0].text, r.content[0].text
+
+
 async def test_server_without_tree_answers_with_fetch_command():
     async with Client(build_server(None, version="0.5.23")) as client:
         info = (await client.call_tool("source_info", {})).structured_content
@@ -745,6 +805,42 @@ async def test_stdio_round_trip(tmp_path):
     assert len(names) == 10
     assert ("sglang/srt/managers/scheduler.py", 15, "read") in {
         (h["path"], h["line"], h["kind"]) for h in r.structured_content["hits"]}
+
+
+@pytest.mark.parametrize("name", [pytest.param(LONG, id="dir"),
+                                  pytest.param(LONG + ".whl", id="wheel")])
+def test_a_tree_path_component_over_255_characters_is_refused(tmp_path, name):
+    with pytest.raises(SourceError, match="cannot be read"):
+        open_tree(tmp_path / name, cache_dir=tmp_path / "cache")
+
+
+def test_cli_tree_path_component_over_255_characters_is_one_line(tmp_path):
+    env = dict(os.environ, SERVETUNE_SOURCE_CACHE=str(tmp_path / "cache"), COLUMNS="200")
+    r = subprocess.run([sys.executable, "-m", "servetune.cli", "mcp", "sglang-source", "--tree",
+                        str(tmp_path / LONG)], cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stdout + r.stderr
+    assert "error:" in r.stdout + r.stderr and "File name too long" in r.stdout + r.stderr
+
+
+def test_a_wheel_or_cache_path_component_over_255_characters_is_refused(tmp_path):
+    with pytest.raises(SourceError, match="File name too long"):
+        fetch_wheel("0.5.23", tmp_path / "cache", wheel=tmp_path / (LONG + ".whl"))
+    with pytest.raises(SourceError, match="File name too long"):
+        open_tree(None, cache_dir=tmp_path / LONG)
+    with pytest.raises(SourceError, match="File name too long"):
+        fetch_wheel("0.5.23", tmp_path / LONG, run=lambda *a, **k: pytest.fail("pip ran"))
+
+
+def test_cli_source_fetch_wheel_component_over_255_characters_is_one_line(tmp_path):
+    env = dict(os.environ, SERVETUNE_SOURCE_CACHE=str(tmp_path / "cache"), COLUMNS="200")
+    r = subprocess.run([sys.executable, "-m", "servetune.cli", "source", "fetch", "--wheel",
+                        str(tmp_path / (LONG + ".whl"))], cwd=REPO_ROOT, env=env,
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stdout + r.stderr
+    assert "error:" in r.stdout + r.stderr and "File name too long" in r.stdout + r.stderr
 
 
 # -- fetch --------------------------------------------------------------------------------------

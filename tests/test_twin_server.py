@@ -287,6 +287,27 @@ def test_models_and_health(server):
     assert m["data"][0]["max_model_len"] == 131072
 
 
+def test_every_response_says_it_is_simulated(server):
+    # a real SGLang never sends this header: the bench reads it to mark outputs simulated
+    client, _ = server
+    responses = {
+        "health": client.get("/health"), "models": client.get("/v1/models"),
+        "metrics": client.get("/metrics"), "not-found": client.get("/no-such-route"),
+        "completion": client.post("/v1/completions", json={"prompt": "a b", "max_tokens": 1}),
+        "chat": client.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
+        "refused": client.post("/v1/completions", json={"prompt": "x", "max_tokens": 10**7}),
+        "bad-json": client.post("/v1/completions", content=b"{"),
+    }
+    with client.stream("POST", "/v1/completions", json={"prompt": "a", "max_tokens": 1,
+                                                       "stream": True}) as r:
+        r.read()
+        responses["stream"] = r
+    assert {k: r.headers.get("x-servetune-simulated") for k, r in responses.items()} == {
+        k: "twin" for k in responses}
+    assert responses["refused"].status_code == 400
+
+
 def raw_stream(base_url: str, body: dict) -> tuple[list[float], bytes]:
     """POST a streamed completion over a bare socket (no client library in the timing):
     the arrival time of every token event (relative to the send) and the whole response."""

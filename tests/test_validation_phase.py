@@ -5,6 +5,7 @@ points, and the output check of numerics-changing winners."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from mcp_servers.bench.ops import BenchService
 from mcp_servers.bench.quality import PROMPTS
 from mcp_servers.bench.server import build_server
 from mcp_servers.cluster.backend import BackendError, TwinBackend
-from tests.fixtures.stub_process import running_stub
+from tests.fixtures.stub_process import running_stub, running_twin_server
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT = REPO / "studies" / "default.yaml"
@@ -150,6 +151,59 @@ async def test_greedy_on_a_twin_deployment_is_refused_as_not_applicable(tmp_path
     backend.deploy("t", ServingConfig(model="glm-5", gpu="B200", tp_size=8, weights="fp8"), {})
     with pytest.raises(BackendError, match="not applicable on the twin"):
         await BenchService(backend, tmp_path, []).greedy("t")
+
+
+@pytest.mark.anyio
+async def test_greedy_from_a_twin_server_is_marked_simulated_not_matched(tmp_path: Path) -> None:
+    # what --backend local runs without a GPU: `servetune twin serve` over real HTTP
+    config = ServingConfig(model="llama-3.1-8b", gpu="H200", tp_size=1, weights="fp8",
+                           kv_cache_dtype="fp8_e4m3").model_dump(mode="json")
+    with running_twin_server(tmp_path, config, "--speedup", "20") as url, running_stub() as real:
+        svc = BenchService(TwinBackend(), tmp_path, [], allowed_endpoints=[url, real])
+        async with Client(build_server(svc)) as c:
+            r = await c.call_tool("run_greedy", {"endpoint": url, "max_tokens": 2})
+            ok = await c.call_tool("run_greedy", {"endpoint": real, "max_tokens": 2})
+    assert not r.is_error, r.content[0].text
+    got = r.structured_content
+    assert got["simulated"] == "twin" and got["outputs"] == []  # no fake outputs to match
+    assert ok.structured_content["simulated"] is None
+    assert len(ok.structured_content["outputs"]) == len(PROMPTS)
+
+
+@pytest.mark.slow
+def test_local_backend_without_a_gpu_reports_the_gate_not_applicable(tmp_path: Path) -> None:
+    # The issue's repro, cut down (about a minute: the local backend runs twin servers in real
+    # time): FP8 KV beside a bf16 baseline on `servetune run --backend local` without a GPU.
+    from mcp_servers.cluster.local import gpu_present
+
+    if gpu_present():
+        pytest.skip("a GPU is present: the local backend would start sglang serve")
+    study = {
+        "name": "local-tiny", "model": "llama-3.1-8b", "gpu": "H200", "gpu_count": 1,
+        "baseline": {"tp_size": 1, "weights": "fp8", "kv_cache_dtype": "bf16"},
+        "knobs": {"kv_cache_dtype": ["bf16", "fp8_e4m3"]},
+        "saturation": {"isl": 32, "osl": 8, "concurrency": 4, "duration_s": 1},
+        "replay": {"trace": str(TRACE), "format": "mooncake", "start_s": 600, "duration_s": 3,
+                   "time_scale": 1.0},
+        "slo": {"ttft_p99_ms": 60000}, "finalists": 2, "sweep_concurrency": [2],
+        "budget": {"max_trials": 2, "patience": 1}}
+    (tmp_path / "local.yaml").write_text(yaml.safe_dump(study))
+    env = {k: v for k, v in os.environ.items() if k != "SERVETUNE_SGLANG_SOURCE"}
+    env.update(SERVETUNE_LESSONS_DIR=str(tmp_path / "lessons"), COLUMNS="200",
+               SERVETUNE_SOURCE_CACHE=str(tmp_path / "no-source"), PYTHONPATH=str(REPO))
+    r = subprocess.run([sys.executable, "-m", "servetune.cli", "run", "local.yaml", "--run-id",
+                        "l1", "--backend", "local", "--namespace", "local-gate",
+                        "--brains", "deterministic"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    report = (tmp_path / "runs" / "l1" / "report.md").read_text()
+    head = report.splitlines()[:4]
+    assert head[2].startswith("Backend: `local`; endpoints: simulated"), head
+    gate = report[report.index("## Quality gate"):]
+    gate = gate[:gate.index("\n## ", 1)]
+    fp8 = next(x for x in gate.splitlines() if "kv_cache_dtype=fp8_e4m3" in x)
+    assert "not-applicable" in fp8 and "not applicable (simulated endpoint)" in fp8, fp8
+    assert "greedy token match" not in report
 
 
 # ---------------------------------------------------------------- a graph run that over-admits

@@ -64,6 +64,7 @@ import httpx
 import numpy as np
 
 from domain.metrics import RequestRecord
+from domain.quality import SIMULATED_HEADER
 
 try:  # orjson (a dependency of chromadb) parses SSE chunks ~3x faster than json
     from orjson import loads as _loads
@@ -270,11 +271,22 @@ def _frozen_heap() -> Iterator[None]:
         gc.unfreeze()
 
 
-async def fetch_model_id(base_url: str, timeout_s: float = 5.0) -> str | None:
-    """The first model id ``GET {base_url}/v1/models`` lists, or None if it cannot be read."""
+async def fetch_model_id(base_url: str, timeout_s: float = 5.0,
+                         simulated: dict[str, str] | None = None) -> str | None:
+    """The first model id ``GET {base_url}/v1/models`` lists, or None if it cannot be read.
+
+    Args:
+        base_url: the server.
+        timeout_s: timeout of the request, s.
+        simulated: when given, ``base_url`` -> the value of the server's
+            ``x-servetune-simulated`` header (:data:`domain.quality.SIMULATED_HEADER`) is
+            recorded in it if the server sends one (the twin server does; SGLang never).
+    """
     try:
         async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as client:
             r = await client.get(base_url + "/v1/models")
+            if simulated is not None and r.headers.get(SIMULATED_HEADER):
+                simulated[base_url] = r.headers[SIMULATED_HEADER][:64]
             r.raise_for_status()
             data = r.json().get("data") or []
             return str(data[0]["id"]) if data else None

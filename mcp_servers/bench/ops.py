@@ -353,6 +353,8 @@ class BenchService:
         self.twin_noise_pct, self.twin_noise_seed = twin_noise_pct, twin_noise_seed
         self.faults = faults
         self.injected: list[dict[str, Any]] = []
+        # base URL -> what simulates it, for every endpoint that said so (x-servetune-simulated)
+        self.simulated_endpoints: dict[str, str] = {}
         self._runs_of: dict[str, int] = {}  # bench id -> twin runs so far (fault draws)
         self._traces: dict[tuple[str, str], Trace] = {}
 
@@ -495,7 +497,8 @@ class BenchService:
         return res
 
     async def _model(self, t: _Target) -> str:
-        return await fetch_model_id(t.urls[0]) or FALLBACK_MODEL
+        return await fetch_model_id(t.urls[0], simulated=self.simulated_endpoints) or \
+            FALLBACK_MODEL
 
     def _runner(self, t: _Target) -> HttpRunner:
         return HttpRunner(t.urls, request_timeout_s=self.request_timeout_s, client=self.client)
@@ -824,6 +827,9 @@ class BenchService:
     async def greedy(self, deployment: str | None, max_tokens: int = DEFAULT_MAX_TOKENS, *,
                      endpoint: str | None = None) -> GreedyOutputs:
         """Greedy completions of the fixed prompt set (:mod:`mcp_servers.bench.quality`).
+
+        A simulated endpoint (the twin server) gives a result marked ``simulated``, without
+        outputs.
 
         Raises:
             BackendError: target missing/not Ready/not allowed, a twin deployment (no real

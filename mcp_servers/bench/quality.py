@@ -6,6 +6,10 @@ the same tokens) and returns the texts; :func:`domain.quality.compare_outputs` s
 candidate's against a reference config's. The prompts are fixed (a mix of recall, arithmetic,
 code and instruction following, short enough for any context length) so outputs of different
 runs and configs stay comparable; their sha256 travels with the result.
+
+A server that names itself simulated (the :data:`domain.quality.SIMULATED_HEADER` response
+header, which ``servetune twin serve`` sends and SGLang never does) has no model outputs to
+compare: the result is marked ``simulated`` with no outputs, after its first request.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from collections.abc import Sequence
 
 import httpx
 from pydantic import BaseModel, Field
+
+from domain.quality import SIMULATED_HEADER
 
 PROMPTS: tuple[str, ...] = (
     "The capital of France is",
@@ -40,8 +46,14 @@ class GreedyOutputs(BaseModel):
     model: str
     prompts_sha: str = Field(description="sha256 (12 hex) of the prompt set, in order")
     max_tokens: int
-    outputs: list[str] = Field(description="completion text per prompt, same order")
+    outputs: list[str] = Field(description="completion text per prompt, same order; empty "
+                                           "when simulated")
     completion_tokens: list[int] = Field(description="the server's usage count per prompt")
+    simulated: str | None = Field(None, description=(
+        "what simulates the endpoint (e.g. 'twin': `servetune twin serve`, as --backend local "
+        "runs without a GPU), from its x-servetune-simulated header; its outputs are not a "
+        "model's, so none are returned and the quality gate is not applicable. Null for a "
+        "real server."))
 
 
 def prompts_sha(prompts: Sequence[str]) -> str:
@@ -54,6 +66,9 @@ async def greedy_outputs(base_url: str, model: str, prompts: Sequence[str] = PRO
                          timeout_s: float = 120.0) -> GreedyOutputs:
     """Greedy (temperature 0, seed 0) completions of ``prompts`` from ``base_url``, one by one.
 
+    Stops at the first response that carries the simulated header: the result then has
+    ``simulated`` set and no outputs.
+
     Raises:
         httpx.HTTPError: a request failed (the caller turns it into a tool error).
     """
@@ -63,6 +78,12 @@ async def greedy_outputs(base_url: str, model: str, prompts: Sequence[str] = PRO
             r = await client.post(base_url + "/v1/completions", json={
                 "model": model, "prompt": p, "max_tokens": max_tokens, "temperature": 0.0,
                 "top_p": 1.0, "seed": 0, "stream": False})
+            simulated = r.headers.get(SIMULATED_HEADER)
+            if simulated:
+                return GreedyOutputs(endpoint=base_url, model=model,
+                                     prompts_sha=prompts_sha(prompts), max_tokens=max_tokens,
+                                     outputs=[], completion_tokens=[],
+                                     simulated=simulated[:64])
             r.raise_for_status()
             body = r.json()
             outs.append(str(body["choices"][0].get("text") or ""))

@@ -219,7 +219,9 @@ def build_server(service: BenchService) -> MCPServer:
         """Greedy (temperature 0) completions of a fixed prompt set, for the quality gate.
 
         Compare a numerics-changing config's outputs with a reference config's (same
-        prompts_sha). Real endpoints only: a twin deployment has no real outputs.
+        prompts_sha). Real endpoints only: a twin deployment has no real outputs, and an
+        endpoint that identifies itself as simulated (the twin server) answers with simulated
+        set and no outputs.
         """
         return await _guard(service.greedy(deployment, max_tokens, endpoint=endpoint))
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from mcp_servers.source.tree import SourceError
+from mcp_servers.source.tree import SourceError, short_path
 
 # PEP 440 release with optional pre/post/dev parts; nothing option-like or with spaces.
 VERSION_RE = re.compile(r"^\d+(\.\d+){0,3}((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?$")
@@ -58,10 +58,25 @@ def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
     return base / "servetune" / "sglang"
 
 
+def _unusable(what: str, path: Path, e: OSError, fix: str) -> SourceError:
+    """The error for a path the OS refuses (a component over 255 bytes, permission denied)."""
+    return SourceError(f"{what} {short_path(str(path))} cannot be used ({e.strerror}); {fix}")
+
+
+CACHE_FIX = "set SERVETUNE_SOURCE_CACHE to a writable directory with a shorter path"
+
+
 def cached_tree(version: str, cache_dir: Path) -> Path | None:
-    """``cache_dir/sglang-VERSION`` if a fetched tree is there, else None."""
+    """``cache_dir/sglang-VERSION`` if a fetched tree is there, else None.
+
+    Raises:
+        SourceError: a bad version, or a cache path the OS refuses (ENAMETOOLONG, EACCES).
+    """
     target = cache_dir / f"sglang-{check_version(version)}"
-    return target if (target / "sglang").is_dir() else None
+    try:
+        return target if (target / "sglang").is_dir() else None
+    except OSError as e:  # Path.is_dir() lets ENAMETOOLONG and EACCES through
+        raise _unusable("source cache", cache_dir, e, CACHE_FIX) from e
 
 
 def unpack_wheel(wheel: Path, dest: Path) -> Path:
@@ -128,10 +143,16 @@ def fetch_wheel(version: str, cache_dir: Path | None = None, wheel: Path | None 
 
     Raises:
         SourceError: bad version, pip failure (its last output lines are in the message), no
-            wheel of that version, or a wheel that cannot be unpacked safely.
+            wheel of that version, a wheel that cannot be unpacked safely, or a wheel or cache
+            path the OS refuses (a component over 255 bytes, permission denied).
     """
     check_version(version)
-    if wheel is not None and not wheel.is_file():
+    try:
+        wheel_missing = wheel is not None and not wheel.is_file()
+    except OSError as e:  # Path.is_file() lets ENAMETOOLONG and EACCES through
+        assert wheel is not None
+        raise _unusable("wheel", wheel, e, "pass the path of a downloaded sglang wheel") from e
+    if wheel_missing:
         raise SourceError(f"wheel {wheel} does not exist; download it with `pip download "
                           f"sglang=={version} --no-deps` or leave out --wheel")
     cache_dir = cache_dir or default_cache_dir(env)
@@ -144,7 +165,10 @@ def fetch_wheel(version: str, cache_dir: Path | None = None, wheel: Path | None 
             raise SourceError(f"{wheel.name} is not the sglang {version} wheel (expected a file "
                               f"named sglang-{version}-*.whl)")
         return unpack_wheel(wheel, target)
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _unusable("source cache", cache_dir, e, CACHE_FIX) from e
     with tempfile.TemporaryDirectory(prefix=".download-", dir=cache_dir) as tmp:
         argv = pip_download_argv(version, Path(tmp))
         try:

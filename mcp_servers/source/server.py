@@ -27,7 +27,7 @@ from mcp_servers.source import files as file_ops
 from mcp_servers.source import outline as outline_ops
 from mcp_servers.source.fetch import cached_tree, check_version, default_cache_dir, fetch_wheel
 from mcp_servers.source.flags import FieldDecl, FlagInfo, FlagInventory, extract_flags
-from mcp_servers.source.tree import SourceError, SourceTree
+from mcp_servers.source.tree import SourceError, SourceTree, short_path
 from mcp_servers.tool_errors import StrictMCPServer, as_tool_errors
 
 log = logging.getLogger("servetune.mcp.source")
@@ -329,7 +329,8 @@ def open_tree(tree_path: str | Path | None, version: str = DEFAULT_VERSION,
     A ``.whl`` path is unpacked into the cache first.
 
     Raises:
-        SourceError: a bad version, a path that is not a source tree, or an unusable wheel.
+        SourceError: a bad version, a path that is not a source tree or that the OS refuses
+            (a component over 255 bytes, permission denied), or an unusable wheel.
     """
     check_version(version)
     cache = cache_dir or default_cache_dir()
@@ -339,7 +340,12 @@ def open_tree(tree_path: str | Path | None, version: str = DEFAULT_VERSION,
     path = Path(tree_path).expanduser()
     if str(tree_path).startswith("-"):
         raise SourceError(f"tree path {str(tree_path)!r} starts with '-'")
-    if path.suffix == ".whl" and path.is_file():
+    try:
+        is_wheel = path.suffix == ".whl" and path.is_file()
+    except OSError as e:  # ENAMETOOLONG, EACCES: Path.is_file() lets these through
+        raise SourceError(f"tree path {short_path(str(path))} cannot be read ({e.strerror}); "
+                          "pass an SGLang source directory or a .whl file") from e
+    if is_wheel:
         wheel_version = path.name.split("-")[1] if path.name.count("-") >= 2 else ""
         return SourceTree(fetch_wheel(wheel_version, cache, wheel=path))
     return SourceTree(path)

@@ -28,6 +28,7 @@ MAX_TEXT_BYTES = 2_000_000  # larger files are listed and readable but not searc
 MAX_READ_BYTES = 16_000_000  # read_file refuses larger files
 MAX_LINE_CHARS = 2_000  # longer lines are cut in read_file and grep output
 MAX_PATTERN_CHARS = 500
+NAME_MAX_BYTES = 255  # longest file name (one path component) of Linux file systems (NAME_MAX)
 AST_CACHE_CHARS = 4_000_000  # source size of the parsed modules kept (an AST is ~30x its text)
 MEMO_ENTRIES = 64  # analysis results kept per tree
 GREP_BUDGET_S = 2.0  # wall-clock budget of one grep call over every file it searches
@@ -75,7 +76,8 @@ def check_relative(path: str, what: str = "path") -> str:
 
     Raises:
         SourceError: the path is empty-looking, starts with '-', is absolute, holds a NUL byte
-            or a '..' component.
+            or a '..' component, or has a component longer than 255 bytes in UTF-8
+            (``NAME_MAX``: no file can have that name).
     """
     if path.startswith("-"):
         raise SourceError(f"{what} {path!r} starts with '-'; give a path relative to the tree "
@@ -88,7 +90,33 @@ def check_relative(path: str, what: str = "path") -> str:
                           "(list_files('.') shows the top level)")
     if ".." in p.parts:
         raise SourceError(f"{what} {path!r} climbs out with '..'; paths stay inside the tree")
+    for part in p.parts:
+        size = len(part.encode("utf-8", "surrogatepass"))
+        if size > NAME_MAX_BYTES:
+            raise SourceError(f"{what} {short_path(path)!r} has a component of {size} bytes "
+                              f"({short_path(part, 40)!r}); file names are at most "
+                              f"{NAME_MAX_BYTES} bytes, so nothing has that name: call "
+                              "list_files on its parent directory to see what exists")
     return str(p)
+
+
+def short_path(path: str, limit: int = 120) -> str:
+    """``path`` cut to ``limit`` characters with '...' in the middle, for error messages."""
+    if len(path) <= limit:
+        return path
+    half = (limit - 3) // 2
+    return path[:half] + "..." + path[-half:]
+
+
+def os_refusal(path: str, e: OSError) -> SourceError:
+    """The tool error for an OS error met while looking up user path ``path``.
+
+    Covers what the file system itself refuses: permission denied (EACCES), a symlink cycle
+    (ELOOP), a file used as a directory (ENOTDIR), a name or path too long (ENAMETOOLONG).
+    """
+    reason = e.strerror or type(e).__name__
+    return SourceError(f"path {short_path(path)!r} cannot be read ({reason}); pick another path "
+                       "(list_files on its parent directory shows what exists)")
 
 
 def glob_regex(glob: str) -> regex.Pattern[str]:
@@ -171,10 +199,17 @@ class SourceTree:
         """Open and index the tree at ``path`` (reads every text file once: ~0.5 s for a wheel).
 
         Raises:
-            SourceError: ``path`` is missing or not an SGLang tree.
+            SourceError: ``path`` is missing, not an SGLang tree, or refused by the OS (a
+                component over 255 bytes, permission denied).
         """
         given = Path(path).expanduser()
-        if not given.is_dir():
+        try:
+            is_dir = given.is_dir()
+        except OSError as e:  # ENAMETOOLONG, EACCES: Path.is_dir() lets these through
+            raise SourceError(f"source tree {short_path(str(given))} cannot be read "
+                              f"({e.strerror}); pass the directory that `servetune source "
+                              "fetch --version VERSION` prints") from e
+        if not is_dir:
             raise SourceError(f"source tree {given} does not exist or is not a directory; run "
                               "`servetune source fetch --version VERSION` and pass the path it "
                               "prints")
@@ -231,8 +266,9 @@ class SourceTree:
         """The absolute path of ``path`` after refusing anything that leaves the tree.
 
         Raises:
-            SourceError: option-like, absolute or '..' path, or one that resolves (through a
-                symlink) outside the tree, or that does not exist.
+            SourceError: option-like, absolute or '..' path, a component over 255 bytes, one
+                that resolves (through a symlink) outside the tree, that does not exist, or
+                whose lookup the OS refuses (permission denied, a symlink cycle).
         """
         rel = check_relative(path)
         try:
@@ -243,7 +279,11 @@ class SourceTree:
         if not self._inside(p):
             raise SourceError(f"path {path!r} leads outside the source tree (through a symlink or "
                               "otherwise); only files under the tree root can be read")
-        if not p.exists():
+        try:
+            exists = p.exists()
+        except OSError as e:  # EACCES, ENAMETOOLONG: Path.exists() lets these through
+            raise os_refusal(path, e) from e
+        if not exists:
             raise SourceError(f"no such file or directory: {path!r}; call list_files on its parent "
                               "directory to see what exists")
         return p
@@ -276,17 +316,18 @@ class SourceTree:
         if rel in self.texts:
             return self.texts[rel]
         p = self.resolve(rel)
-        if p.is_dir():
-            raise SourceError(f"{rel!r} is a directory; call list_files on it")
-        if not p.is_file():
-            raise SourceError(f"{rel!r} is not a regular file (a FIFO, socket or device); only "
-                              "files can be read")
-        if p.stat().st_size > MAX_READ_BYTES:
-            raise SourceError(f"{rel!r} is larger than 16 MB; grep it for what you need instead")
         try:
+            if p.is_dir():
+                raise SourceError(f"{rel!r} is a directory; call list_files on it")
+            if not p.is_file():
+                raise SourceError(f"{rel!r} is not a regular file (a FIFO, socket or device); "
+                                  "only files can be read")
+            if p.stat().st_size > MAX_READ_BYTES:
+                raise SourceError(f"{rel!r} is larger than 16 MB; grep it for what you need "
+                                  "instead")
             data = p.read_bytes()
         except OSError as e:
-            raise SourceError(f"{rel!r} cannot be read ({e.strerror}); pick another file") from e
+            raise os_refusal(rel, e) from e
         if b"\0" in data[:_BINARY_PROBE]:
             raise SourceError(f"{rel!r} is a binary file (e.g. a compiled extension); only text "
                               "files can be read")
