@@ -239,6 +239,34 @@ async def test_teardown_stops_the_whole_process_group(local):
     assert gone(pid) and not running(helpers[0], ticks)
 
 
+async def test_teardown_stops_the_group_after_its_leader_was_killed(local, tmp_path):
+    """A shell that backgrounds a helper and execs the server; the server is kill -9'd: the
+    teardown still stops the helper (the group has outlived its leader), so nothing of the
+    deployment keeps the GPUs it is given back."""
+    helper_pid = tmp_path / "helper.pid"
+    script = (f"sleep 297 & echo $! > {helper_pid}; exec {sys.executable} {STUB} "
+              "--host {host} --port {port}")
+    backend = local(["/bin/sh", "-c", script], visible_devices=["0", "1"])
+    async with Client(cluster_server(backend)) as c:
+        r = await c.call_tool("deploy", {"name": "forks", "config": config(tp_size=2),
+                                         "wait_s": 20})
+        assert r.structured_content["phase"] == "Ready", r.content
+        (main,) = backend.processes("forks")
+        sleep = int(helper_pid.read_text())
+        ticks = proc_stat(sleep).start_ticks
+        os.kill(main, signal.SIGKILL)
+        assert (await poll(c, "forks", ("Failed",)))["phase"] == "Failed"
+        r = await c.call_tool("tear_down", {"name": "forks"})
+        assert r.structured_content["phase"] == "Terminated", r.content
+        try:
+            assert not running(sleep, ticks), "the helper outlived the teardown"
+        finally:
+            if running(sleep, ticks):
+                os.kill(sleep, signal.SIGKILL)
+        events = [e.message for e in backend.events("forks") if e.reason == "Killing"]
+        assert events and "process group" in events[0]
+
+
 async def test_sigterm_ignored_gets_sigkill_after_grace(local):
     pre = "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)"
     backend = local(stub(pre=pre), stop_grace_s=0.3)
