@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
+import anyio
 import anyio.from_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -94,8 +95,13 @@ def build_server(backend: ClusterBackend) -> MCPServer:
         use must be torn down first. `labels` are added to the deployment's labels.
         """
         def progress(st: DeploymentStatus, elapsed: float) -> None:
-            anyio.from_thread.run(ctx.report_progress, elapsed, wait_s,
-                                  f"{st.ready_replicas}/{st.replicas} replicas ready")
+            try:
+                anyio.from_thread.run(ctx.report_progress, elapsed, wait_s,
+                                      f"{st.ready_replicas}/{st.replicas} replicas ready")
+            except (anyio.RunFinishedError, anyio.ClosedResourceError,
+                    anyio.BrokenResourceError) as e:  # nobody waits for the answer any more
+                raise BackendError(f"the client left while {name} was starting; the "
+                                   "deployment stays as it is (get_status, tear_down)") from e
 
         lab = dict(labels or {})
         if reserved := sorted(set(lab) & set(RESERVED_LABELS)):
