@@ -255,6 +255,7 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
     if span < 0.9 * r.duration_s:
         console.print(f"[yellow]warning:[/] the trace holds only {span:,.0f} s of arrivals in "
                       f"the {r.duration_s:,.0f} s window (it ends early)", highlight=False)
+    _realtime_notice(study, cluster, settings.repeats)
     from graph.run import run_study
     from mcp_servers.source.server import open_tree
 
@@ -367,6 +368,20 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
     led.close()
     _finish(study, rid, run_dir, outcome.stop_reason, trace_path, len(window), elapsed,
             settings, lessons_dir)
+
+
+def _realtime_notice(study: Any, cluster: Any, repeats: int) -> None:
+    """On the local backend with twin servers (no GPU), say that the study runs in real time."""
+    from mcp_servers.cluster.local import TWIN_SERVE_COMMAND, TWIN_SERVE_STARTUP_S
+
+    if getattr(cluster, "kind", "") != "local" or cluster.command != TWIN_SERVE_COMMAND:
+        return
+    minutes = study.realtime_s(TWIN_SERVE_STARTUP_S, repeats) / 60
+    console.print(f"[yellow]note:[/] local backend without a GPU: trial servers are twin servers "
+                  f"running in real time; expected about {minutes:,.0f} min at most for this "
+                  f"study's budget ({study.budget.max_trials} launches, {study.finalists} "
+                  "replays, the frontier sweep); the twin backend (--backend twin) simulates the "
+                  "same study in virtual time, in seconds", highlight=False, soft_wrap=True)
 
 
 def _stop_interrupted(cluster: Any, rid: str, threads: set[threading.Thread]) -> None:

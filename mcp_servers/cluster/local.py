@@ -103,6 +103,9 @@ log = logging.getLogger("servetune.cluster.local")
 TWIN_SERVE_COMMAND = [sys.executable, "-m", "servetune.cli", "twin", "serve",
                       "--config", "{config_json}", "--host", "{host}", "--port", "{port}",
                       "--replicas", "1"]
+# Seconds from deploy to Ready of a twin server (a Python process importing servetune: 2-5 s
+# measured on a 2-core machine); the CLI's estimate of a local run without a GPU uses it.
+TWIN_SERVE_STARTUP_S = 5.0
 # NVIDIA driver device nodes (present on a machine with an NVIDIA GPU and its driver).
 NVIDIA_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0")
 
