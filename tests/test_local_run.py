@@ -28,8 +28,8 @@ from mcp_servers.cluster.local import gpu_present
 from mcp_servers.cluster.procs import proc_stat, running
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.skipif(gpu_present(), reason="trial servers are twin servers only "
-                                "without a GPU")
+twin_servers = pytest.mark.skipif(gpu_present(), reason="trial servers are twin servers only "
+                                  "without a GPU")
 
 
 class Runs:
@@ -130,6 +130,7 @@ def runs(tmp_path):
         r.close()
 
 
+@twin_servers
 def test_sigterm_stops_a_local_run_cleanly_with_exit_143(runs):
     p = runs.start("term")
     rec = wait_for(runs.up, procs=(p,))
@@ -148,6 +149,7 @@ def test_sigterm_stops_a_local_run_cleanly_with_exit_143(runs):
                (rr for rec in runs.records() for rr in rec["replicas"]))
 
 
+@twin_servers
 def test_resume_after_sigkill_tears_down_the_leftover_local_server(runs):
     p = runs.start("kill")
     rec = wait_for(runs.up, procs=(p,))
@@ -169,6 +171,7 @@ def test_resume_after_sigkill_tears_down_the_leftover_local_server(runs):
     wait_for(lambda: not running(r["pid"], r["start_ticks"]), timeout_s=30)
 
 
+@twin_servers
 def test_two_runs_in_one_namespace_never_touch_each_others_deployments(runs):
     a = runs.start("run-a", namespace="shared-ns")
     rec_a = wait_for(lambda: runs.up("shared-ns"), procs=(a,))
@@ -186,6 +189,7 @@ def test_two_runs_in_one_namespace_never_touch_each_others_deployments(runs):
     assert mine[rec_b["name"]]["labels"]["servetune/run-id"] == "run-b"
 
 
+@twin_servers
 def test_local_run_without_a_gpu_says_it_runs_in_real_time(runs):
     p = runs.start("slow")
     wait_for(runs.up, procs=(p,))
@@ -196,3 +200,37 @@ def test_local_run_without_a_gpu_says_it_runs_in_real_time(runs):
     assert len(line) == 1, out
     assert "real time" in line[0] and "expected about" in line[0], line
     assert any(c.isdigit() for c in line[0].split("expected about", 1)[1]), line
+
+
+def test_stop_run_tears_down_only_this_runs_deployments_on_kubernetes():
+    """What the CLI does after SIGTERM, on the kubernetes backend (fake API at its seam)."""
+    from fakes_k8s import Clock, FakeKubeApi
+
+    from domain.config import ServingConfig
+    from graph.run import stop_run
+    from mcp_servers.cluster import ops
+    from mcp_servers.cluster.kubernetes import KubernetesBackend
+    from sandbox.policy import Policy
+
+    api = FakeKubeApi("team-a", Clock())
+    k8s = KubernetesBackend("team-a", api, None, Policy("team-a", gpu_budget=32))
+    cfg = ServingConfig(model="glm-5", gpu="B200", tp_size=8, replicas=1, weights="nvfp4",
+                        kv_cache_dtype="fp8_e4m3")
+    for name, rid in (("trial-a-1", "r1"), ("trial-b-1", "r1"), ("trial-a-2", "r2")):
+        ops.deploy(k8s, name, cfg, {"servetune/run-id": rid})
+    assert stop_run(k8s, "r1") == (["trial-a-1", "trial-b-1"], [])
+    phases = {d.name: d.phase for d in k8s.list()}
+    assert phases["trial-a-1"] == phases["trial-b-1"] == "Terminated" != phases["trial-a-2"]
+    assert ("apps/v1", "Deployment", "trial-a-2") in api.objects
+    assert stop_run(k8s, "r1") == ([], [])
+
+
+def test_realtime_estimate_adds_up_the_studys_budget(tmp_path):
+    from domain.study import parse_study
+
+    study = parse_study(cr.small_study(finalists=2, sweep_concurrency=[8, 64],
+                                       budget={"max_trials": 8, "patience": 4}))
+    sat, replay = study.saturation.duration_s, study.replay.duration_s / study.replay.time_scale
+    # 8 launches, 2 replays, the reference, 3 frontier configs x 2 points; startup 5 s each
+    want = 8 * (5 + 2 * sat) + 2 * (5 + replay) + 5 + 3 * (5 + 2 * sat)
+    assert study.realtime_s(5.0, repeats=2) == pytest.approx(want)
