@@ -23,6 +23,8 @@ from agents.claude import AgentFailure, AgentUsage, ClaudeAgent, ClaudeSetup, co
 from agents.mcp_tools import ToolCallFailed, call
 from domain.config import ServingConfig
 
+RUN_ID_LABEL = "servetune/run-id"  # the run a deployment belongs to (graph/run.py's leftovers)
+
 
 @dataclass(frozen=True)
 class FailurePattern:
@@ -115,15 +117,18 @@ class Deployer:
 
     async def launch(self, name: str, config: ServingConfig,
                      labels: dict[str, str]) -> DeployOutcome:
-        """Deploy ``config`` as ``name`` and wait for Ready or Failed.
+        """Deploy ``config`` as ``name`` with ``labels`` and wait for Ready or Failed.
 
-        Any deployment left under that name by a killed run is torn down first (adopting
-        nothing of unknown state).
+        A deployment left under that name by a killed process of the same run (the same
+        ``servetune/run-id`` label) is torn down first (adopting nothing of unknown state);
+        another run's is never touched (the deploy then fails: the name is taken).
         """
         existing = await call(self.cluster, "list_deployments")
-        if any(d["name"] == name and d["phase"] != "Terminated" for d in existing):
+        if any(d["name"] == name and d["phase"] != "Terminated" and
+               (d.get("labels") or {}).get(RUN_ID_LABEL) == labels.get(RUN_ID_LABEL)
+               for d in existing):
             await call(self.cluster, "tear_down", {"name": name})
-        st = await call(self.cluster, "deploy", {"name": name,
+        st = await call(self.cluster, "deploy", {"name": name, "labels": labels,
                                                  "config": config.model_dump(mode="json")})
         # The twin answers at once; a real backend is polled until it leaves Pending.
         while st["phase"] not in ("Ready", "Failed", "Terminated"):
@@ -188,7 +193,8 @@ class ClaudeDeployer(Deployer):
         """
         cfg = config.model_dump(mode="json")
         ns: dict[str, Any] = {"namespace": self.namespace}
-        fixed: dict[str, dict[str, Any]] = {"deploy": {"name": name, "config": cfg, **ns},
+        fixed: dict[str, dict[str, Any]] = {"deploy": {"name": name, "config": cfg,
+                                                       "labels": labels, **ns},
                  "list_deployments": ns,
                  **{t: {"name": name, **ns} for t in ("get_status", "get_logs", "get_events",
                                                       "tear_down")}}

@@ -180,6 +180,27 @@ class Study(BaseModel):
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
+    def realtime_s(self, startup_s: float, repeats: int = 1) -> float:
+        """Wall seconds this study takes at most on servers running in real time.
+
+        The budget's phases: every search launch (``budget.max_trials``, each ``startup_s``
+        plus ``repeats`` saturation runs), each finalist's replay (its trace window at
+        ``time_scale``), the quality reference's launch, and the frontier sweep of the
+        finalists and the winner's speculative variant (a saturation run per concurrency).
+        Saturation drains and admission retunes come on top; an early stop (patience) saves
+        launches.
+
+        Args:
+            startup_s: seconds from deploy to Ready of one server.
+            repeats: saturation runs per search launch when ``acceptance.repeats`` is unset.
+        """
+        sat = self.saturation.duration_s
+        reps = self.acceptance.repeats or repeats
+        search = self.budget.max_trials * (startup_s + reps * sat)
+        replay = self.finalists * (startup_s + self.replay.duration_s / self.replay.time_scale)
+        frontier = (self.finalists + 1) * (startup_s + len(self.sweep_concurrency) * sat)
+        return search + replay + startup_s + frontier
+
     def base_config(self) -> ServingConfig:
         """The baseline ServingConfig.
 

@@ -81,15 +81,42 @@ async def tear_down_leftovers(cluster: Client, run_id: str) -> list[str]:
     committed (a frontier sweep's last point, the quality reference) would never be stopped,
     and on the local backend it would keep its GPUs from the next launch.
     """
-    (label, owner), = MANAGED_BY.items()
     left = []
     for d in await call(cluster, "list_deployments"):
-        labels = d.get("labels") or {}
-        if d["phase"] != "Terminated" and labels.get(label) == owner \
-                and labels.get("servetune/run-id") == run_id:
+        if _of_run(d["phase"], d.get("labels") or {}, run_id):
             await call(cluster, "tear_down", {"name": d["name"]})
             left.append(d["name"])
     return left
+
+
+def _of_run(phase: str, labels: dict[str, str], run_id: str) -> bool:
+    """Whether a deployment is a live one of ``run_id`` (by servetune's labels)."""
+    (label, owner), = MANAGED_BY.items()
+    return phase != "Terminated" and labels.get(label) == owner \
+        and labels.get("servetune/run-id") == run_id
+
+
+def stop_run(backend: ClusterBackend, run_id: str) -> tuple[list[str], list[str]]:
+    """Tear down every live deployment of ``run_id`` on ``backend``, outside any event loop.
+
+    What an interrupted run does after its tasks have unwound (SIGTERM, Ctrl-C): found by
+    label as in :func:`tear_down_leftovers`, so another run's deployments are left alone.
+
+    Returns:
+        (names torn down, ``"name: reason"`` of each teardown the backend refused).
+
+    Raises:
+        BackendError: the backend cannot list its deployments.
+    """
+    stopped, failed = [], []
+    for d in backend.list():
+        if _of_run(d.phase, d.labels, run_id):
+            try:
+                backend.teardown(d.name)
+                stopped.append(d.name)
+            except BackendError as e:
+                failed.append(f"{d.name}: {e}")
+    return stopped, failed
 
 
 def forget_uncommitted(store: LessonStore, ledger: Ledger, run_id: str) -> list[str]:

@@ -8,6 +8,7 @@ never in state and never as a tool argument a model fills.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -19,6 +20,7 @@ from typing import Any, TypedDict
 from mcp import Client
 
 from agents.claude import ClaudeSetup
+from domain.config import ServingConfig
 from domain.estimate import ReplayProfile
 from domain.ledger import Ledger
 from domain.study import Study
@@ -61,6 +63,15 @@ class StudyContext:
     namespace: str = "servetune"  # the cluster server's namespace (fixed in deployer tools)
     repeats: int = 1  # saturation runs per candidate when the study's acceptance.repeats is unset
     replay: ReplayProfile | None = None  # the replay window's profile (guided brain's SLO prior)
+
+    def deployment_name(self, config: ServingConfig) -> str:
+        """The deployment name of ``config`` in this run: ``trial-<config id>-<run hash>``.
+
+        The run hash (the first 8 hex digits of the run id's SHA-256) keeps two runs in one
+        namespace from ever using one name (27 characters, within the 52 of a deployment name).
+        """
+        run = hashlib.sha256(self.run_id.encode()).hexdigest()[:8]
+        return f"trial-{config.config_id()}-{run}"
 
     def event(self, kind: str, **data: Any) -> None:
         """Append one audit event (e.g. every deploy) to ``events.jsonl``, flushed at once."""

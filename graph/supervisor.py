@@ -156,10 +156,6 @@ def repeats(ctx: StudyContext) -> int:
     return ctx.study.acceptance.repeats or ctx.repeats
 
 
-def _deployment_name(config: ServingConfig) -> str:
-    return f"trial-{config.config_id()}"
-
-
 def llm_capped(ctx: StudyContext) -> bool:
     """Whether the study's ``max_llm_tokens`` is spent (then no agent calls the API again)."""
     cap = ctx.study.budget.max_llm_tokens
@@ -216,7 +212,7 @@ async def _launch_and_measure(ctx: StudyContext, key: str, phase: str, config: S
     """
     t0 = time.time()
     deployer, analyst = _brains(ctx)
-    name = _deployment_name(config)
+    name = ctx.deployment_name(config)
     labels = {"servetune/run-id": ctx.run_id, "servetune/trial": key.replace(":", "-")[:63]}
     retries: list[dict[str, Any]] = []  # filled by launch/measure before the row is built
     base: dict[str, Any] = dict(run_id=ctx.run_id, seq=0, key=key, phase=phase, config=config,
@@ -466,7 +462,7 @@ async def validate(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
     if ctx.ledger.get(key) is None:
         t0 = time.time()
         deployer, analyst = _brains(ctx)
-        name = _deployment_name(src.config)
+        name = ctx.deployment_name(src.config)
         ctx.event("deploy", key=key, name=name)
         rep, failed, outputs = None, None, None
         retried: list[dict[str, Any]] = []
@@ -551,7 +547,7 @@ async def frontier(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
     todo = [c for c in conc if ctx.ledger.get(f"frontier:{config.config_id()}:{c}") is None]
     if todo:
         deployer, analyst = _brains(ctx)
-        name = _deployment_name(config)
+        name = ctx.deployment_name(config)
         ctx.event("deploy", key=f"frontier:{config.config_id()}", name=name)
         labels = {"servetune/run-id": ctx.run_id}
         try:

@@ -126,7 +126,7 @@ async def _measure_variant(ctx: StudyContext, parent: Trial, cfg: ServingConfig,
                            key: str, deployer: Deployer, analyst: Analyst,
                            gate: QualityGate | None, slo: float, margin: float) -> Trial:
     t0 = time.time()
-    name = f"trial-{cfg.config_id()}"
+    name = ctx.deployment_name(cfg)
     ctx.event("deploy", key=key, name=name)
     rep = sat = None
     labels = {"servetune/run-id": ctx.run_id}
@@ -205,7 +205,7 @@ async def _reference_outputs(ctx: StudyContext, deployer: Deployer
         cached = json.loads(raw)
         if cached.get("config_id") == ref.config_id():
             return [str(x) for x in cached["outputs"]]
-    name = f"trial-{ref.config_id()}"
+    name = ctx.deployment_name(ref)
     ctx.event("deploy", key=f"quality:{ref.config_id()}", name=name)
     try:
         out = await launch(ctx, deployer, name, ref, {"servetune/run-id": ctx.run_id},

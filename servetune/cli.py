@@ -16,6 +16,7 @@ import re
 import secrets
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -31,6 +32,7 @@ from rich.table import Table
 
 from domain.errors import ServetuneError
 from domain.ledger import Ledger
+from servetune.interrupt import Interrupt, until_signal
 from servetune.sandbox_cli import sandbox_app
 from servetune.settings import DEFAULT_STUDY, MODEL_NAME, Settings
 
@@ -275,6 +277,7 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
     if span < 0.9 * r.duration_s:
         console.print(f"[yellow]warning:[/] the trace holds only {span:,.0f} s of arrivals in "
                       f"the {r.duration_s:,.0f} s window (it ends early)", highlight=False)
+    _realtime_notice(study, cluster, settings.repeats)
     from graph.run import run_study
     from mcp_servers.source.server import open_tree
 
@@ -327,25 +330,21 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
             bar.update(task, description=f"{phase}: trial {n}/{total} [{ev.get('config')}]",
                        completed=(n or 1) - 1, total=total)
 
-        def on_sigterm(signum: int, frame: object) -> None:
-            raise KeyboardInterrupt
-
-        signal.signal(signal.SIGTERM, on_sigterm)
         err: Exception | None = None
+        stop = Interrupt()  # SIGINT/SIGTERM cancel the run's task (servetune/interrupt.py)
+        threads = set(threading.enumerate())
         try:
-            outcome = asyncio.run(run_study(study_run, rid, run_dir, store, [trace_path.parent],
-                                            progress, source_tree=tree, claude=claude,
-                                            backend=cluster, repeats=settings.repeats))
-        except KeyboardInterrupt:
-            bar.stop()
-            _save_elapsed(run_dir, prior_s + time.time() - t0)
-            extra = f" --out {run_dir.parent}" if run_dir.parent != Path("runs") else ""
-            extra += f" --lessons-dir {lessons_dir}" if lessons_dir else ""
-            extra += again
-            _print_spend(run_dir, settings, err_console)
-            err_console.print(f"interrupted; every finished trial is saved. Resume with: "
-                              f"servetune run {path} --run-id {rid}{extra}", highlight=False)
-            raise typer.Exit(130) from None
+            try:
+                outcome = asyncio.run(until_signal(run_study(
+                    study_run, rid, run_dir, store, [trace_path.parent], progress,
+                    source_tree=tree, claude=claude, backend=cluster,
+                    repeats=settings.repeats), stop))
+            except BaseException as e:
+                if stop.signum is None and not isinstance(e, KeyboardInterrupt):
+                    raise
+                # what unwinding the cancelled run raised is a consequence of the signal
+                logging.getLogger("servetune.run").debug("run %s interrupted", rid, exc_info=e)
+                stop.signum = stop.signum or signal.SIGINT
         except BaseExceptionGroup as group:  # raised inside the MCP clients' task groups
             known = _first_leaf(group, (anthropic.APIError, ServetuneError))
             if known is None:
@@ -355,6 +354,18 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
             err = e
         finally:
             store.close()
+        if stop.signum is not None:
+            bar.stop()
+            _stop_interrupted(cluster, rid, threads)
+            _save_elapsed(run_dir, prior_s + time.time() - t0)
+            extra = f" --out {run_dir.parent}" if run_dir.parent != Path("runs") else ""
+            extra += f" --lessons-dir {lessons_dir}" if lessons_dir else ""
+            extra += again
+            _print_spend(run_dir, settings, err_console)
+            err_console.print(f"interrupted ({signal.Signals(stop.signum).name}); every "
+                              f"finished trial is saved. Resume with: servetune run {path} "
+                              f"--run-id {rid}{extra}", highlight=False, soft_wrap=True)
+            raise typer.Exit(stop.exit_code)
         if isinstance(err, ServetuneError):
             _fail(str(err), code=1)
         if err is not None:
@@ -379,6 +390,41 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
     led.close()
     _finish(study, rid, run_dir, outcome.stop_reason, trace_path, len(window), elapsed,
             settings, lessons_dir)
+
+
+def _realtime_notice(study: Any, cluster: Any, repeats: int) -> None:
+    """On the local backend with twin servers (no GPU), say that the study runs in real time."""
+    from mcp_servers.cluster.local import TWIN_SERVE_COMMAND, TWIN_SERVE_STARTUP_S
+
+    if getattr(cluster, "kind", "") != "local" or cluster.command != TWIN_SERVE_COMMAND:
+        return
+    minutes = study.realtime_s(TWIN_SERVE_STARTUP_S, repeats) / 60
+    console.print(f"[yellow]note:[/] local backend without a GPU: trial servers are twin servers "
+                  f"running in real time; expected about {minutes:,.0f} min at most for this "
+                  f"study's budget ({study.budget.max_trials} launches, {study.finalists} "
+                  "replays, the frontier sweep); the twin backend (--backend twin) simulates the "
+                  "same study in virtual time, in seconds", highlight=False, soft_wrap=True)
+
+
+def _stop_interrupted(cluster: Any, rid: str, threads: set[threading.Thread]) -> None:
+    """Tear down the deployments of interrupted run ``rid`` (a warning for each refused).
+
+    First waits for the worker threads started since ``threads`` (see
+    :func:`servetune.interrupt.join_new_threads`).
+    """
+    from graph.run import stop_run
+    from mcp_servers.cluster.backend import BackendError
+    from servetune.interrupt import join_new_threads, signals_ignored
+
+    with signals_ignored():
+        join_new_threads(threads)
+        try:
+            _, failed = stop_run(cluster, rid)
+        except BackendError as e:
+            failed = [f"listing the deployments failed: {e}"]
+    for why in failed:
+        err_console.print(f"[yellow]warning:[/] could not tear down {why}; tear it down with "
+                          "the cluster server's tear_down", highlight=False, soft_wrap=True)
 
 
 def _first_leaf(group: BaseExceptionGroup[Any], kinds: tuple[type[Exception], ...]

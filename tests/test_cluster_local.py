@@ -239,6 +239,82 @@ async def test_teardown_stops_the_whole_process_group(local):
     assert gone(pid) and not running(helpers[0], ticks)
 
 
+async def test_teardown_stops_the_group_after_its_leader_was_killed(local, tmp_path):
+    """A shell that backgrounds a helper and execs the server; the server is kill -9'd: the
+    teardown still stops the helper (the group has outlived its leader), so nothing of the
+    deployment keeps the GPUs it is given back."""
+    helper_pid = tmp_path / "helper.pid"
+    script = (f"sleep 297 & echo $! > {helper_pid}; exec {sys.executable} {STUB} "
+              "--host {host} --port {port}")
+    backend = local(["/bin/sh", "-c", script], visible_devices=["0", "1"])
+    async with Client(cluster_server(backend)) as c:
+        r = await c.call_tool("deploy", {"name": "forks", "config": config(tp_size=2),
+                                         "wait_s": 20})
+        assert r.structured_content["phase"] == "Ready", r.content
+        (main,) = backend.processes("forks")
+        sleep = int(helper_pid.read_text())
+        ticks = proc_stat(sleep).start_ticks
+        os.kill(main, signal.SIGKILL)
+        assert (await poll(c, "forks", ("Failed",)))["phase"] == "Failed"
+        r = await c.call_tool("tear_down", {"name": "forks"})
+        assert r.structured_content["phase"] == "Terminated", r.content
+        try:
+            assert not running(sleep, ticks), "the helper outlived the teardown"
+        finally:
+            if running(sleep, ticks):
+                os.kill(sleep, signal.SIGKILL)
+        events = [e.message for e in backend.events("forks") if e.reason == "Killing"]
+        assert events and "process group" in events[0]
+
+
+async def test_a_group_without_the_replicas_token_is_not_signalled(local, tmp_path):
+    """Once the leader has exited, the group id alone proves nothing: a record without the
+    replica's token (as written before tokens existed) leaves the surviving helper alone."""
+    helper_pid = tmp_path / "helper.pid"
+    script = (f"sleep 297 & echo $! > {helper_pid}; exec {sys.executable} {STUB} "
+              "--host {host} --port {port}")
+    backend = local(["/bin/sh", "-c", script])
+    assert ops.deploy(backend, "old", ServingConfig(**config()), wait_s=20).phase == "Ready"
+    sleep = int(helper_pid.read_text())
+    ticks = proc_stat(sleep).start_ticks
+    try:
+        path = backend._store.root / "old.json"
+        rec = json.loads(path.read_text())
+        rec["replicas"][0]["token"] = ""
+        path.write_text(json.dumps(rec))
+        for pf in (backend._store.root / "old").glob("replica-*.pid"):
+            pf.write_text(json.dumps({**json.loads(pf.read_text()), "token": ""}))
+        os.kill(rec["replicas"][0]["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 15
+        while backend.status("old").phase != "Failed" and time.monotonic() < deadline:
+            time.sleep(0.05)  # the leader is dead (and reaped) before the teardown
+        assert backend.teardown("old").phase == "Terminated"
+        assert running(sleep, ticks)
+        warn = [e.message for e in backend.events("old") if e.reason == "ForeignProcess"]
+        assert warn and "SERVETUNE_REPLICA_TOKEN" in warn[0]
+    finally:
+        if running(sleep, ticks):
+            os.kill(sleep, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(("labels", "needle"), [
+    ({"app.kubernetes.io/managed-by": "me"}, "set by servetune"),
+    ({"servetune/config-id": "x"}, "set by servetune"),
+    ({"servetune/run-id": "bad value!"}, "a value is at most 63"),
+    ({"-bad-key": "v"}, "not a valid Kubernetes label key"),
+], ids=["managed-by", "config-id", "bad-value", "bad-key"])
+async def test_deploy_labels_are_checked_and_recorded(local, labels, needle):
+    backend = local()
+    async with Client(cluster_server(backend)) as c:
+        r = await c.call_tool("deploy", {"name": "lab", "config": config(), "labels": labels})
+        assert r.is_error and needle in r.content[0].text, r.content
+        assert backend.list() == []
+        r = await c.call_tool("deploy", {"name": "lab", "config": config(), "wait_s": 20,
+                                         "labels": {"servetune/run-id": "r1"}})
+        assert r.structured_content["labels"]["servetune/run-id"] == "r1"
+        assert r.structured_content["labels"]["app.kubernetes.io/managed-by"] == "servetune"
+
+
 async def test_sigterm_ignored_gets_sigkill_after_grace(local):
     pre = "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)"
     backend = local(stub(pre=pre), stop_grace_s=0.3)

@@ -30,8 +30,11 @@ non-empty log line) or when no replica answered within ``ready_timeout_s``.
 
 ``teardown`` sends SIGTERM to the process group of each recorded PID, then SIGKILL after
 ``stop_grace_s``, and only while that PID still has the start time recorded when it was started
-(``/proc/PID/stat``): a PID the kernel handed to another process is never signalled. Processes
-are never looked up or killed by name.
+(``/proc/PID/stat``): a PID the kernel handed to another process is never signalled. A group
+whose leader has exited (the server killed, a helper it forked still running) is signalled while
+one of its processes carries the replica's random token in its environment
+(``SERVETUNE_REPLICA_TOKEN``, see :mod:`mcp_servers.cluster.procs`). Processes are never looked
+up or killed by name.
 
 Records (:mod:`mcp_servers.cluster.store`) live under ``state_dir/local/<namespace>/``, so another
 process over the same folder sees the deployments and can tear them down. Beside each record,
@@ -54,6 +57,7 @@ import ipaddress
 import logging
 import os
 import re
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -84,7 +88,7 @@ from mcp_servers.cluster.backend import (
     settle,
     when,
 )
-from mcp_servers.cluster.procs import free_ports, proc_stat, running, stop_groups
+from mcp_servers.cluster.procs import TOKEN_ENV, free_ports, proc_stat, running, stop_groups
 from mcp_servers.cluster.store import RecordStore, write_atomic
 
 MAX_MARKS = 1000  # per replica; beyond, every other mark is dropped
@@ -99,6 +103,9 @@ log = logging.getLogger("servetune.cluster.local")
 TWIN_SERVE_COMMAND = [sys.executable, "-m", "servetune.cli", "twin", "serve",
                       "--config", "{config_json}", "--host", "{host}", "--port", "{port}",
                       "--replicas", "1"]
+# Seconds from deploy to Ready of a twin server (a Python process importing servetune: 2-5 s
+# measured on a 2-core machine); the CLI's estimate of a local run without a GPU uses it.
+TWIN_SERVE_STARTUP_S = 5.0
 # NVIDIA driver device nodes (present on a machine with an NVIDIA GPU and its driver).
 NVIDIA_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0")
 
@@ -126,6 +133,7 @@ class _Replica(BaseModel):
     log: str  # file name in the deployment's folder
     started_at: float
     devices: list[str] = []  # its CUDA_VISIBLE_DEVICES (empty: the environment's)
+    token: str = ""  # its procs.TOKEN_ENV value (empty in records written before it existed)
     ready_at: float | None = None
     exited_at: float | None = None
     exit_code: int | None = None
@@ -372,10 +380,11 @@ class LocalProcessBackend:
             out.append(arg)
         return out
 
-    def _env(self, devices: list[str]) -> dict[str, str] | None:
-        if self.visible_devices is None:
-            return None
-        return {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(devices)}
+    def _env(self, devices: list[str], token: str) -> dict[str, str]:
+        env = {**os.environ, TOKEN_ENV: token}
+        if self.visible_devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+        return env
 
     def _exit_of(self, r: _Replica) -> tuple[bool, int | None]:
         """(has exited, exit code if this process started it)."""
@@ -461,10 +470,11 @@ class LocalProcessBackend:
             try:
                 for i, (port, argv) in enumerate(zip(ports, argvs, strict=True)):
                     log = f"replica-{i}.log"
+                    token = secrets.token_hex(16)
                     with open(folder / log, "wb") as out:
                         p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                              stderr=subprocess.STDOUT, start_new_session=True,
-                                             env=self._env(devices[i]))
+                                             env=self._env(devices[i], token))
                     st = proc_stat(p.pid)  # a child stays in /proc (zombie) until reaped
                     ticks = st.start_ticks if st is not None else -1
                     with self._children_lock:
@@ -472,7 +482,7 @@ class LocalProcessBackend:
                     now = time.time()
                     rep = _Replica(index=i, pid=p.pid, start_ticks=ticks, port=port,
                                    url=self._url(port), argv=argv, log=log, started_at=now,
-                                   devices=devices[i])
+                                   devices=devices[i], token=token)
                     replicas.append(rep)
                     write_atomic(folder / f"replica-{i}.pid", _PidFile(
                         **rep.model_dump(), created_at=created).model_dump_json())
@@ -733,8 +743,8 @@ class LocalProcessBackend:
 
     def _stop(self, replicas: list[_Replica], name: str = "") -> list[Event]:
         """Stop the replicas' process groups (see :func:`stop_groups`); events of what was done."""
-        outcome = stop_groups([(r.pid, r.start_ticks) for r in replicas], self.stop_grace_s,
-                              self._reap)
+        outcome = stop_groups([(r.pid, r.start_ticks, r.token) for r in replicas],
+                              self.stop_grace_s, self._reap)
         events = []
         for r in replicas:
             o = outcome[r.pid]
@@ -743,6 +753,11 @@ class LocalProcessBackend:
                     t=time.time(), type="Warning", reason="ForeignProcess", object=name,
                     message=f"replica {r.index}: pid {r.pid} is no longer the process group "
                     "leader servetune started (its start time or group differs); not signalled"))
+            elif o == "unproven":
+                events.append(Event(
+                    t=time.time(), type="Warning", reason="ForeignProcess", object=name,
+                    message=f"replica {r.index}: pid {r.pid} has exited and no process left in "
+                    f"its process group carries the replica's {TOKEN_ENV}; not signalled"))
             elif o in ("terminated", "killed"):
                 events.append(Event(t=time.time(), type="Normal", reason="Killing", object=name,
                                     message=f"replica {r.index}: SIGTERM to process group "

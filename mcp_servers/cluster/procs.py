@@ -4,6 +4,14 @@ A PID alone does not name a process: once it exits, the kernel may hand the numb
 one. The local backend therefore records each server's start time (field 22 of
 ``/proc/PID/stat``, clock ticks since boot) and signals a process group only while the PID still
 has that start time and leads its own group. Source: proc(5), ``/proc/[pid]/stat``.
+
+A group can outlive its leader (a shell that backgrounds a helper and execs the server, the
+server then killed): the kernel keeps the group id allocated while any member lives, so it is
+not handed to a new process, but a group id alone does not prove whose group it is. Each server
+is therefore started with a token in its environment (:data:`TOKEN_ENV`, inherited by every
+process it starts); a group whose leader has exited is signalled only if one of its members
+carries the token in ``/proc/PID/environ`` (its environment as exec'd). A member that dropped
+its environment (``env -i``) or left the group (``setsid``) is out of reach.
 """
 
 from __future__ import annotations
@@ -16,7 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-StopOutcome = Literal["foreign", "exited", "terminated", "killed"]
+StopOutcome = Literal["foreign", "unproven", "exited", "terminated", "killed"]
+# Environment variable carrying a server's token (see the module docstring).
+TOKEN_ENV = "SERVETUNE_REPLICA_TOKEN"
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,18 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def carries_token(pid: int, token: str) -> bool:
+    """True if ``pid`` was exec'd with ``TOKEN_ENV=token`` (False if unreadable or absent)."""
+    if not token:
+        return False
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read()
+    except OSError:  # gone, or another user's process
+        return False
+    return f"{TOKEN_ENV}={token}".encode() in env.split(b"\0")
+
+
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     """``n`` distinct TCP ports free on ``host`` now (bound to port 0, then released).
 
@@ -82,25 +104,37 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
-def stop_groups(leaders: list[tuple[int, int]], grace_s: float,
+def stop_groups(leaders: list[tuple[int, int, str]], grace_s: float,
                 reap: Callable[[], None] = lambda: None) -> dict[int, StopOutcome]:
-    """Stop the process group of each ``(pid, start_ticks)`` leader (SIGTERM, then SIGKILL).
+    """Stop the process group of each ``(pid, start_ticks, token)`` leader (SIGTERM, SIGKILL).
 
-    SIGKILL goes to what is left after ``grace_s`` seconds. A group is signalled only while
-    its leader PID still has the recorded start time and leads the group (a zombie leader
-    counts: its PID cannot be reused yet). ``reap`` is called while waiting, so the caller can
-    collect the exit status of its own children.
+    SIGKILL goes to what is left after ``grace_s`` seconds. A group is signalled while its
+    leader PID still has the recorded start time and leads the group (a zombie leader counts:
+    its PID cannot be reused yet), or, once the leader has exited, while a member of the group
+    carries the leader's ``token`` (:func:`carries_token`; an empty token proves nothing).
+    ``reap`` is called while waiting, so the caller can collect the exit status of its own
+    children.
 
     Returns:
         per leader PID: ``foreign`` (the PID is another process now: not signalled),
-        ``exited`` (nothing left to signal), ``terminated`` (gone after SIGTERM) or ``killed``
-        (SIGKILL was needed).
+        ``unproven`` (the leader has exited, its group lives on without the token: not
+        signalled), ``exited`` (nothing left to signal), ``terminated`` (gone after SIGTERM)
+        or ``killed`` (SIGKILL was needed).
     """
     out: dict[int, StopOutcome] = {}
-    for pid, ticks in leaders:
-        if not is_our_leader(pid, ticks):
-            out[pid] = "foreign" if proc_stat(pid) is not None else "exited"
-        elif not group_members(pid):
+    for pid, ticks, token in leaders:
+        if proc_stat(pid) is None:  # the leader has exited (and was reaped)
+            members = group_members(pid)
+            if not members:
+                out[pid] = "exited"
+                continue
+            if not any(carries_token(m, token) for m in members):
+                out[pid] = "unproven"
+                continue
+        elif not is_our_leader(pid, ticks):
+            out[pid] = "foreign"
+            continue
+        if not group_members(pid):
             out[pid] = "exited"
         else:
             try:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
+import anyio
 import anyio.from_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -32,12 +33,18 @@ from mcp_servers.cluster.backend import (
     settle,
 )
 from mcp_servers.tool_errors import StrictMCPServer, as_tool_errors
+from sandbox.podspec import check_labels
 
 log = logging.getLogger("servetune.mcp.cluster")
 T = TypeVar("T")
 
 Name = Annotated[str, Field(description="deployment name (DNS-1123 label, e.g. 'trial-007')",
                             min_length=1, max_length=52, pattern=r"^[a-z0-9][-a-z0-9]*$")]
+Labels = Annotated[dict[str, str] | None, Field(
+    description="extra labels of the deployment (Kubernetes label syntax), e.g. "
+    "{'servetune/run-id': 'r1'}; servetune sets app.kubernetes.io/managed-by and "
+    "servetune/config-id itself", max_length=16)]
+RESERVED_LABELS = (*ops.MANAGED_BY, "servetune/config-id")
 SinceS = Annotated[float | None, Field(description="only entries from the last N seconds",
                                        gt=0, le=7 * 86400)]
 
@@ -78,19 +85,32 @@ def build_server(backend: ClusterBackend) -> MCPServer:
                wait_s: Annotated[float, Field(description="seconds to wait for Ready or "
                                               "Failed before answering Pending", ge=0,
                                               le=600)] = 60.0,
+               labels: Labels = None,
                namespace: Namespace = None) -> DeploymentStatus:
         """Create a deployment of `config` named `name` and start its replicas.
 
         Waits up to `wait_s` seconds (reporting progress) and returns the status: Ready (with
         `endpoints`), Failed with the server's error in `message` (read get_logs for the
         whole log), or Pending: then poll get_status until it is Ready or Failed. A name in
-        use must be torn down first.
+        use must be torn down first. `labels` are added to the deployment's labels.
         """
         def progress(st: DeploymentStatus, elapsed: float) -> None:
-            anyio.from_thread.run(ctx.report_progress, elapsed, wait_s,
-                                  f"{st.ready_replicas}/{st.replicas} replicas ready")
+            try:
+                anyio.from_thread.run(ctx.report_progress, elapsed, wait_s,
+                                      f"{st.ready_replicas}/{st.replicas} replicas ready")
+            except (anyio.RunFinishedError, anyio.ClosedResourceError,
+                    anyio.BrokenResourceError) as e:  # nobody waits for the answer any more
+                raise BackendError(f"the client left while {name} was starting; the "
+                                   "deployment stays as it is (get_status, tear_down)") from e
 
-        st = _guard(namespace, ops.deploy, backend, name, config)
+        lab = dict(labels or {})
+        if reserved := sorted(set(lab) & set(RESERVED_LABELS)):
+            raise ToolError(f"labels {', '.join(reserved)} are set by servetune; leave them out")
+        try:
+            check_labels(lab, name)
+        except ValueError as e:
+            raise ToolError(str(e)) from None
+        st = _guard(namespace, ops.deploy, backend, name, config, lab)
         if st.phase == "Pending" and wait_s > 0:
             st = ops.redact_status(_guard(namespace, settle, backend, name, wait_s, progress))
         log.info("deployed %s: %s", name, st.phase)
