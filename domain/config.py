@@ -47,9 +47,13 @@ class ServingConfig(BaseModel):
 
     The pool runs ``replicas`` independent servers of ``tp_size`` GPUs each, and load is spread
     over them by ``router_policy``.
+
+    Numbers and booleans are strict: ``true`` is not 1, ``"8"`` is not 8, ``8.0`` is not an
+    integer and ``1`` is not true (a float field takes a whole number). Strings and ``Literal``
+    choices are taken as given, JSON or Python.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     engine: Literal["sglang"] = "sglang"
     engine_version: EngineVersion = Field("0.5.23",

@@ -65,6 +65,21 @@ class TraceInvalid(ServetuneError):
         super().__init__(f"{where}: {reason}")
 
 
+class RunFileDamaged(ServetuneError):
+    """A run file a resume would read or append to is damaged or contradicts another.
+
+    Attributes:
+        path: The damaged file (``ledger.sqlite``, ``checkpoint.sqlite`` or ``events.jsonl``).
+        why: What is wrong with it.
+        way_on: How to go on with this run id (the other way is always a new run id).
+    """
+
+    def __init__(self, path: str, why: str, way_on: str) -> None:
+        self.path, self.why, self.way_on = path, why, way_on
+        super().__init__(f"{path} is damaged ({why}); {way_on}, or start a new run with "
+                         "another --run-id")
+
+
 class DoesNotFit(ServetuneError):
     """A serving config does not fit in GPU memory.
 

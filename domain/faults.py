@@ -85,7 +85,7 @@ class FaultSpec(BaseModel):
     fail); the three bench shares split one draw per saturation benchmark.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     seed: int = Field(0, ge=0, le=2**31, description="seed of every fault draw")
     oom: float = Field(0.0, ge=0, le=1, description="launches that die of CUDA out of memory "

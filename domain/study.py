@@ -28,7 +28,7 @@ from domain.knobs import KNOBS, apply_knob
 class SaturationSpec(BaseModel):
     """Synthetic closed-loop saturation run: fixed ISL/OSL at a fixed concurrency."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     isl: int = Field(ge=1, le=1_000_000, description="input tokens per request")
     osl: int = Field(ge=1, le=100_000, description="output tokens per request")
@@ -39,7 +39,7 @@ class SaturationSpec(BaseModel):
 class ReplaySpec(BaseModel):
     """Timestamp-faithful replay of a real trace window."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     trace: str = Field(min_length=1, max_length=4096,
                        description="trace file path, relative to the study file or the repo")
@@ -53,7 +53,7 @@ class ReplaySpec(BaseModel):
 class SLO(BaseModel):
     """Latency targets checked on the trace replay."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     ttft_p99_ms: float = Field(gt=0, description="TTFT p99 target on the replay, ms")
 
@@ -61,7 +61,7 @@ class SLO(BaseModel):
 class Budget(BaseModel):
     """When the search stops."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     max_trials: int = Field(ge=1, le=10_000, description="launched trials (pruned ones are free)")
     patience: int = Field(ge=1, le=10_000,
@@ -84,7 +84,7 @@ class SearchSpec(BaseModel):
     Lessons and the memory-fit estimate prune every brain's candidates before launch.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     brain: Literal["ovat", "guided", "tpe", "grid"] = Field(
         "ovat", description="ovat: one knob at a time from the current best; guided: every "
         "combination ranked by the steady-state estimate (domain/estimate.py: throughput and "
@@ -98,7 +98,7 @@ class SearchSpec(BaseModel):
 class AcceptanceSpec(BaseModel):
     """Noise-gated acceptance: a candidate replaces the best only if its gain exceeds the noise."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     repeats: int | None = Field(None, ge=1, le=20, description=(
         "saturation runs per launched candidate (and of the incumbent); None: the settings' "
         "SERVETUNE_REPEATS (default 1)"))
@@ -112,7 +112,7 @@ class AcceptanceSpec(BaseModel):
 class ValidationSpec(BaseModel):
     """The validate phase beyond the replay of the finalists."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     tune_admission: bool = Field(True, description=(
         "when the replay shows over-admission (throughput flat while TTFT and queue keep "
         "rising), retune max_running_requests (and hicache_ratio where prefixes repeat) under "
@@ -123,9 +123,13 @@ class ValidationSpec(BaseModel):
 
 
 class Study(BaseModel):
-    """A whole study as written in ``studies/*.yaml``."""
+    """A whole study as written in ``studies/*.yaml``.
 
-    model_config = ConfigDict(extra="forbid")
+    Numbers and booleans are strict in every block and knob value (``true`` is not 1,
+    ``"8"`` is not 8, ``8.0`` is not an integer); a float field takes a whole number.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: str
     description: str = ""
@@ -277,7 +281,12 @@ def parse_study(data: Any) -> Study:
         msgs = []
         for err in e.errors():
             loc = ".".join(_loc_part(x) for x in err["loc"]) or "study"
-            msgs.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
+            msg = err["msg"].removeprefix("Value error, ")
+            value = err.get("input")
+            if err["type"] in ("int_type", "float_type", "bool_type") \
+                    and isinstance(value, bool | int | float | str) and len(repr(value)) <= 40:
+                msg += f", not {value!r}"  # strict types: say what was written (true, "8")
+            msgs.append(f"{loc}: {msg}")
         raise ConfigInvalid(msgs) from e
     study.validate_space()
     return study

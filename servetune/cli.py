@@ -240,6 +240,12 @@ def _claude_setup(settings: Settings) -> Any:
 def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str, run_dir: Path,
                 settings: Settings, lessons_dir: Path | None, t0: float, announce: bool,
                 claude: Any = None, cluster: Any = None, cluster_flags: str = "") -> None:
+    from graph.runfiles import check_run_files
+
+    try:  # read-only, before anything below writes to the run folder
+        check_run_files(run_dir, rid)
+    except ServetuneError as e:
+        _fail(str(e))
     digest = study.digest()
     led = Ledger(run_dir / "ledger.sqlite")
     try:

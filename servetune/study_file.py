@@ -12,8 +12,94 @@ from domain.study import Study, parse_study
 from domain.workload import Trace, load_trace
 from servetune.settings import REPO_ROOT
 
+# Nodes that YAML aliases may add to a document once expanded. A 1.4 KB study of nested
+# anchors expands to 10**9 values (a "billion laughs"); servetune's own studies use none.
+MAX_ALIAS_NODES = 10_000
 
-class _StrictLoader(yaml.SafeLoader):
+
+class _AliasCountingLoader(yaml.SafeLoader):
+    """SafeLoader that keeps each anchor's node after composing, to size alias expansion."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.anchored: dict[str, yaml.Node] = {}
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        """Compose as PyYAML does, remembering the node an anchor names."""
+        event = self.peek_event()
+        node: yaml.Node = super().compose_node(parent, index)
+        if not isinstance(event, yaml.AliasEvent) and event.anchor is not None:
+            self.anchored[event.anchor] = node
+        return node
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def _check_aliases(root: yaml.Node, anchored: dict[str, yaml.Node]) -> None:
+    """Refuse a node graph whose aliases expand to more than ``MAX_ALIAS_NODES`` extra nodes.
+
+    Composing keeps an alias as a second reference to its anchor's node, so the expanded size
+    is counted without expanding anything: size(node) = 1 + the sizes of its children, each
+    node counted once (iteratively: no recursion limit, linear in the file).
+
+    Raises:
+        ConfigInvalid: naming the anchor whose expansion is largest, or the anchor that holds
+            an alias of itself.
+    """
+    name_of = {id(node): name for name, node in anchored.items()}
+    sizes: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, finished = stack.pop()
+        key = id(node)
+        if finished:
+            on_path.discard(key)
+            sizes[key] = 1 + sum(sizes[id(c)] for c in _children(node))
+        elif key in on_path:
+            raise ConfigInvalid([f"the YAML anchor &{name_of.get(key, '?')} holds an alias of "
+                                 "itself (a recursive value); write the values out"])
+        elif key not in sizes:
+            on_path.add(key)
+            stack.append((node, True))
+            stack.extend((c, False) for c in _children(node))
+    extra = sizes[id(root)] - len(sizes)
+    if extra > MAX_ALIAS_NODES:
+        name, node = max(anchored.items(), key=lambda kv: sizes.get(id(kv[1]), 0))
+        raise ConfigInvalid([
+            f"YAML aliases expand it by {extra:,} nodes, more than the {MAX_ALIAS_NODES:,} "
+            f"allowed (the anchor &{name} alone expands to {sizes[id(node)]:,}); write the "
+            "values out instead of nesting aliases"])
+
+
+def _load_yaml(text: str, loader_cls: type[_AliasCountingLoader]) -> Any:
+    """Parse one YAML document, refusing an alias bomb before any Python object is built.
+
+    Raises:
+        ConfigInvalid: aliases that expand too far or recursively, or nesting too deep to parse.
+        yaml.YAMLError: a syntax error (and whatever ``loader_cls``'s constructors refuse).
+    """
+    loader = loader_cls(text)
+    try:
+        try:
+            node = loader.get_single_node()
+        except RecursionError as e:  # the composer recurses once per nesting level
+            raise ConfigInvalid(["YAML nested too deeply to read"]) from e
+        if node is None:
+            return None
+        _check_aliases(node, loader.anchored)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+class _StrictLoader(_AliasCountingLoader):
     """SafeLoader that refuses a key given twice in one mapping (YAML would keep the last)."""
 
 
@@ -39,13 +125,15 @@ def load_study(path: Path) -> Study:
     """Parse and validate the study at ``path``.
 
     Raises:
-        ConfigInvalid: missing file, YAML syntax error, or an invalid study (the message names
-            the field).
+        ConfigInvalid: missing file, YAML syntax error, aliases that expand by more than
+            ``MAX_ALIAS_NODES`` nodes, or an invalid study (the message names the field).
     """
     if not path.is_file():
         raise ConfigInvalid([f"{path}: study file not found"])
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)  # noqa: S506
+        data = _load_yaml(path.read_text(encoding="utf-8"), _StrictLoader)
+    except ConfigInvalid as e:
+        raise ConfigInvalid([f"{path}: {v}" for v in e.violations]) from e
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -94,10 +182,13 @@ def read_config_file(path: Path) -> dict[str, Any]:
     """The mapping of ServingConfig fields in a JSON or YAML file (JSON is YAML too).
 
     Raises:
-        ValueError: unreadable, not YAML/JSON, or not a mapping; the message names ``--config``.
+        ValueError: unreadable, not YAML/JSON, an alias bomb (``MAX_ALIAS_NODES``), or not a
+            mapping; the message names ``--config``.
     """
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = _load_yaml(path.read_text(encoding="utf-8"), _AliasCountingLoader)
+    except ConfigInvalid as e:
+        raise ValueError(f"--config {path}: {e}") from e
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise ValueError(f"--config {path}: cannot read a JSON or YAML ServingConfig "
                          f"({type(e).__name__}: {getattr(e, 'strerror', None) or e})") from e

@@ -45,8 +45,10 @@ Labels = Annotated[dict[str, str] | None, Field(
     "{'servetune/run-id': 'r1'}; servetune sets app.kubernetes.io/managed-by and "
     "servetune/config-id itself", max_length=16)]
 RESERVED_LABELS = (*ops.MANAGED_BY, "servetune/config-id")
+# Numeric arguments are strict (``Field(strict=True)``): ``true`` is not 1 and ``"5"`` is not
+# 5, as in ServingConfig; a float argument takes a whole number.
 SinceS = Annotated[float | None, Field(description="only entries from the last N seconds",
-                                       gt=0, le=7 * 86400)]
+                                       gt=0, le=7 * 86400, strict=True)]
 
 
 def build_server(backend: ClusterBackend) -> MCPServer:
@@ -84,7 +86,7 @@ def build_server(backend: ClusterBackend) -> MCPServer:
     def deploy(name: Name, config: ServingConfig, ctx: Context,
                wait_s: Annotated[float, Field(description="seconds to wait for Ready or "
                                               "Failed before answering Pending", ge=0,
-                                              le=600)] = 60.0,
+                                              le=600, strict=True)] = 60.0,
                labels: Labels = None,
                namespace: Namespace = None) -> DeploymentStatus:
         """Create a deployment of `config` named `name` and start its replicas.
@@ -127,13 +129,15 @@ def build_server(backend: ClusterBackend) -> MCPServer:
     @server.tool(annotations=ToolAnnotations(readOnlyHint=True, openWorldHint=False))
     def get_logs(name: Name,
                  tail: Annotated[int | None, Field(description="only the last N lines", ge=0,
-                                                   le=10000)] = None,
+                                                   le=10000, strict=True)] = None,
                  since_s: SinceS = None,
-                 start: Annotated[int, Field(description="first line of the page", ge=0)] = 0,
-                 max_lines: Annotated[int, Field(description="page size", ge=1, le=500)] = 200,
+                 start: Annotated[int, Field(description="first line of the page", ge=0,
+                                             strict=True)] = 0,
+                 max_lines: Annotated[int, Field(description="page size", ge=1, le=500,
+                                                 strict=True)] = 200,
                  replica: Annotated[int | None, Field(description="replica index; default: "
                                                       "the first that failed, else 0",
-                                                      ge=0)] = None,
+                                                      ge=0, strict=True)] = None,
                  namespace: Namespace = None) -> ops.LogPage:
         """Server log of one replica of `name`, paged; continue with `start=next_start`.
 
@@ -148,9 +152,9 @@ def build_server(backend: ClusterBackend) -> MCPServer:
                        min_length=1, max_length=52, pattern=r"^[a-z0-9][-a-z0-9]*$")] = None,
                    since_s: SinceS = None,
                    start: Annotated[int, Field(description="first event of the page",
-                                               ge=0)] = 0,
+                                               ge=0, strict=True)] = 0,
                    max_items: Annotated[int, Field(description="page size", ge=1,
-                                                   le=500)] = 100,
+                                                   le=500, strict=True)] = 100,
                    namespace: Namespace = None) -> ops.EventPage:
         """Events (Created, Started, Ready, Failed, Killing, ...), oldest first, paged.
 
