@@ -45,7 +45,7 @@ from domain.metrics import MetricsSummary, Percentiles, RequestRecord, summarize
 from domain.twin.cluster import ReplicaStats, simulate_closed_loop, simulate_open_loop
 from domain.twin.injected import inject_records
 from domain.twin.noise import noise_factor, scale_records
-from domain.workload import Trace, load_trace
+from domain.workload import Trace, check_trace_path, load_trace
 from mcp_servers.bench import records as store
 from mcp_servers.bench.aiperf import AiperfError, AiperfRun, AiperfRunner, find_aiperf
 from mcp_servers.bench.endpoints import check_endpoint
@@ -395,13 +395,14 @@ class BenchService:
             raise BackendError(f"trace path {trace!r} must not start with '-'")
         if "\0" in trace:
             raise BackendError(f"trace path {trace!r} holds a NUL byte; give a file name")
+        check_trace_path(trace)
         for root in self.roots:
             try:
                 p = (root / trace).resolve()
-            except (OSError, RuntimeError):  # a symlink cycle (3.11 raises RuntimeError)
-                continue
-            if any(p.is_relative_to(r) for r in self.roots) and p.is_file():
-                return p
+                if any(p.is_relative_to(r) for r in self.roots) and p.is_file():
+                    return p
+            except (OSError, RuntimeError):  # a symlink cycle (3.11 raises RuntimeError),
+                continue  # a name too long under this root, a folder we may not read
         roots = ", ".join(str(r) for r in self.roots) or "none configured"
         raise BackendError(f"trace {trace!r} not found inside the allowed trace folders "
                            f"({roots}); give a path relative to one of them")
@@ -411,7 +412,8 @@ class BenchService:
         """The scaled window of a trace (cached per file).
 
         Raises:
-            BackendError: path outside the allowed folders; TraceInvalid: malformed trace.
+            BackendError: path outside the allowed folders; TraceInvalid: malformed trace, or a
+                file or folder name in the path over 255 bytes.
         """
         path = self._resolve_trace(trace)
         key = (str(path), fmt)
