@@ -127,9 +127,14 @@ def test_d1_allow_list_entry_must_be_normal(tmp_path):
 # --------------------------------------------------------------------------- D9
 
 HUGE = {"isl": 4096, "osl": 4096, "concurrency": 100_000, "duration_s": 3600}
-# simulation-heavy but not obviously over the default budget: ~10 s of simulation on a loaded
-# 2-core machine, then far more to summarise, unless it is stopped
+# simulation-heavy: ~10 s of simulation on a loaded 2-core machine, then far more to summarise
 HEAVY = {"isl": 4096, "osl": 4096, "concurrency": 30_000, "duration_s": 1}
+
+
+def no_estimate(monkeypatch):
+    """Let every run past the up-front estimate, to reach the checks inside the loop."""
+    monkeypatch.setattr(ops, "estimate_closed_loop",
+                        lambda *a, **k: ops.SimCost(steps=0, requests=0, tokens=0))
 
 
 def simulating() -> bool:
@@ -177,8 +182,7 @@ async def test_d9_sweep_shares_one_budget(tmp_path):
 
 async def test_d9_budget_stops_the_simulation_loop(tmp_path, monkeypatch):
     """A run the up-front estimate lets through still stops at the budget while simulating."""
-    monkeypatch.setattr(ops, "estimate_closed_loop",
-                        lambda *a, **k: ops.SimCost(steps=0, requests=0, tokens=0))
+    no_estimate(monkeypatch)
     svc = BenchService(twin(), tmp_path / "rec", [], [], compute_budget_s=0.5)
     async with Client(bench_server(svc)) as b:
         t0 = time.monotonic()
@@ -191,7 +195,8 @@ async def test_d9_budget_stops_the_simulation_loop(tmp_path, monkeypatch):
     assert not simulating()
 
 
-async def test_d9_client_cancel_stops_the_simulation(tmp_path):
+async def test_d9_client_cancel_stops_the_simulation(tmp_path, monkeypatch):
+    no_estimate(monkeypatch)
     svc = BenchService(twin(), tmp_path / "rec", [], [])  # the default budget
     async with Client(bench_server(svc)) as b:
         with anyio.move_on_after(1.0) as scope:

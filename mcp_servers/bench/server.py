@@ -21,6 +21,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations
 from pydantic import Field, Strict
 
+from domain.twin.budget import DEFAULT_COMPUTE_BUDGET_S
 from mcp_servers.bench import records as store
 from mcp_servers.bench.http_runner import DEFAULT_CLIENT, MAX_CONCURRENCY, ClientKind
 from mcp_servers.bench.ops import (
@@ -97,6 +98,11 @@ def _quality(service: BenchService, max_error_share: float | None,
 def build_server(service: BenchService) -> MCPServer:
     """An MCP server whose tools benchmark deployments of ``service``'s backend or endpoints."""
     allowed = ", ".join(service.allowed) or "none"
+    limit = service.compute_budget_s
+    budget = ("" if limit is None else
+              f"Twin runs have a compute budget of {limit:g} wall seconds per call (a sweep "
+              "shares one): a run estimated over it is refused with the estimate, one that "
+              "reaches it is stopped; make runs smaller rather than retrying them. ")
     server = StrictMCPServer("servetune-bench", instructions=(
         "Benchmark Ready deployments (by name) or allowed OpenAI-compatible endpoints "
         f"(allowed: {allowed}): run_saturation (synthetic closed loop), run_rate (synthetic "
@@ -106,7 +112,7 @@ def build_server(service: BenchService) -> MCPServer:
         "with valid=false (too many failed requests) must not be scored, and its flags "
         "(dispatch lag, prefix-cache hit rate) must be read before its numbers are used. Page "
         "through the per-request records with get_records and see stored runs with "
-        "list_runs."))
+        "list_runs. " + budget).strip())
 
     async def _guard(coro: Awaitable[T]) -> T:
         with as_tool_errors(BackendError):
@@ -268,7 +274,8 @@ def main(backend_kind: str = "twin", namespace: str = "servetune",
          trace_roots: Sequence[Path | str] = (),
          allowed_endpoints: Sequence[str] = (), tokenizer: Path | str | None = None,
          client: ClientKind = DEFAULT_CLIENT, runner: RunnerChoice = "auto",
-         kubeconfig: Path | None = None, context: str | None = None) -> None:
+         kubeconfig: Path | None = None, context: str | None = None,
+         compute_budget_s: float | None = DEFAULT_COMPUTE_BUDGET_S) -> None:
     """Run the bench server over stdio (logs go to stderr; stdout is the protocol).
 
     Args:
@@ -290,6 +297,9 @@ def main(backend_kind: str = "twin", namespace: str = "servetune",
         kubeconfig: ``kubernetes`` backend: kubeconfig file (None: the default, or the pod's
             service account).
         context: ``kubernetes`` backend: kubeconfig context (None: the current one).
+        compute_budget_s: wall seconds of twin simulation one tool call may use, a whole
+            ``run_sweep`` sharing one (default 60; None: unbounded); see
+            :mod:`domain.twin.budget`.
 
     The event loop is uvloop's when it is installed (it comes with ``uvicorn[standard]``): the
     HTTP runner's own TTFT overhead at 50 req/s was 1.96 ms on uvloop vs 2.67 ms on asyncio's
@@ -305,7 +315,8 @@ def main(backend_kind: str = "twin", namespace: str = "servetune",
                            Path(artifacts_dir),
                            [Path(r) for r in trace_roots], list(allowed_endpoints),
                            client=client, tokenizer=tok,
-                           default_runner=None if runner == "auto" else runner)
+                           default_runner=None if runner == "auto" else runner,
+                           compute_budget_s=compute_budget_s)
     server = build_server(service)
     anyio.run(server.run_stdio_async, backend_options={"use_uvloop": _have_uvloop()})
 
