@@ -126,3 +126,37 @@ class BudgetExceeded(ServetuneError):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         super().__init__(f"budget exhausted: {kind}")
+
+
+class ComputeBudgetExceeded(BudgetExceeded):
+    """A twin simulation would exceed, or reached, its compute budget, or was cancelled.
+
+    Attributes:
+        kind: ``compute_s``.
+        limit_s: the budget, wall seconds (None: unbounded).
+        spent_s: wall seconds used when it was raised.
+        stage: ``refused`` (estimated over the budget, nothing simulated), ``stopped`` (the
+            deadline passed while simulating) or ``cancelled`` (the caller cancelled).
+        estimated_s: the up-front estimate, wall seconds (``refused`` only).
+        detail: what the estimate counted.
+        flag: the option that sets the limit, for the message.
+    """
+
+    def __init__(self, limit_s: float | None, spent_s: float, stage: str,
+                 estimated_s: float | None = None, detail: str = "",
+                 flag: str = "--compute-budget-s") -> None:
+        self.kind, self.limit_s, self.spent_s, self.stage = "compute_s", limit_s, spent_s, stage
+        self.estimated_s, self.detail, self.flag = estimated_s, detail, flag
+        limit = "no limit" if limit_s is None else f"{limit_s:g} s"
+        budget = f"the bench server's twin compute budget of {limit} per call ({flag})"
+        fix = ("shorten duration_s, lower concurrency, isl or osl, or run fewer sweep points; "
+               "the operator can raise " + flag)
+        if stage == "refused":
+            message = (f"refused: {detail} is an estimated {estimated_s:.1f} s of compute, over "
+                       f"{budget} ({max(0.0, (limit_s or 0) - spent_s):.1f} s left); {fix}")
+        elif stage == "cancelled":
+            message = f"twin simulation cancelled by the client after {spent_s:.1f} s"
+        else:
+            message = (f"stopped: the twin simulation used up {budget} after {spent_s:.1f} s; "
+                       f"{fix}")
+        ServetuneError.__init__(self, message)

@@ -37,6 +37,9 @@ MOONCAKE_BLOCK = 512
 BAILIAN_BLOCK = 16
 AZURE_HEADER = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
 MAX_TRACE_TOKENS = 100_000_000  # 10x the longest context of any model (10M); larger is damage
+# Longest file or folder name, bytes: NAME_MAX of Linux file systems (ext4, xfs, btrfs, tmpfs) and
+# the limit of APFS; a longer path component fails every system call with ENAMETOOLONG.
+MAX_NAME_BYTES = 255
 
 
 class Request(BaseModel):
@@ -190,12 +193,31 @@ def _length_stats(values: list[int]) -> LengthStats:
 # Reading files
 
 
+def check_trace_path(path: str | os.PathLike[str]) -> None:
+    """Refuse a trace path none of whose files can exist: a component over the name limit.
+
+    Raises:
+        TraceInvalid: a file or folder name in ``path`` is longer than ``MAX_NAME_BYTES`` (255)
+            bytes in UTF-8.
+    """
+    p = os.fspath(path)
+    for part in p.replace(os.sep, "/").split("/"):
+        n = len(part.encode("utf-8", "surrogateescape"))
+        if n > MAX_NAME_BYTES:
+            raise TraceInvalid(
+                f"{p[:60]}...", f"a file or folder name in the path is {n} bytes long, more "
+                f"than the {MAX_NAME_BYTES} bytes a file system allows; give the trace's real "
+                "path"
+            )
+
+
 def _lines(path: str) -> Iterator[tuple[int, str]]:
     """Yield (1-based line number, text with its line ending) for every line of ``path``.
 
     Decodes each line strictly as UTF-8 so a bad byte is reported at its own line; strips a
     leading byte-order mark. Raises TraceInvalid for a missing, unreadable or empty file.
     """
+    check_trace_path(path)
     try:
         f = open(path, "rb")
     except FileNotFoundError as e:
@@ -246,6 +268,11 @@ def _fields(path: str, line: int, text: str, wanted: tuple[str, ...]) -> dict[st
     except ValueError as e:  # an integer literal beyond Python's int digit limit
         raise TraceInvalid(
             path, f"a number has too many digits ({e}); the row is damaged: drop it", line
+        ) from e
+    except RecursionError as e:  # arrays/objects nested deeper than the parser's stack
+        raise TraceInvalid(
+            path, "JSON nested too deeply to parse; each line must be one flat JSON object "
+            "(the row is damaged: drop it)", line
         ) from e
     if not isinstance(row, dict):
         raise TraceInvalid(path, f"expected a JSON object, got {type(row).__name__}", line)
@@ -532,8 +559,8 @@ def _detect(path: str) -> Literal["mooncake", "azure", "bailian"]:
     if ext in (".jsonl", ".json") or first.startswith("{"):
         try:
             row = json.loads(first)
-        except ValueError:  # JSONDecodeError, or an int over the digit limit
-            return "mooncake"  # the loader reports the malformed line precisely
+        except (ValueError, RecursionError):  # malformed, an int over the digit limit, or
+            return "mooncake"  # nested too deeply: the loader reports the line precisely
         return "bailian" if isinstance(row, dict) and "chat_id" in row else "mooncake"
     if first.startswith("TIMESTAMP,"):
         return "azure"

@@ -777,6 +777,11 @@ def mcp_bench(
                          "runner), builtin, or aiperf (the \\[aiperf] extra)")] = "auto",
     kubeconfig: KubeconfigOpt = None,
     context: ContextOpt = None,
+    compute_budget_s: Annotated[float, typer.Option(
+        "--compute-budget-s", min=0.001, help="twin runs: wall seconds of simulation one tool "
+                                              "call may use, a run_sweep sharing one; a run "
+                                              "estimated over it is refused, one reaching it "
+                                              "stopped (default 60)")] = 60.0,
 ) -> None:
     """The bench server (saturation, trace replay, concurrency sweep) over stdio."""
     from mcp_servers.bench.server import main
@@ -800,7 +805,8 @@ def mcp_bench(
     try:
         main(backend, namespace, state_dir or settings.state_dir, records_dir, traces,
              allow_endpoint or [], tokenizer=tokenizer, client=client,  # type: ignore[arg-type]
-             runner=runner, kubeconfig=kubeconfig, context=context)  # type: ignore[arg-type]
+             runner=runner, kubeconfig=kubeconfig, context=context,  # type: ignore[arg-type]
+             compute_budget_s=compute_budget_s)
     except (BackendError, ServetuneError, ValueError) as e:
         _fail(str(e))
     except OSError as e:

@@ -9,7 +9,7 @@ import yaml
 
 from domain.errors import ConfigInvalid, TraceInvalid
 from domain.study import Study, parse_study
-from domain.workload import Trace, load_trace
+from domain.workload import Trace, check_trace_path, load_trace
 from servetune.settings import REPO_ROOT
 
 # Nodes that YAML aliases may add to a document once expanded. A 1.4 KB study of nested
@@ -153,13 +153,18 @@ def resolve_trace(study: Study, study_path: Path) -> Path:
     """The replay trace as an absolute path: relative to the study file, else to the repo.
 
     Raises:
-        TraceInvalid: if the file exists in neither place.
+        TraceInvalid: if the file exists in neither place, or a name in its path is over 255
+            bytes.
     """
+    check_trace_path(study.replay.trace)
     p = Path(study.replay.trace)
     candidates = [p] if p.is_absolute() else [study_path.parent / p, REPO_ROOT / p]
     for c in candidates:
-        if c.is_file():
-            return c.resolve()
+        try:
+            if c.is_file():
+                return c.resolve()
+        except OSError as e:  # e.g. a folder on the way that may not be read
+            raise TraceInvalid(str(c), f"cannot use the trace path ({e.strerror})") from e
     raise TraceInvalid(study.replay.trace, "trace file not found (looked next to the study "
                        "file and in the repository)")
 

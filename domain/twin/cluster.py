@@ -35,7 +35,15 @@ from domain.costmodel import build_cost_model
 from domain.fit import FitReport
 from domain.metrics import RequestRecord
 from domain.models import get_model
-from domain.twin.engine import EngineLimits, EngineStats, TwinEngine, new_cache
+from domain.speculative import accept_length
+from domain.twin.budget import CHECK_EVERY, ComputeBudget, SimCost
+from domain.twin.engine import (
+    MAX_PREFILL_TOKENS,
+    EngineLimits,
+    EngineStats,
+    TwinEngine,
+    new_cache,
+)
 from domain.twin.prefix_cache import PathIndex
 
 # sglang-router 0.3.2 defaults (router_args.py; sglang-knobs reference 6.3)
@@ -155,7 +163,8 @@ class Router:
 
 
 def simulate_open_loop(config: ServingConfig, report: FitReport,
-                       requests: Sequence[Any], progress: SimProgress | None = None
+                       requests: Sequence[Any], progress: SimProgress | None = None,
+                       budget: ComputeBudget | None = None,
                        ) -> tuple[list[RequestRecord], list[ReplicaStats]]:
     """Replay requests at their arrival times on the replicas of ``config`` behind its router.
 
@@ -167,20 +176,26 @@ def simulate_open_loop(config: ServingConfig, report: FitReport,
             for the radix cache and the cache-aware router).
         progress: called as ``progress(done, total)`` every ``PROGRESS_EVERY`` requests routed
             and once per replica drained (``total`` = requests + replicas).
+        budget: compute budget checked while simulating (None: unbounded).
 
     Returns:
         Records in the order of ``requests`` and one ReplicaStats per replica.
+
+    Raises:
+        ComputeBudgetExceeded: ``budget`` ran out or was cancelled.
     """
     cost = build_cost_model(config, report)
     lim = engine_limits(config, report)
     R = config.replicas
     index = PathIndex()
-    engines = [TwinEngine(cost, lim, new_cache(lim, index)) for _ in range(R)]
+    engines = [TwinEngine(cost, lim, new_cache(lim, index), budget) for _ in range(R)]
     router = Router(config.router_policy, R)
     where: list[tuple[int, int]] = []
     sent = [0] * R
     total = len(requests) + R
     for n, req in enumerate(requests):
+        if budget is not None and not n % CHECK_EVERY:
+            budget.check()
         if progress is not None and n and n % PROGRESS_EVERY == 0:
             progress(n, total)
         arrival, inp, out = req[0], req[1], req[2]
@@ -208,7 +223,8 @@ def simulate_open_loop(config: ServingConfig, report: FitReport,
 
 def simulate_closed_loop(config: ServingConfig, report: FitReport, concurrency: int,
                          duration_s: float, isl: int, osl: int, max_requests: int = 0,
-                         progress: SimProgress | None = None
+                         progress: SimProgress | None = None,
+                         budget: ComputeBudget | None = None,
                          ) -> tuple[list[RequestRecord], list[ReplicaStats]]:
     """Closed-loop saturation: ``concurrency`` clients spread over the replicas.
 
@@ -222,9 +238,11 @@ def simulate_closed_loop(config: ServingConfig, report: FitReport, concurrency: 
         max_requests: stop sending after this many requests in all (0 = no cap); each replica
             gets its share.
         progress: called as ``progress(replicas done, replicas)`` after each replica.
+        budget: compute budget checked while simulating (None: unbounded).
 
     Raises:
         ValueError: if concurrency < 1.
+        ComputeBudgetExceeded: ``budget`` ran out or was cancelled.
     """
     if concurrency < 1:
         raise ValueError("concurrency must be >= 1")
@@ -237,7 +255,7 @@ def simulate_closed_loop(config: ServingConfig, report: FitReport, concurrency: 
         share = concurrency // R + (1 if i < concurrency % R else 0)
         if share == 0:
             continue
-        eng = TwinEngine(cost, lim)
+        eng = TwinEngine(cost, lim, budget=budget)
         cap = max(share, max_requests * share // concurrency) if max_requests else 0
         recs = eng.run(closed_loop=(share, duration_s, isl, osl), max_requests=cap)
         records += recs
@@ -245,3 +263,73 @@ def simulate_closed_loop(config: ServingConfig, report: FitReport, concurrency: 
         if progress is not None:
             progress(i + 1, R)
     return records, stats
+
+
+def _batch(lim: EngineLimits, clients: float, context: float) -> int:
+    """Requests one replica decodes at once: slots, clients and the KV pool allow (>= 1)."""
+    return max(1, int(min(clients, lim.max_running_requests,
+                          lim.kv_tokens // max(1.0, context))))
+
+
+def _chunk(lim: EngineLimits) -> int:
+    c = lim.chunked_prefill_size
+    return min(c, MAX_PREFILL_TOKENS) if c > 0 else MAX_PREFILL_TOKENS
+
+
+def _steps(lim: EngineLimits, batch: int, in_tokens: float, out_tokens: float) -> float:
+    """Prefill steps (``in_tokens`` in chunks) plus decode steps (``out_tokens`` by batch)."""
+    per_step = batch * (accept_length(lim.spec, batch) if lim.spec is not None else 1.0)
+    return in_tokens / _chunk(lim) + out_tokens / per_step
+
+
+def estimate_closed_loop(config: ServingConfig, report: FitReport, concurrency: int,
+                         duration_s: float, isl: int, osl: int, max_requests: int = 0
+                         ) -> SimCost:
+    """The work of :func:`simulate_closed_loop` with these arguments, estimated in O(replicas).
+
+    Each replica's clients keep a batch as large as its slots and KV pool allow (prompt plus
+    half the output per request) busy for ``duration_s`` at the step time of the cost model,
+    then drain; requests that cannot fit fail at once (one record, no steps). An estimate for
+    the compute budget's up-front check (:class:`~domain.twin.budget.SimCost`), not a bound.
+    """
+    cost = build_cost_model(config, report)
+    lim = engine_limits(config, report)
+    R = config.replicas
+    total = SimCost(0, 0, 0)
+    for i in range(R):
+        share = concurrency // R + (1 if i < concurrency % R else 0)
+        if share == 0:
+            continue
+        if isl + osl > lim.context_len or isl + 1 > lim.kv_tokens:
+            total += SimCost(0, share, 0)
+            continue
+        ctx = isl + osl / 2
+        b = _batch(lim, share, ctx)
+        round_s = max(osl * cost.decode_time(b, int(b * ctx)), 1e-9)
+        n = share + b * duration_s / round_s
+        if max_requests:
+            n = min(n, max(share, max_requests * share // concurrency))
+        total += SimCost(_steps(lim, b, n * isl, n * osl), n, n * osl)
+    return total
+
+
+def estimate_open_loop(config: ServingConfig, report: FitReport, requests: Sequence[Any]
+                       ) -> SimCost:
+    """The work of :func:`simulate_open_loop` on ``requests``, estimated in O(requests).
+
+    Decode steps at the largest batch the fleet's slots and KV pools hold (a lower estimate:
+    a lightly loaded replica decodes smaller batches); requests that cannot fit cost one record.
+    """
+    lim = engine_limits(config, report)
+    n = len(requests)
+    fit_in = fit_out = fits = 0
+    for req in requests:
+        inp, out = req[1], req[2]
+        if inp + out <= lim.context_len and inp + 1 <= lim.kv_tokens:
+            fit_in += inp
+            fit_out += out
+            fits += 1
+    if not fits:
+        return SimCost(0, n, 0)
+    b = _batch(lim, fits, (fit_in + fit_out / 2) / fits)
+    return SimCost(_steps(lim, b, fit_in, fit_out) / config.replicas, n, fit_out)

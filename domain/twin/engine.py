@@ -56,6 +56,7 @@ import numpy as np
 from domain.costmodel import StepCostModel
 from domain.metrics import RequestRecord
 from domain.speculative import SpecParams, accept_length, draft_tokens_for_batch, steps_for_batch
+from domain.twin.budget import CHECK_EVERY, ComputeBudget
 from domain.twin.prefix_cache import PathIndex, PrefixCache
 
 INIT_NEW_TOKEN_RATIO = 0.7
@@ -209,11 +210,15 @@ class TwinEngine:
         cost: step-time model of this replica.
         limits: resolved limits and features.
         cache: the replica's prefix cache (built from ``limits`` when None).
+        budget: compute budget checked every ``CHECK_EVERY`` scheduler iterations and records
+            (None: unbounded); :meth:`advance` and :meth:`records` then raise
+            :class:`~domain.errors.ComputeBudgetExceeded` when it runs out or is cancelled.
     """
 
     def __init__(self, cost: StepCostModel, limits: EngineLimits,
-                 cache: PrefixCache | None = None) -> None:
+                 cache: PrefixCache | None = None, budget: ComputeBudget | None = None) -> None:
         self.cost, self.lim = cost, limits
+        self.compute_budget = budget
         self.stats = EngineStats()
         self.cache = cache if cache is not None else new_cache(limits)
         self.now = 0.0
@@ -376,11 +381,18 @@ class TwinEngine:
         """Run scheduler iterations while virtual time is before ``until`` and work remains.
 
         An iteration that starts before ``until`` completes (it may end after it).
+
+        Raises:
+            ComputeBudgetExceeded: the engine's budget ran out or was cancelled.
         """
         lim, cache = self.lim, self.cache
         pending, waiting, running = self._pending, self._waiting, self._running
         topk = lim.index_topk
+        budget, mask, it = self.compute_budget, CHECK_EVERY - 1, 0
         while self.now < until:
+            it += 1
+            if budget is not None and not it & mask:
+                budget.check()
             now = self.now
             while pending and pending[0].arrival <= now:
                 r = pending.popleft()
@@ -433,7 +445,10 @@ class TwinEngine:
         """
         cost, spec, running, pending = self.cost, self.lim.spec, self._running, self._pending
         T, C, heap, st = self._T, self._C, self._heap, self.stats
+        budget, mask = self.compute_budget, CHECK_EVERY - 1
         while True:
+            if budget is not None and not st.decode_steps & mask:
+                budget.check()
             n = self._make_room(len(running))
             ctx = int(self._ctx_running)
             steps = steps_for_batch(spec, n) if spec is not None else 0
@@ -677,11 +692,18 @@ class TwinEngine:
 
     # ------------------------------------------------------------------ results
     def records(self) -> list[RequestRecord]:
-        """One record per submitted request, in submission order (virtual seconds)."""
+        """One record per submitted request, in submission order (virtual seconds).
+
+        Raises:
+            ComputeBudgetExceeded: the engine's budget ran out or was cancelled.
+        """
         T = np.asarray(self._T)
         C = np.asarray(self._C)
         out = []
-        for r in self._reqs:
+        budget, mask = self.compute_budget, CHECK_EVERY - 1
+        for k, r in enumerate(self._reqs):
+            if budget is not None and not k & mask:
+                budget.check()
             if r.error is not None or math.isnan(r.finish):
                 out.append(RequestRecord(arrival_s=r.arrival, input_tokens=r.input,
                                          output_tokens=0,

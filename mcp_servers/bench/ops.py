@@ -17,6 +17,12 @@ whose achieved prefix-cache hit rate (``usage.prompt_tokens_details.cached_token
 SGLang's ``/metrics`` counters) is more than ``hit_rate_tolerance`` (default 0.15) from the
 trace's expected rate (:func:`~mcp_servers.bench.prompts.expected_hit_rate`, an unbounded cache),
 is flagged in ``flags`` with the numbers.
+
+Twin runs are bounded by a compute budget (:mod:`domain.twin.budget`, ``compute_budget_s``,
+default 60 wall seconds per tool call, one budget for a whole sweep): a run whose estimated cost
+exceeds what is left is refused before it starts, with the limit and the estimate; the budget is
+checked inside the simulation loops, so a run stops within a second of reaching it or of the
+client's cancel (the simulation's worker thread is told to stop).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import anyio.from_thread
 import anyio.to_thread
@@ -42,10 +48,17 @@ from domain.errors import TraceInvalid
 from domain.faults import FaultSpec
 from domain.fit import FitReport
 from domain.metrics import MetricsSummary, Percentiles, RequestRecord, summarize
-from domain.twin.cluster import ReplicaStats, simulate_closed_loop, simulate_open_loop
+from domain.twin.budget import DEFAULT_COMPUTE_BUDGET_S, ComputeBudget, SimCost
+from domain.twin.cluster import (
+    ReplicaStats,
+    estimate_closed_loop,
+    estimate_open_loop,
+    simulate_closed_loop,
+    simulate_open_loop,
+)
 from domain.twin.injected import inject_records
 from domain.twin.noise import noise_factor, scale_records
-from domain.workload import Trace, load_trace
+from domain.workload import Trace, check_trace_path, load_trace
 from mcp_servers.bench import records as store
 from mcp_servers.bench.aiperf import AiperfError, AiperfRun, AiperfRunner, find_aiperf
 from mcp_servers.bench.endpoints import check_endpoint
@@ -98,6 +111,7 @@ RunnerChoice = Literal["auto", "builtin", "aiperf"]
 # backends whose deployments are benchmarked with aiperf by default (runner "auto"): a real
 # cluster, where the engine is far from this process and aiperf's reports are the reference
 CLUSTER_BACKENDS = frozenset({"kubernetes"})
+T = TypeVar("T")
 ProgressFn = Callable[[float, float | None, str], Awaitable[None]]
 """``(progress, total or None, message)``, as MCP's ``Context.report_progress`` takes them."""
 
@@ -245,23 +259,45 @@ def _tick(progress: ProgressFn | None, fmt: Callable[[Snapshot], tuple[float, fl
 
 
 def _from_thread(progress: ProgressFn | None, message: Callable[[int, int], str],
-                 min_interval_s: float = 0.5) -> Callable[[int, int], None] | None:
+                 min_interval_s: float = 0.5, budget: ComputeBudget | None = None
+                 ) -> Callable[[int, int], None] | None:
     """A progress callback for a simulation running in a worker thread (at most 2 per s).
 
     The MCP notification is sent on the event loop (``anyio.from_thread.run``) while the
-    simulation waits; the final count is always sent.
+    simulation waits; the final count is always sent. A cancelled or spent ``budget`` raises
+    here instead (the caller is gone).
     """
     if progress is None:
         return None
     last = [0.0]
 
     def step(done: int, total: int) -> None:
+        if budget is not None:
+            budget.check()
         now = time.monotonic()
         if done < total and now - last[0] < min_interval_s:
             return
         last[0] = now
         anyio.from_thread.run(progress, done, total, message(done, total))
     return step
+
+
+async def _simulate(fn: Callable[[], T], budget: ComputeBudget) -> T:
+    """``fn()`` (a twin simulation that checks ``budget``) in a worker thread.
+
+    A cancel of the calling task (the client cancelled the tool call) cancels ``budget``: the
+    thread stops at its next check, within milliseconds, instead of running to the end.
+    """
+    try:
+        return await anyio.to_thread.run_sync(fn, abandon_on_cancel=True)
+    except anyio.get_cancelled_exc_class():
+        budget.cancel()
+        raise
+
+
+def _recorded_cost(recs: Sequence[RequestRecord]) -> SimCost:
+    """What summarising and storing ``recs`` costs, as a :class:`SimCost`."""
+    return SimCost(0, len(recs), sum(len(r.itl_s) for r in recs))
 
 
 def _sat_progress(s: Snapshot) -> tuple[float, float | None, str]:
@@ -327,6 +363,10 @@ class BenchService:
             lose their server, stall or return garbage (:func:`~domain.twin.injected.
             inject_records`); run ``n`` of a bench id draws from ``(seed, bench id, n)``.
             ``injected`` lists what was injected.
+        compute_budget_s: wall seconds of twin simulation one call may use (a sweep shares
+            one budget; default :data:`~domain.twin.budget.DEFAULT_COMPUTE_BUDGET_S`, 60; None:
+            unbounded). Runs estimated over it are refused, runs reaching it stopped
+            (:class:`~domain.errors.ComputeBudgetExceeded`). HTTP runs are not bounded by it.
     """
 
     def __init__(self, backend: ClusterBackend, artifacts_dir: Path, trace_roots: list[Path],
@@ -336,7 +376,12 @@ class BenchService:
                  tokenizer: PromptTokenizer | None = None,
                  quality: Quality | None = None, default_runner: RunnerKind | None = None,
                  aiperf_binary: str | None = None, twin_noise_pct: float = 0.0,
-                 twin_noise_seed: int = 0, faults: FaultSpec | None = None) -> None:
+                 twin_noise_seed: int = 0, faults: FaultSpec | None = None,
+                 compute_budget_s: float | None = DEFAULT_COMPUTE_BUDGET_S) -> None:
+        if compute_budget_s is not None and not compute_budget_s > 0:
+            raise BackendError(f"compute budget {compute_budget_s!r} s: give a positive number "
+                               "of seconds")
+        self.compute_budget_s = compute_budget_s
         self.backend = backend
         self.artifacts = Path(artifacts_dir)
         self.roots = [Path(r).resolve() for r in trace_roots]
@@ -397,13 +442,14 @@ class BenchService:
             raise BackendError(f"trace path {trace!r} must not start with '-'")
         if "\0" in trace:
             raise BackendError(f"trace path {trace!r} holds a NUL byte; give a file name")
+        check_trace_path(trace)
         for root in self.roots:
             try:
                 p = (root / trace).resolve()
-            except (OSError, RuntimeError):  # a symlink cycle (3.11 raises RuntimeError)
-                continue
-            if any(p.is_relative_to(r) for r in self.roots) and p.is_file():
-                return p
+                if any(p.is_relative_to(r) for r in self.roots) and p.is_file():
+                    return p
+            except (OSError, RuntimeError):  # a symlink cycle (3.11 raises RuntimeError),
+                continue  # a name too long under this root, a folder we may not read
         roots = ", ".join(str(r) for r in self.roots) or "none configured"
         raise BackendError(f"trace {trace!r} not found inside the allowed trace folders "
                            f"({roots}); give a path relative to one of them")
@@ -413,7 +459,8 @@ class BenchService:
         """The scaled window of a trace (cached per file).
 
         Raises:
-            BackendError: path outside the allowed folders; TraceInvalid: malformed trace.
+            BackendError: path outside the allowed folders; TraceInvalid: malformed trace, or a
+                file or folder name in the path over 255 bytes.
         """
         path = self._resolve_trace(trace)
         key = (str(path), fmt)
@@ -507,6 +554,10 @@ class BenchService:
         return AiperfRunner(self.artifacts / "aiperf-cache", binary=self.aiperf_binary,
                             request_timeout_s=self.request_timeout_s)
 
+    def budget(self) -> ComputeBudget:
+        """A fresh compute budget for one tool call (see ``compute_budget_s``)."""
+        return ComputeBudget(self.compute_budget_s)
+
     def pick_runner(self, t: _Target, runner: RunnerChoice) -> RunnerKind:
         """The load generator of a run: ``runner``, or for ``auto`` the server's default.
 
@@ -554,15 +605,24 @@ class BenchService:
         Raises:
             BackendError: target missing, not Ready, not allowed, or concurrency over 4096
                 on HTTP.
+            ComputeBudgetExceeded: a twin run estimated over the compute budget (refused), or
+                one that reached it or was cancelled (stopped).
         """
         t = self._target(deployment, endpoint, gpus)
         return await self._saturation(t, isl, osl, concurrency, duration_s, progress, None,
                                       quality, self.pick_runner(t, runner), repeat)
 
+    def _sat_cost(self, t: _Target, isl: int, osl: int, concurrency: int,
+                  duration_s: float) -> SimCost:
+        assert t.config is not None and t.fit is not None
+        return estimate_closed_loop(t.config, t.fit, concurrency, duration_s, isl, osl,
+                                    MAX_SATURATION_REQUESTS)
+
     async def _saturation(self, t: _Target, isl: int, osl: int, concurrency: int,
                           duration_s: float, progress: ProgressFn | None,
                           tick: TickFn | None, quality: Quality | None = None,
-                          runner: RunnerKind = "builtin", repeat: int = 0) -> BenchResult:
+                          runner: RunnerKind = "builtin", repeat: int = 0,
+                          budget: ComputeBudget | None = None) -> BenchResult:
         noise = self.twin_noise_pct if not t.urls else 0.0
         args = {"isl": isl, "osl": osl, "c": concurrency, "d": duration_s,
                 **({"r": runner} if runner != "builtin" else {}),
@@ -572,14 +632,20 @@ class BenchService:
         if not t.urls:
             assert t.config is not None and t.fit is not None
             config, fit = t.config, t.fit
+            b = budget or self.budget()
+            b.refuse_over(self._sat_cost(t, isl, osl, concurrency, duration_s),
+                          f"this twin run ({what} for {duration_s:g} s)")
             if progress:
                 await progress(0, config.replicas,
                                f"twin: simulating {what} for {duration_s:g} virtual s")
-            step = _from_thread(progress, lambda d, n: f"twin: {d}/{n} replicas simulated")
-            recs, stats = await anyio.to_thread.run_sync(
+            step = _from_thread(progress, lambda d, n: f"twin: {d}/{n} replicas simulated",
+                                budget=b)
+            recs, stats = await _simulate(
                 lambda: simulate_closed_loop(config, fit, concurrency, duration_s, isl, osl,
                                              max_requests=MAX_SATURATION_REQUESTS,
-                                             progress=step))
+                                             progress=step, budget=b), b)
+            b.refuse_over(_recorded_cost(recs), f"summarising this twin run's {len(recs):,} "
+                                                "records")
             factor = noise_factor(config.config_id(), repeat, noise, self.twin_noise_seed)
             recs = scale_records(recs, factor)
             n = self._runs_of.get(bid, 0)
@@ -643,6 +709,8 @@ class BenchService:
 
         Raises:
             BackendError: target missing/not Ready/not allowed, or more requests than the cap.
+            ComputeBudgetExceeded: a twin run estimated over the compute budget (refused), or
+                one that reached it or was cancelled (stopped).
         """
         t = self._target(deployment, endpoint, gpus)
         kind = self.pick_runner(t, runner)
@@ -672,12 +740,15 @@ class BenchService:
             assert t.config is not None and t.fit is not None
             config, fit = t.config, t.fit
             reqs = [(float(x), isl, osl, (), 0) for x in times]
+            b = self.budget()
+            b.refuse_over(estimate_open_loop(config, fit, reqs), f"this twin run ({what})")
             if progress:
                 await progress(0, n + config.replicas, f"twin: simulating {what}")
             step = _from_thread(progress, lambda d, total: f"twin: {min(d, n)}/{n} requests "
-                                                           "routed")
-            recs, stats = await anyio.to_thread.run_sync(
-                lambda: simulate_open_loop(config, fit, reqs, progress=step))
+                                                           "routed", budget=b)
+            recs, stats = await _simulate(
+                lambda: simulate_open_loop(config, fit, reqs, progress=step, budget=b), b)
+            b.refuse_over(_recorded_cost(recs), f"summarising this twin run's {n:,} records")
             return self._finish(t, bid, info, recs, stats, None, slo_ttft_ms, quality)
         model = await self._model(t)
         run: HttpRun | AiperfRun
@@ -716,6 +787,8 @@ class BenchService:
             BackendError: target missing/not Ready/not allowed, trace outside the allowed
                 folders, or (HTTP) a window over the request or prompt-size caps;
             TraceInvalid: malformed trace; ConfigInvalid: empty window or bad time scale.
+            ComputeBudgetExceeded: a twin run estimated over the compute budget (refused), or
+                one that reached it or was cancelled (stopped).
         """
         t = self._target(deployment, endpoint, gpus)
         runner = self.pick_runner(t, runner)
@@ -734,14 +807,19 @@ class BenchService:
             config, fit = t.config, t.fit
             reqs = [(r.arrival_s, r.input_tokens, r.output_tokens, r.hash_ids, r.block_size)
                     for r in win.requests]
+            b = self.budget()
+            b.refuse_over(estimate_open_loop(config, fit, reqs),
+                          f"this twin replay ({n:,} requests of {path.name})")
             if progress:  # then (routed + replicas drained) of (n + replicas), from the thread
                 await progress(0, n + config.replicas,
                                f"twin: simulating {n} requests of {path.name}")
             step = _from_thread(progress, lambda d, total: f"twin: {min(d, n)}/{n} requests "
                                                            "routed" + (", replicas drained"
-                                                                       if d == total else ""))
-            recs, stats = await anyio.to_thread.run_sync(
-                lambda: simulate_open_loop(config, fit, reqs, progress=step))
+                                                                       if d == total else ""),
+                                budget=b)
+            recs, stats = await _simulate(
+                lambda: simulate_open_loop(config, fit, reqs, progress=step, budget=b), b)
+            b.refuse_over(_recorded_cost(recs), f"summarising this twin replay's {n:,} records")
             return self._finish(t, bid, info, recs, stats, None, slo_ttft_ms, quality)
         words = sum(r.input_tokens for r in win.requests)
         if n > self.max_requests or words > MAX_REPLAY_PROMPT_TOKENS:
@@ -786,11 +864,25 @@ class BenchService:
         Over HTTP with the load generator :meth:`pick_runner` picks for ``runner``.
 
         Progress counts points (``k`` of ``len(concurrencies)``, fractional within an HTTP
-        point by elapsed wall time).
+        point by elapsed wall time). On the twin all points share one compute budget: a sweep
+        whose points together are estimated over it is refused before the first.
+
+        Raises:
+            BackendError: as :meth:`saturation`.
+            ComputeBudgetExceeded: a twin run estimated over the compute budget (refused), or
+                one that reached it or was cancelled (stopped).
         """
         t = self._target(deployment, endpoint, gpus)
         kind = self.pick_runner(t, runner)
         k_total = len(concurrencies)
+        budget = None
+        if not t.urls:
+            budget = self.budget()
+            total = SimCost(0, 0, 0)
+            for c in concurrencies:
+                total += self._sat_cost(t, isl, osl, c, duration_s)
+            budget.refuse_over(total, f"the {k_total} points of this twin sweep (one budget "
+                                      "for the whole sweep)")
         points = []
         for k, c in enumerate(concurrencies):
             head = f"point {k + 1}/{k_total} (concurrency {c})"
@@ -801,7 +893,8 @@ class BenchService:
                 async def tick(s: Snapshot, k: int = k, head: str = head) -> None:
                     frac = min(s.elapsed_s / duration_s, 0.99) if duration_s else 0.0
                     await progress(k + frac, k_total, f"{head}: {_sat_progress(s)[2]}")
-            r = await self._saturation(t, isl, osl, c, duration_s, None, tick, runner=kind)
+            r = await self._saturation(t, isl, osl, c, duration_s, None, tick, runner=kind,
+                                       budget=budget)
             s = r.summary
             points.append(SweepPoint(concurrency=c, output_tok_s_per_gpu=s.output_tok_s_per_gpu,
                                      tok_s_per_user=s.tok_s_per_user,

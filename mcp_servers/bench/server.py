@@ -19,8 +19,9 @@ from typing import Annotated, TypeVar
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations
-from pydantic import Field
+from pydantic import Field, Strict
 
+from domain.twin.budget import DEFAULT_COMPUTE_BUDGET_S
 from mcp_servers.bench import records as store
 from mcp_servers.bench.http_runner import DEFAULT_CLIENT, MAX_CONCURRENCY, ClientKind
 from mcp_servers.bench.ops import (
@@ -42,6 +43,8 @@ from mcp_servers.tool_errors import StrictMCPServer, as_tool_errors
 
 log = logging.getLogger("servetune.mcp.bench")
 T = TypeVar("T")
+# Number and boolean arguments are never coerced: true is not 1, "8" is not 8, 8.0 is not an int.
+STRICT = Strict()
 
 Deployment = Annotated[str | None, Field(
     description="name of a Ready deployment of the cluster server (give this OR endpoint)",
@@ -50,24 +53,24 @@ Endpoint = Annotated[str | None, Field(
     description="base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:30000; must be "
                 "on the server's allow-list (give this OR deployment)",
     min_length=1, max_length=2048)]
-Gpus = Annotated[int | None, Field(
+Gpus = Annotated[int | None, STRICT, Field(
     ge=1, le=100_000, description="endpoint runs only: GPUs behind the endpoint, for tok/s/GPU "
                                   "(default 1)")]
-Tokens = Annotated[int, Field(ge=1, le=1_000_000, description="tokens")]
-Concurrency = Annotated[int, Field(
+Tokens = Annotated[int, STRICT, Field(ge=1, le=1_000_000, description="tokens")]
+Concurrency = Annotated[int, STRICT, Field(
     ge=1, le=100_000, description=f"clients in flight (HTTP: at most {MAX_CONCURRENCY})")]
-Duration = Annotated[float, Field(
+Duration = Annotated[float, STRICT, Field(
     gt=0, le=3600, description="seconds of new load: virtual on the twin, wall time over HTTP "
                                "(the run then drains in-flight requests; an HTTP request not "
                                "finished 600 s after its send counts as failed)")]
 
-MaxErrorShare = Annotated[float | None, Field(
+MaxErrorShare = Annotated[float | None, STRICT, Field(
     ge=0, le=1, description="a run with a larger share of failed requests is marked "
                             f"valid=false, not scored (default {MAX_ERROR_SHARE:g})")]
-MaxLagP99 = Annotated[float | None, Field(
+MaxLagP99 = Annotated[float | None, STRICT, Field(
     gt=0, le=60_000, description="HTTP open loop: flag the run when the dispatch lag p99 "
                                  f"exceeds this, ms (default {MAX_DISPATCH_LAG_P99_MS:g})")]
-SloTtft = Annotated[float | None, Field(gt=0, description="TTFT SLO for goodput, ms")]
+SloTtft = Annotated[float | None, STRICT, Field(gt=0, description="TTFT SLO for goodput, ms")]
 Runner = Annotated[RunnerChoice, Field(
     description="HTTP load generator: auto (aiperf for a cluster deployment when installed, "
                 "else the built-in runner), builtin, or aiperf 0.13.0 (the [aiperf] extra or "
@@ -95,6 +98,11 @@ def _quality(service: BenchService, max_error_share: float | None,
 def build_server(service: BenchService) -> MCPServer:
     """An MCP server whose tools benchmark deployments of ``service``'s backend or endpoints."""
     allowed = ", ".join(service.allowed) or "none"
+    limit = service.compute_budget_s
+    budget = ("" if limit is None else
+              f"Twin runs have a compute budget of {limit:g} wall seconds per call (a sweep "
+              "shares one): a run estimated over it is refused with the estimate, one that "
+              "reaches it is stopped; make runs smaller rather than retrying them. ")
     server = StrictMCPServer("servetune-bench", instructions=(
         "Benchmark Ready deployments (by name) or allowed OpenAI-compatible endpoints "
         f"(allowed: {allowed}): run_saturation (synthetic closed loop), run_rate (synthetic "
@@ -104,7 +112,7 @@ def build_server(service: BenchService) -> MCPServer:
         "with valid=false (too many failed requests) must not be scored, and its flags "
         "(dispatch lag, prefix-cache hit rate) must be read before its numbers are used. Page "
         "through the per-request records with get_records and see stored runs with "
-        "list_runs."))
+        "list_runs. " + budget).strip())
 
     async def _guard(coro: Awaitable[T]) -> T:
         with as_tool_errors(BackendError):
@@ -124,7 +132,7 @@ def build_server(service: BenchService) -> MCPServer:
                              gpus: Gpus = None,
                              max_error_share: MaxErrorShare = None,
                              runner: Runner = "auto",
-                             repeat: Annotated[int, Field(ge=0, le=100, description=(
+                             repeat: Annotated[int, STRICT, Field(ge=0, le=100, description=(
                                  "0-based number of this run among repeated runs of the same "
                                  "target (part of the bench id, so each keeps its records)"
                              ))] = 0) -> BenchResult:
@@ -143,13 +151,15 @@ def build_server(service: BenchService) -> MCPServer:
     @server.tool(annotations=RUN)
     async def run_rate(
         isl: Tokens, osl: Tokens,
-        request_rate: Annotated[float, Field(gt=0, le=100_000, description="requests per s")],
-        duration_s: Annotated[float, Field(gt=0, le=3600, description=(
+        request_rate: Annotated[float, STRICT, Field(gt=0, le=100_000,
+                                                     description="requests per s")],
+        duration_s: Annotated[float, STRICT, Field(gt=0, le=3600, description=(
             "seconds of arrivals: virtual on the twin, wall time over HTTP (then drained)"))],
         ctx: Context,
         arrival: Annotated[ArrivalProcess, Field(description=(
             "poisson (exponential gaps) or constant (evenly spaced)"))] = "poisson",
-        seed: Annotated[int, Field(ge=0, le=2**31, description="seed of the Poisson gaps")] = 0,
+        seed: Annotated[int, STRICT, Field(ge=0, le=2**31,
+                                           description="seed of the Poisson gaps")] = 0,
         slo_ttft_ms: SloTtft = None,
         deployment: Deployment = None, endpoint: Endpoint = None, gpus: Gpus = None,
         max_error_share: MaxErrorShare = None, max_dispatch_lag_p99_ms: MaxLagP99 = None,
@@ -169,11 +179,12 @@ def build_server(service: BenchService) -> MCPServer:
     async def run_replay(
         trace: Annotated[str, Field(description="trace file relative to an allowed folder",
                                     min_length=1, max_length=4096)],
-        start_s: Annotated[float, Field(ge=0, description="window start in trace time, s")],
-        duration_s: Annotated[float, Field(gt=0, le=86_400,
+        start_s: Annotated[float, STRICT, Field(ge=0, description="window start in trace time, s")],
+        duration_s: Annotated[float, STRICT, Field(gt=0, le=86_400,
                                            description="window length in trace time, s")],
         ctx: Context,
-        time_scale: Annotated[float, Field(gt=0, le=1000, description="2.0 = twice as fast")]
+        time_scale: Annotated[float, STRICT, Field(gt=0, le=1000,
+                                                   description="2.0 = twice as fast")]
         = 1.0,
         format: TraceFormat = "auto",
         slo_ttft_ms: SloTtft = None,
@@ -196,7 +207,7 @@ def build_server(service: BenchService) -> MCPServer:
     @server.tool(annotations=RUN)
     async def run_sweep(
         isl: Tokens, osl: Tokens,
-        concurrencies: Annotated[list[Annotated[int, Field(ge=1, le=100_000)]],
+        concurrencies: Annotated[list[Annotated[int, STRICT, Field(ge=1, le=100_000)]],
                                  Field(min_length=1, max_length=32)],
         duration_s: Duration, ctx: Context,
         deployment: Deployment = None, endpoint: Endpoint = None, gpus: Gpus = None,
@@ -213,7 +224,7 @@ def build_server(service: BenchService) -> MCPServer:
     @server.tool(annotations=RUN)
     async def run_greedy(
         deployment: Deployment = None, endpoint: Endpoint = None,
-        max_tokens: Annotated[int, Field(ge=1, le=1024, description=(
+        max_tokens: Annotated[int, STRICT, Field(ge=1, le=1024, description=(
             "tokens per greedy completion"))] = DEFAULT_MAX_TOKENS,
     ) -> GreedyOutputs:
         """Greedy (temperature 0) completions of a fixed prompt set, for the quality gate.
@@ -229,10 +240,11 @@ def build_server(service: BenchService) -> MCPServer:
     def get_records(
         bench_id: Annotated[str, Field(description="id from a run result or list_runs",
                                        min_length=1, max_length=128)],
-        start: Annotated[int, Field(ge=0, description="index of the first record")] = 0,
-        max_items: Annotated[int, Field(ge=1, le=store.MAX_PAGE, description="page size")]
+        start: Annotated[int, STRICT, Field(ge=0, description="index of the first record")] = 0,
+        max_items: Annotated[int, STRICT, Field(ge=1, le=store.MAX_PAGE, description="page size")]
         = 100,
-        include_itl: Annotated[bool, Field(description="add every inter-token gap")] = False,
+        include_itl: Annotated[bool, STRICT, Field(
+            description="add every inter-token gap")] = False,
     ) -> store.RecordPage:
         """Per-request records of a stored run, paged; continue with `start=next_start`."""
         with as_tool_errors(BackendError):
@@ -240,8 +252,8 @@ def build_server(service: BenchService) -> MCPServer:
 
     @server.tool(annotations=READ)
     def list_runs(
-        start: Annotated[int, Field(ge=0, description="index of the first run")] = 0,
-        max_items: Annotated[int, Field(ge=1, le=store.MAX_PAGE, description="page size")]
+        start: Annotated[int, STRICT, Field(ge=0, description="index of the first run")] = 0,
+        max_items: Annotated[int, STRICT, Field(ge=1, le=store.MAX_PAGE, description="page size")]
         = 100,
     ) -> store.RunList:
         """Stored benchmark runs, newest first (id, target, workload, requests, errors)."""
@@ -264,7 +276,8 @@ def main(backend_kind: str = "twin", namespace: str = "servetune",
          trace_roots: Sequence[Path | str] = (),
          allowed_endpoints: Sequence[str] = (), tokenizer: Path | str | None = None,
          client: ClientKind = DEFAULT_CLIENT, runner: RunnerChoice = "auto",
-         kubeconfig: Path | None = None, context: str | None = None) -> None:
+         kubeconfig: Path | None = None, context: str | None = None,
+         compute_budget_s: float | None = DEFAULT_COMPUTE_BUDGET_S) -> None:
     """Run the bench server over stdio (logs go to stderr; stdout is the protocol).
 
     Args:
@@ -286,6 +299,9 @@ def main(backend_kind: str = "twin", namespace: str = "servetune",
         kubeconfig: ``kubernetes`` backend: kubeconfig file (None: the default, or the pod's
             service account).
         context: ``kubernetes`` backend: kubeconfig context (None: the current one).
+        compute_budget_s: wall seconds of twin simulation one tool call may use, a whole
+            ``run_sweep`` sharing one (default 60; None: unbounded); see
+            :mod:`domain.twin.budget`.
 
     The event loop is uvloop's when it is installed (it comes with ``uvicorn[standard]``): the
     HTTP runner's own TTFT overhead at 50 req/s was 1.96 ms on uvloop vs 2.67 ms on asyncio's
@@ -301,7 +317,8 @@ def main(backend_kind: str = "twin", namespace: str = "servetune",
                            Path(artifacts_dir),
                            [Path(r) for r in trace_roots], list(allowed_endpoints),
                            client=client, tokenizer=tok,
-                           default_runner=None if runner == "auto" else runner)
+                           default_runner=None if runner == "auto" else runner,
+                           compute_budget_s=compute_budget_s)
     server = build_server(service)
     anyio.run(server.run_stdio_async, backend_options={"use_uvloop": _have_uvloop()})
 
