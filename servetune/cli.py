@@ -539,7 +539,7 @@ def _finish(study: Any, rid: str, run_dir: Path, stop_reason: str, trace_path: P
         table.add_row(str(row["seq"]), row["status"], row["changed"] or "baseline",
                       f"{obj:,.0f}" if obj is not None else "", str(row["reason"])[:70])
     console.print(table)
-    sweep = len(trials) - len(shown)
+    sweep = sum(t.phase == "frontier" and t.status == "sweep" for t in trials)
     if sweep:
         console.print(f"frontier: {sweep} sweep points (see the report)")
     winner = next((t for t in trials if t.status == "winner"), None)
