@@ -136,9 +136,9 @@ def done_keys(rows: list[dict[str, Any]], sweep: list[int]) -> set[str]:
     keys = {r["key"] for r in rows if r["status"] != "pruned"}
     front: dict[str, set[int]] = {}
     for k in keys:
-        if k.startswith("frontier:"):
-            _, cid, conc = k.split(":")
-            front.setdefault(cid, set()).add(int(conc))
+        parts = k.split(":")
+        if parts[0] == "frontier" and len(parts) == 3:  # frontier:<cid> alone: did not start
+            front.setdefault(parts[1], set()).add(int(parts[2]))
     keys |= {f"frontier:{cid}" for cid, got in front.items() if got >= set(sweep)}
     return keys
 

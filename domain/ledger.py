@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
+from domain.redact import redact
 from domain.trial import Trial
 
 SCHEMA = """
@@ -105,14 +106,18 @@ class Ledger:
         return trial
 
     def update_status(self, key: str, status: str, reason: str | None = None) -> None:
-        """Change the status (and optionally the reason) of a committed trial."""
+        """Change the status (and optionally the reason) of a committed trial.
+
+        The reason is redacted (``domain.redact``) before it is stored, in its column and in the
+        row's body. Raises KeyError when no trial has ``key``.
+        """
         with self._transaction():
             t = self.get(key)
             if t is None:
                 raise KeyError(key)
             upd: dict[str, str] = {"status": status}
-            if reason is not None:
-                upd["reason"] = reason
+            if reason is not None:  # model_copy runs no validator: redact as Trial.reason does
+                upd["reason"] = redact(reason)
             t = t.model_copy(update=upd)
             self._db.execute("UPDATE trials SET status=?, reason=?, body=? WHERE key=?",
                              (t.status, t.reason, t.model_dump_json(), key))

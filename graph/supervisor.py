@@ -544,15 +544,19 @@ async def frontier(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
     conc = ctx.study.sweep_concurrency
     ctx.report(phase="frontier", trial=cursor + 1, total=len(targets),
                config=changed or "baseline")
-    todo = [c for c in conc if ctx.ledger.get(f"frontier:{config.config_id()}:{c}") is None]
+    key = f"frontier:{config.config_id()}"
+    # a config that did not start has a row of its own (below) and is not launched again
+    todo = [] if ctx.ledger.get(key) is not None else [
+        c for c in conc if ctx.ledger.get(f"{key}:{c}") is None]
     if todo:
         deployer, analyst = _brains(ctx)
         name = ctx.deployment_name(config)
-        ctx.event("deploy", key=f"frontier:{config.config_id()}", name=name)
+        ctx.event("deploy", key=key, name=name)
         labels = {"servetune/run-id": ctx.run_id}
+        t0 = time.time()
+        launch_retries: list[dict[str, Any]] = []
         try:
-            out = await launch(ctx, deployer, name, config, labels,
-                               f"frontier:{config.config_id()}")
+            out = await launch(ctx, deployer, name, config, labels, key, launch_retries)
         except AgentFailure as e:  # the sweep of this config is skipped, with the reason
             await deployer.teardown(name)
             _add_extra_usage(ctx.ledger, "deployer", getattr(deployer, "usage", AgentUsage()))
@@ -563,10 +567,23 @@ async def frontier(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
         if not out.ready:
             ctx.report(phase="frontier", pruned=changed or "baseline",
                        reason=f"did not start: {out.evidence[:160]}")
+            # persisted with its retried failures; a frontier launch writes no lesson (the
+            # config is a finalist or the winner's variant, not a search candidate)
+            transient = rule(out.failure_class).retry
+            ctx.ledger.append(Trial(
+                run_id=ctx.run_id, seq=0, key=key, phase="frontier",
+                status="failed" if transient else "crash", config=config, changed=changed,
+                parent_seq=parent, failure_class=out.failure_class,
+                reason=f"did not start: {out.failure_class} at {out.stage}: "
+                       f"{out.evidence[:160]}",
+                log_tail=out.log_tail, manifest=manifest_for(config, ctx.backend_kind),
+                retries=launch_retries, wall_s=time.time() - t0))
         try:
             for c in todo if out.ready else []:
                 t0 = time.time()
-                retried: list[dict[str, Any]] = []
+                # the launch's retried failures go on the first sweep point's row
+                retried: list[dict[str, Any]] = launch_retries
+                launch_retries = []
 
                 async def one(c: int = c) -> list[BenchOutcome]:
                     return [await analyst.saturation(name, concurrency=c)]

@@ -48,7 +48,10 @@ app.add_typer(mcp_app, name="mcp")
 app.add_typer(source_app, name="source")
 app.add_typer(sandbox_app, name="sandbox")
 console = Console()
-RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+# A run id is the servetune/run-id label of every deployment, so it is a Kubernetes label value
+# (at most 63 characters, first and last a letter or digit; the apimachinery validation rule),
+# without '.' so that it is also a plain folder name.
+RUN_ID_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?")
 err_console = Console(stderr=True)
 
 
@@ -155,8 +158,9 @@ def run(
                                               study.gpu_count, settings,
                                               model_token_secret=model_token_secret)
     if run_id is not None and not RUN_ID_RE.fullmatch(run_id):
-        _fail(f"--run-id {run_id!r}: start with a letter or digit, then use ASCII letters, "
-              "digits, '-' and '_' (at most 64 characters)")
+        _fail(f"--run-id {run_id!r}: use ASCII letters, digits, '-' and '_', starting and "
+              "ending with a letter or digit, at most 63 characters (it labels the run's "
+              "deployments)")
     rid = run_id or _new_run_id()
     run_dir = (out or settings.runs_dir) / rid
     try:
@@ -535,7 +539,7 @@ def _finish(study: Any, rid: str, run_dir: Path, stop_reason: str, trace_path: P
         table.add_row(str(row["seq"]), row["status"], row["changed"] or "baseline",
                       f"{obj:,.0f}" if obj is not None else "", str(row["reason"])[:70])
     console.print(table)
-    sweep = len(trials) - len(shown)
+    sweep = sum(t.phase == "frontier" and t.status == "sweep" for t in trials)
     if sweep:
         console.print(f"frontier: {sweep} sweep points (see the report)")
     winner = next((t for t in trials if t.status == "winner"), None)
@@ -573,10 +577,12 @@ def lessons_query(
         console.print("no lessons yet (run a study first)" if total == 0 else
                       f"no lesson applies to GPU {gpu!r} ({total} lessons in the store)")
         return
-    for lesson, score in hits:
-        console.print(f"[bold]{lesson.id}[/] ({score:.2f}) {lesson.title}", highlight=False)
-        console.print(f"  when: {lesson.condition_text()}  outcome: {lesson.outcome}"
-                      f" ({lesson.failure_class})\n  fix: {lesson.fix}", highlight=False)
+    for lesson, score in hits:  # a lesson's words are plain text, never Rich markup
+        console.print(f"[bold]{escape(lesson.id)}[/] ({score:.2f}) {escape(lesson.title)}",
+                      highlight=False)
+        console.print(escape(f"  when: {lesson.condition_text()}  outcome: {lesson.outcome}"
+                             f" ({lesson.failure_class})\n  fix: {lesson.fix}"),
+                      highlight=False)
 
 
 @lessons_app.command("list")

@@ -313,7 +313,8 @@ def _summary(study: Study, trials: list[Trial], run_id: str, stop_reason: str,
     crashed = sum(t.status == "crash" for t in search)
     failed = sum(t.status == "failed" for t in search)
     replayed = sum(t.phase == "validate" for t in trials)
-    sweep = sum(t.phase == "frontier" for t in trials)
+    sweep = sum(t.phase == "frontier" and t.status == "sweep" for t in trials)
+    unstarted = [t for t in trials if t.phase == "frontier" and t.status != "sweep"]
     return [
         f"# {study.name}: run `{run_id}`", "", backend, "",
         f"Model `{study.model}` on {study.gpu_count} x {study.gpu} with {study.engine} "
@@ -322,7 +323,9 @@ def _summary(study: Study, trials: list[Trial], run_id: str, stop_reason: str,
         f"before launch, {crashed} crashed"
         + (f", {failed} failed (no valid agent output)" if failed else "")
         + f"; {replayed} finalist{'s' if replayed != 1 else ''} replayed on the trace; "
-        f"{sweep} frontier points measured.", "",
+        f"{sweep} frontier points measured"
+        + "".join(f"; frontier config {t.changed or 'baseline'} did not start "
+                  f"({t.failure_class})" for t in unstarted) + ".", "",
     ]
 
 

@@ -258,8 +258,13 @@ def test_run_id_in_use_is_refused(tmp_path):
 @pytest.mark.parametrize("args, needle", [
     (["lessons", "query", "  "], "give some words"),
     (["run", "--run-id", "-rf"], "--run-id"),
+    # the run id becomes the servetune/run-id label of every deployment: a Kubernetes label
+    # value has at most 63 characters and ends with a letter or digit
+    (["run", "--run-id", "a" * 64], "--run-id"),
+    (["run", "--run-id", "run-1-"], "--run-id"),
     (["run", "--out", "afile"], "cannot write the run folder"),
-], ids=["empty-query", "dash-run-id", "out-is-a-file"])
+], ids=["empty-query", "dash-run-id", "run-id-64-chars", "run-id-ends-with-dash",
+        "out-is-a-file"])
 def test_cli_argument_errors(tmp_path, args, needle):
     (tmp_path / "afile").write_text("x")
     r = servetune(*args, tmp=tmp_path, env={"SERVETUNE_EMBEDDING": "hashing"})

@@ -248,6 +248,37 @@ def test_ledger_rows_hold_no_secrets(tmp_path):
     assert leaks(dump) == [] and BEARER not in dump and "[REDACTED" in dump
 
 
+def test_ledger_status_update_holds_no_secrets(tmp_path):
+    """update_status writes a new reason (validation's verdicts): redacted in column and body."""
+    from domain.ledger import Ledger
+
+    cfg = ServingConfig(model="glm-5", gpu="B200", weights="fp8", tp_size=8)
+    led = Ledger(tmp_path / "ledger.sqlite")
+    try:
+        led.append(Trial(run_id="r", seq=1, key="search:x", phase="search", status="keep",
+                         config=cfg, reason="kept"))
+        led.update_status("search:x", "discard", reason=f"replay failed: {SECRET_TEXT}")
+    finally:
+        led.close()
+    db = sqlite3.connect(tmp_path / "ledger.sqlite")
+    try:
+        dump = "\n".join(str(row) for row in db.execute("SELECT reason, body FROM trials"))
+    finally:
+        db.close()
+    assert leaks(dump) == [] and "[REDACTED" in dump
+
+
+def test_cli_lessons_query_prints_brackets_as_text(tmp_path):
+    """A lesson's words are never Rich markup in `lessons query` (as in `lessons list`)."""
+    data = secret_lesson()
+    data["title"] = "[kv_cache_dtype=fp8_e4m3] refused on [bold]B200[/bold]"
+    with LessonStore(tmp_path / "lessons", embedding="hashing") as s:
+        seed_raw(s, data)
+    query = cli("lessons", "query", "fa3 refused", tmp=tmp_path)
+    assert query.returncode == 0, query.stderr
+    assert data["title"] in query.stdout
+
+
 def test_report_lessons_section_is_redacted():
     from servetune.report import _lessons_section
 
