@@ -46,12 +46,13 @@ def twin(name: str = "d1") -> TwinBackend:
     return backend
 
 
-def servetune(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def servetune(*args: str, cwd: Path, stdin: int | None = None) -> subprocess.CompletedProcess[str]:
+    """The CLI in a subprocess; ``stdin=subprocess.DEVNULL`` lets a server it starts see EOF."""
     env = dict(os.environ, SERVETUNE_LESSONS_DIR=str(cwd / "lessons"), COLUMNS="200",
                SERVETUNE_SOURCE_CACHE=str(cwd / "no-source"))
     env.pop("SERVETUNE_SGLANG_SOURCE", None)
     return subprocess.run([sys.executable, "-m", "servetune.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, stdin=stdin)
 
 
 def study_with_trace(tmp: Path, trace: str) -> Path:
@@ -100,8 +101,21 @@ async def recording_server(seen: list[str]) -> AsyncIterator[str]:
     "/team-a/.%2e/team-b", "/team-a/./../team-b", "/team-a/%2e%2e%2fteam-b",
     "/team-a/x/%2E%2E/%2e%2e/team-b", "/team-a/..", "/team-a\\..\\team-b",
     "/team-a/%74eam-b",
+    # f3: what a proxy or servlet container may still read as '..' (fresh-user item 7)
+    "/team-a/%252e%252e/team-b", "/team-a/%252E%252E/team-b", "/team-a/%2/team-b",
+    "/team-a/..;/team-b", "/team-a/..;jsessionid=x/team-b", "/team-a/..%3b/team-b",
+    "/team-a/..%00/team-b", "/team-a/..%1f/team-b", "/team-a/..%7F/team-b",
+    "/team-a/..\x00/team-b", "/team-a/.\t./team-b", "/team-a/team-\tb",
+    "/team-a/.. /team-b", "/team-a/..%20/team-b", "/team-a/..%09/team-b",
+    "/team-a/\uff0e\uff0e/team-b", "/team-a/%EF%BC%8E%EF%BC%8E/team-b",
+    "/team-a/%c0%ae%c0%ae/team-b",
 ], ids=["dotdot", "pct-dotdot", "pct-DOTDOT", "mixed", "dot-dotdot", "pct-slash",
-        "nested", "trailing-dotdot", "backslash", "pct-unreserved"])
+        "nested", "trailing-dotdot", "backslash", "pct-unreserved",
+        "double-encoded", "double-encoded-upper", "pct-malformed",
+        "semicolon", "semicolon-param", "pct-semicolon",
+        "pct-nul", "pct-ctrl", "pct-del", "raw-nul", "raw-tab", "raw-tab-in-name",
+        "space", "pct-space", "pct-tab",
+        "fullwidth-dots", "pct-fullwidth-dots", "overlong-utf8-dots"])
 async def test_d1_allow_list_path_scope_survives_normalisation(tmp_path, tail):
     seen: list[str] = []
     async with recording_server(seen) as base:
@@ -112,6 +126,7 @@ async def test_d1_allow_list_path_scope_survives_normalisation(tmp_path, tail):
             assert r.is_error, f"{tail!r} ran; the server saw {sorted(set(seen))}"
             assert not any("team-b" in p for p in seen), seen
             assert one_line_error(text), text
+            assert "run_saturation: endpoint " in text, text  # names the problem: no crash
             # the scope itself still works: requests go under /team-a/
             r = await b.call_tool("run_saturation", {"endpoint": base + "/team-a", **SMALL})
             assert not r.is_error, r.content[0].text
@@ -122,6 +137,43 @@ def test_d1_allow_list_entry_must_be_normal(tmp_path):
     for entry in ("http://127.0.0.1/team-a/../team-b", "http://127.0.0.1/team-a/%2e%2e/x"):
         with pytest.raises(BackendError, match="allowed endpoint"):
             BenchService(TwinBackend(), tmp_path / "rec", [], [entry])
+
+
+@pytest.mark.parametrize("path", [
+    "/team-a/%252e%252e/x", "/team-a/..;/x", "/team-a;v=1", "/team-a/..%00/x", "/team-a\x00",
+    "/team-a/.. /x", "/team-a/..%20/x", "/team-a/\uff0e\uff0e/x", "/team-a/%EF%BC%8E/x",
+    "/team-a/%zz",
+], ids=["double-encoded", "semicolon", "path-param", "pct-nul", "raw-nul", "space", "pct-space",
+        "fullwidth-dots", "pct-non-ascii", "pct-malformed"])
+def test_d1_allow_list_entry_refuses_ambiguous_paths(tmp_path, path):
+    with pytest.raises(BackendError, match="allowed endpoint") as e:
+        BenchService(TwinBackend(), tmp_path / "rec", [], ["http://127.0.0.1:8000" + path])
+    assert one_line_error(str(e.value)), str(e.value)
+
+
+def test_d1_cli_refuses_an_ambiguous_allow_list_entry(tmp_path):
+    out = servetune("mcp", "bench", "--state-dir", str(tmp_path / "state"),
+                    "--allow-endpoint", "http://127.0.0.1:8000/team-a/..;/team-b", cwd=tmp_path,
+                    stdin=subprocess.DEVNULL)
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert out.stderr.startswith("error: ") and "';'" in out.stderr, out.stderr
+    assert one_line_error(out.stderr), out.stderr
+
+
+@pytest.mark.parametrize("entry, tail", [
+    ("", ""), ("", "/"), ("", "/v1"), ("/team-a", "/team-a"), ("/team-a", "/team-a/"),
+    ("/team-a", "/team-a/v1"), ("/team-a", "/team-a/v1/"), ("/team-a/", "/team-a/x-1_~y/v1"),
+    ("/team-a", "/team-a/m:1@b!$&'()*+,=/v1"), ("/team-a", "/team-a/%3A%40"),
+], ids=["bare", "bare-slash", "bare-v1", "scope", "scope-slash", "scope-v1", "scope-v1-slash",
+        "sub-unreserved", "sub-delims", "pct-reserved"])
+async def test_d1_legitimate_endpoints_still_run(tmp_path, entry, tail):
+    seen: list[str] = []
+    async with recording_server(seen) as base:
+        svc = BenchService(TwinBackend(), tmp_path / "rec", [], [base + entry])
+        async with Client(bench_server(svc)) as b:
+            r = await b.call_tool("run_saturation", {"endpoint": base + tail, **SMALL})
+            assert not r.is_error, r.content[0].text
+    assert seen, seen
 
 
 # --------------------------------------------------------------------------- D9
@@ -209,6 +261,22 @@ async def test_d9_client_cancel_stops_the_simulation(tmp_path, monkeypatch):
         assert stopped_after < 1.0, f"still simulating {stopped_after:.1f} s after the cancel"
         r = await b.call_tool("list_runs", {})  # the server still answers
         assert not r.is_error
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "1e999", "nan", "0", "-1"])
+def test_d9_cli_refuses_an_unbounded_or_empty_budget(tmp_path, value):
+    out = servetune("mcp", "bench", "--state-dir", str(tmp_path / "state"),
+                    f"--compute-budget-s={value}", cwd=tmp_path, stdin=subprocess.DEVNULL)
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert "compute-budget-s" in out.stderr or "compute budget" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 0.0, -1.0])
+def test_d9_service_refuses_an_unbounded_or_empty_budget(tmp_path, value):
+    with pytest.raises(BackendError, match="compute budget") as e:
+        BenchService(TwinBackend(), tmp_path / "rec", [], [], compute_budget_s=value)
+    assert one_line_error(str(e.value)), str(e.value)
 
 
 def test_d9_cli_states_the_default_budget(tmp_path):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -367,6 +368,11 @@ class BenchService:
             one budget; default :data:`~domain.twin.budget.DEFAULT_COMPUTE_BUDGET_S`, 60; None:
             unbounded). Runs estimated over it are refused, runs reaching it stopped
             (:class:`~domain.errors.ComputeBudgetExceeded`). HTTP runs are not bounded by it.
+
+    Raises:
+        BackendError: ``compute_budget_s`` is not finite or not above 0 (``inf`` would turn the
+            guard off; only None is unbounded), or an ``allowed_endpoints`` entry is malformed
+            (:func:`~mcp_servers.bench.endpoints.check_endpoint`).
     """
 
     def __init__(self, backend: ClusterBackend, artifacts_dir: Path, trace_roots: list[Path],
@@ -378,9 +384,11 @@ class BenchService:
                  aiperf_binary: str | None = None, twin_noise_pct: float = 0.0,
                  twin_noise_seed: int = 0, faults: FaultSpec | None = None,
                  compute_budget_s: float | None = DEFAULT_COMPUTE_BUDGET_S) -> None:
-        if compute_budget_s is not None and not compute_budget_s > 0:
-            raise BackendError(f"compute budget {compute_budget_s!r} s: give a positive number "
-                               "of seconds")
+        if compute_budget_s is not None and not (math.isfinite(compute_budget_s)
+                                                 and compute_budget_s > 0):
+            # inf would switch the guard off (nan compares false everywhere): a finite > 0 only
+            raise BackendError(f"compute budget {compute_budget_s!r} s (--compute-budget-s): "
+                               "give a finite number of seconds above 0, e.g. 60")
         self.compute_budget_s = compute_budget_s
         self.backend = backend
         self.artifacts = Path(artifacts_dir)

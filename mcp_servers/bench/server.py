@@ -300,7 +300,8 @@ def main(backend_kind: str = "twin", namespace: str = "servetune",
             service account).
         context: ``kubernetes`` backend: kubeconfig context (None: the current one).
         compute_budget_s: wall seconds of twin simulation one tool call may use, a whole
-            ``run_sweep`` sharing one (default 60; None: unbounded); see
+            ``run_sweep`` sharing one (finite and above 0, default 60; None: unbounded; ``inf``
+            is refused with :class:`~mcp_servers.cluster.backend.BackendError`); see
             :mod:`domain.twin.budget`.
 
     The event loop is uvloop's when it is installed (it comes with ``uvicorn[standard]``): the
