@@ -379,3 +379,19 @@ def test_record_store_files_hold_no_secrets(tmp_path):
     assert leaks(text) == [] and BEARER not in text and "[REDACTED" in text
     rec = store.read("d1")
     assert rec is not None and rec["config"] == {"model": "glm-5"} and rec["name"] == "d1"
+
+
+@pytest.mark.parametrize("text", [
+    pytest.param("x." * 30_000 + "password: x", id="dotted-name"),
+    pytest.param("x." * 30_000 + "://alice:pw@host/", id="dotted-scheme"),
+    pytest.param("a_" * 50_000 + "token=x", id="underscored-name"),
+])
+def test_redaction_of_a_long_identifier_takes_linear_time(text):
+    """A 60 KB run of ``x.x.x...`` took 60 s before (the name pattern retried every start)."""
+    import time
+
+    from domain.redact import redact
+
+    start = time.perf_counter()
+    redact(text)
+    assert time.perf_counter() - start < 2.0
