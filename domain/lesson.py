@@ -281,9 +281,10 @@ class Lesson(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    id: str = Field("", description="content hash; filled by with_id()")
-    # Text fields are redacted (domain/redact.py) whenever a lesson is validated: when it is
-    # made (add_lesson, the analyst, the planner) and when a stored one is read back.
+    # Text and id fields are redacted (domain/redact.py) whenever a lesson is validated: when it
+    # is made (add_lesson, the analyst, the planner) and when a stored one is read back. (Scope's
+    # fields and clause values are checked against the catalogs and knob domains instead.)
+    id: RedactedStr = Field("", description="content hash; filled by with_id()")
     title: RedactedStr = Field(min_length=3, max_length=300)
     scope: Scope
     condition: list[Clause] = Field(description="all clauses must hold (conjunction)")
@@ -295,8 +296,8 @@ class Lesson(BaseModel):
     evidence: RedactedStr = Field(max_length=20_000,
                           description="log lines, arithmetic, or metrics that prove it")
     source: Literal["trial", "estimate", "research", "user"] = "trial"
-    run_id: str | None = None
-    trial_id: str | None = None
+    run_id: RedactedStr | None = None
+    trial_id: RedactedStr | None = None
 
     @model_validator(mode="after")
     def _not_universal(self, info: ValidationInfo) -> Lesson:
