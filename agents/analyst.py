@@ -21,6 +21,7 @@ decides, as without the gate.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Literal
 
@@ -33,6 +34,7 @@ from agents.mcp_tools import call
 from domain.acceptance import AcceptDecision, decide, pick_samples
 from domain.config import ServingConfig
 from domain.fit import MEMORY_FIELDS
+from domain.knob_domain import field_domain
 from domain.lesson import Clause, Lesson, Scope
 from domain.metrics import MetricsSummary
 from domain.study import Study
@@ -198,8 +200,9 @@ def failure_condition(config: ServingConfig, failure_class: str,
                               value=config.attention_backend)]
     mscope = scope.model_copy(update={"model": config.model, "quantization": config.weights})
     if failure_class == "OOM_WEIGHTS":
-        clauses = [Clause(field="weights", op="eq", value=config.weights),
-                   Clause(field="tp_size", op="le", value=config.tp_size)]
+        clauses = [Clause(field="weights", op="eq", value=config.weights)]
+        if config.tp_size < (field_domain("tp_size").hi or math.inf):  # "<= the largest TP"
+            clauses.append(Clause(field="tp_size", op="le", value=config.tp_size))  # is no family
         if config.speculative_algorithm is not None:  # the draft layer may be what overflowed
             clauses.append(Clause(field="speculative_algorithm", op="eq",
                                   value=config.speculative_algorithm))
@@ -212,9 +215,11 @@ def failure_condition(config: ServingConfig, failure_class: str,
         if m and float(m.group(1)) > 0:
             limit = round(config.hicache_ratio * float(m.group(2)) / float(m.group(1)), 2)
         op = "gt" if limit < config.hicache_ratio else "ge"
-        return mscope, [Clause(field="enable_hierarchical_cache", op="eq", value=True),
-                        Clause(field="tp_size", op="eq", value=config.tp_size),
-                        Clause(field="hicache_ratio", op=op, value=limit)]
+        clauses = [Clause(field="enable_hierarchical_cache", op="eq", value=True),
+                   Clause(field="tp_size", op="eq", value=config.tp_size)]
+        if limit <= 0:  # no host memory free: every ratio fails ("> 0" would name no family)
+            return mscope, clauses
+        return mscope, [*clauses, Clause(field="hicache_ratio", op=op, value=limit)]
     engine_scope = Scope(engine=config.engine, engine_version=config.engine_version)
     if failure_class == "HICACHE_HOST_TOO_SMALL":
         return engine_scope, [Clause(field="enable_hierarchical_cache", op="eq", value=True),

@@ -10,7 +10,13 @@ it cannot drift from the schema of record:
 - ``int``/``float`` fields: the numbers within the field's ``ge``/``gt``/``le``/``lt`` bounds
   (``allow_inf_nan=False``: finite), less what the model's own validators refuse
   (``chunked_prefill_size`` 0).
-- ``None`` when the field is optional ("unset").
+- ``None`` when the field is optional ("unset"). What unset means decides whether it is a
+  family of its own: where the field's description says ``None = off``
+  (``speculative_algorithm``: no speculative decoding) it is a real option
+  (:attr:`FieldDomain.unset_is_off`); everywhere else it is the engine's default, resolved at
+  launch (``mem_fraction_static``, ``max_running_requests``, ``chunked_prefill_size``, ...), so
+  "every set value" of such a field names no family: every search sets the knobs it tunes (see
+  :meth:`domain.lesson.Clause.problem`).
 
 Numeric domains are infinite, so clause truth is evaluated over *representatives*: the bounds
 (just inside an open bound), 0 and +-1, and each value a clause names with its neighbours (the
@@ -26,7 +32,7 @@ from __future__ import annotations
 import math
 import types
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache, lru_cache
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -49,6 +55,8 @@ class FieldDomain:
         kind: ``int`` or ``float`` for a numeric range (None for a finite set).
         lo: lower bound of a numeric range (None: unbounded); ``lo_open``: excluded.
         hi: upper bound of a numeric range (None: unbounded); ``hi_open``: excluded.
+        unset_is_off: ``None`` switches the feature off (a real option, its description says
+            ``None = off``) rather than leaving the value to the engine's default.
     """
 
     field: str
@@ -59,6 +67,7 @@ class FieldDomain:
     lo_open: bool = False
     hi: float | None = None
     hi_open: bool = False
+    unset_is_off: bool = False
 
     def describe(self) -> str:
         """The domain in words, e.g. ``integers 1..64`` or ``one of 'auto', 'bf16'``."""
@@ -99,6 +108,17 @@ class FieldDomain:
         if self.hi is not None and (value > self.hi or (self.hi_open and value == self.hi)):
             return False
         return _config_accepts(self.field, value)
+
+    def bound_in_range(self, bound: float) -> bool:
+        """True if a comparison bound lies within the field's range, its ends included.
+
+        An open end counts (``mem_fraction_static lt 1.0`` is judged by its truth, not refused
+        here); a bound past an end (``lt 5``) is outside the domain, as ``ne 5`` is. Finite
+        sets have no range: always True.
+        """
+        if self.choices is not None:
+            return True
+        return ((self.lo is None or bound >= self.lo) and (self.hi is None or bound <= self.hi))
 
     def representatives(self, named: Iterable[Any] = ()) -> list[Any]:
         """Valid values at which a clause naming ``named`` values can change truth.
@@ -181,6 +201,12 @@ def field_domain(field: str) -> FieldDomain:
         args = [a for a in get_args(ann) if a is not type(None)]
         nullable = len(args) < len(get_args(ann))
         ann = args[0] if len(args) == 1 else ann
+    off = nullable and "None = off" in (info.description or "")
+    return replace(_plain_domain(field, ann, info, nullable), unset_is_off=off)
+
+
+def _plain_domain(field: str, ann: Any, info: Any, nullable: bool) -> FieldDomain:
+    """The domain of one field from its (non-None) annotation and bounds."""
     if field == "weights":
         from domain.models import MODELS, get_model
 

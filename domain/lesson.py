@@ -71,15 +71,46 @@ def _clause_problem(field: str, op: Op, frozen: Any) -> str | None:
             if not dom.contains(v):
                 return (f"clause {clause.text()}: {v!r} is not in the domain of {field} "
                         f"({dom.describe()})")
+    if op in ("lt", "le", "gt", "ge") and not dom.bound_in_range(clause.value):
+        return (f"clause {clause.text()}: bound {clause.value!r} lies outside the domain of "
+                f"{field} ({dom.describe()})")
     named = clause.value if op in ("in", "not_in") else [clause.value]
-    truth = [clause.holds(v) for v in dom.representatives(named)]
+    reps = dom.representatives(named)
+    truth = [clause.holds(v) for v in reps]
     if all(truth):
         return (f"clause {clause.text()} holds for every valid config ({field} takes "
                 f"{dom.describe()}); name a narrower condition")
     if not any(truth):
         return (f"clause {clause.text()} holds for no config ({field} takes "
                 f"{dom.describe()}); it would never match")
+    if _set_only(field, op, frozen):
+        return None  # "the knob is set": judged with the rest of the condition
+    if _default_unset(field) and all(clause.holds(v) for v in reps if v is not None):
+        return (f"clause {clause.text()} holds for every set value of {field} "
+                f"({dom.describe()}), so it only says the knob is set, and every search sets "
+                f"the knobs it tunes; name a narrower condition")
     return None
+
+
+def _default_unset(field: str) -> bool:
+    """Whether ``field`` is optional and unset means the engine's default (not "off")."""
+    dom = field_domain(field)
+    return dom.nullable and not dom.unset_is_off
+
+
+@lru_cache(maxsize=4096, typed=True)
+def _set_only(field: str, op: Op, frozen: Any) -> bool:
+    """Whether a clause only says "this engine-default knob is set".
+
+    Such a clause (``not_null``, ``ne None``, ``not_in [None]``) is true for every set value
+    and false when unset.
+    """
+    if not _default_unset(field) or op not in ("not_null", "ne", "not_in"):
+        return False
+    clause = Clause.model_construct(field=field, op=op, value=_thaw(frozen))
+    named = clause.value if op == "not_in" else [clause.value]
+    return all(clause.holds(v) == (v is not None)
+               for v in field_domain(field).representatives(named))
 
 
 @lru_cache(maxsize=4096, typed=True)
@@ -88,6 +119,13 @@ def _condition_problem(frozen: tuple[tuple[str, Op, Any], ...]) -> str | None:
     for c in clauses:
         if (problem := c.problem()) is not None:
             return problem
+    if clauses and all(_set_only(c.field, c.op, _freeze(c.value)) for c in clauses):
+        text = " AND ".join(c.text() for c in clauses)
+        fields = ", ".join(dict.fromkeys(c.field for c in clauses))
+        return (f"the condition {text} holds for every set value of {fields}: unset is the "
+                "engine's default, and every search sets the knobs it tunes, so it would "
+                "forbid every config of a study that tunes them; add a clause that narrows "
+                "the family")
     for field in dict.fromkeys(c.field for c in clauses):
         mine = [c for c in clauses if c.field == field]
         named = [v for c in mine for v in (c.value if c.op in ("in", "not_in") else [c.value])]
@@ -139,8 +177,21 @@ class Clause(BaseModel):
         """Why this clause names no family, or None if it does.
 
         A clause must hold for some valid value of its field and fail for another (see
-        :mod:`domain.knob_domain`), and each value it compares for equality or membership must
-        be a valid value of the field.
+        :mod:`domain.knob_domain`), each value it compares for equality or membership must
+        be a valid value of the field, and a comparison bound (``lt``/``le``/``gt``/``ge``)
+        must lie within the field's range (``mem_fraction_static lt 5`` is refused as
+        ``ne 5`` is).
+
+        Unset (None) never satisfies a comparison (:meth:`holds` compares the raw config
+        value, not the default the engine resolves at launch). On an optional field whose
+        None is the engine's default (every optional knob but ``speculative_algorithm``,
+        whose None means "off"; see :attr:`~domain.knob_domain.FieldDomain.unset_is_off`), a
+        clause true for every *set* value (``mem_fraction_static gt 0``,
+        ``max_running_requests le 65536``) therefore only says "the knob is set", and every
+        search sets the knobs it tunes: it is refused. ``not_null`` on such a field is kept
+        as a clause (``speculative_num_steps not_null AND speculative_eagle_topk is_null`` is
+        a real family), but a condition made only of such clauses is a :meth:`Lesson.defect`.
+        ``speculative_algorithm not_null`` ("any speculative decoding") is a real family.
         """
         return _clause_problem(self.field, self.op, _freeze(self.value))
 
@@ -230,9 +281,10 @@ class Lesson(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    id: str = Field("", description="content hash; filled by with_id()")
-    # Text fields are redacted (domain/redact.py) whenever a lesson is validated: when it is
-    # made (add_lesson, the analyst, the planner) and when a stored one is read back.
+    # Text and id fields are redacted (domain/redact.py) whenever a lesson is validated: when it
+    # is made (add_lesson, the analyst, the planner) and when a stored one is read back. (Scope's
+    # fields and clause values are checked against the catalogs and knob domains instead.)
+    id: RedactedStr = Field("", description="content hash; filled by with_id()")
     title: RedactedStr = Field(min_length=3, max_length=300)
     scope: Scope
     condition: list[Clause] = Field(description="all clauses must hold (conjunction)")
@@ -244,8 +296,8 @@ class Lesson(BaseModel):
     evidence: RedactedStr = Field(max_length=20_000,
                           description="log lines, arithmetic, or metrics that prove it")
     source: Literal["trial", "estimate", "research", "user"] = "trial"
-    run_id: str | None = None
-    trial_id: str | None = None
+    run_id: RedactedStr | None = None
+    trial_id: RedactedStr | None = None
 
     @model_validator(mode="after")
     def _not_universal(self, info: ValidationInfo) -> Lesson:
@@ -261,10 +313,11 @@ class Lesson(BaseModel):
         """Why this lesson's condition names no family of configs, or None if it does.
 
         A condition names a family when each clause holds for some valid value of its field
-        and fails for another, every value it compares is a valid value of its field, and the
-        clauses over one field can hold together. A lesson with a defect is refused when made;
-        one read back from a store (validated with the ``STORED`` context) is kept but never
-        forbids anything.
+        and fails for another (see :meth:`Clause.problem` for optional knobs), every value it
+        compares is a valid value of its field, the clauses over one field can hold together,
+        and it says more than "these engine-default knobs are set" (``not_null`` alone). A
+        lesson with a defect is refused when made; one read back from a store (validated with
+        the ``STORED`` context) is kept but never forbids anything.
         """
         return _condition_problem(tuple((c.field, c.op, _freeze(c.value))
                                         for c in self.condition))

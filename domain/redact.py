@@ -5,7 +5,8 @@ Used wherever text from a model, a user or an engine log is stored or shown: les
 ledger rows (:class:`~domain.trial.Trial` reasons, log tails, retries), the cluster server's
 ``get_status``/``get_logs``/``get_events`` answers and the cluster record files.
 
-Patterns, in the order they apply (the key formats their vendors document):
+Patterns, in the order they apply (the key formats their vendors document). A vendor token may
+follow ``_`` (``MY_hf_...``), where a regex word boundary sees none.
 
 - ``anthropic-key``: ``sk-ant-<kind><NN>-`` + base64url, e.g. ``sk-ant-api03-...``,
   ``sk-ant-admin01-...`` (Anthropic console, "API keys").
@@ -25,16 +26,29 @@ Patterns, in the order they apply (the key formats their vendors document):
 - ``private-key``: a PEM ``-----BEGIN ... PRIVATE KEY-----`` block to its END line, or to the
   end of the text when cut (RFC 7468).
 - ``bearer-token``: the credential after ``Bearer`` (RFC 6750).
-- ``secret``: the value of a ``password``/``passwd``/``token``/``secret``/``api_key``/
-  ``apikey``/``access_key`` name (also with a prefix such as ``hf_token`` or ``DB_PASSWORD``)
-  after ``=`` or ``:``, quoted or not, and the argument of a ``--...api-key``/``--...token``/
-  ``--...password``/``--...secret`` command-line flag. Values that cannot be secrets are kept:
+- ``authorization``: the credentials of an ``Authorization:`` (or ``Proxy-Authorization:``)
+  header in any other scheme, e.g. ``Basic <base64>``, ``token <t>``, ``Digest ...``
+  (RFC 9110 11.6.2; ``token`` is GitHub's scheme).
+- ``url-password``: the password of a URL's userinfo, ``scheme://user:[REDACTED]@host``;
+  the user and host are kept (RFC 3986 3.2.1).
+- ``secret``: the value of a secret-ish name after ``=``, ``:`` or ``=>``, quoted or not
+  (``name=v``, ``"name": "v"``, ``name => v``). The names: ``password``, ``passwd``,
+  ``passphrase``, ``token``, ``secret``, ``secret_key``, ``private_key``, ``credential(s)``,
+  ``api_key``/``apikey``, ``access_key``, with any prefix, separated (``hf_token``,
+  ``DB_PASSWORD``) or glued on (``PGPASSWORD``, camelCase ``apiToken``/``accessToken``/
+  ``clientSecret``), and ``pwd`` after a separated prefix only (``MYSQL_PWD``; the shell's
+  ``PWD``/``OLDPWD`` are directories). The name must end there: ``max_total_tokens``,
+  ``num_tokens``, ``tokenizer_path``, ``skip_tokenizer_init`` are no secret names. Also the
+  argument of a ``--...api-key``/``--...token``/``--...password``/``--...passphrase``/
+  ``--...secret`` command-line flag. Values that cannot be secrets are kept:
   ``None``/``null``/``True``/``False``, numbers (``#token: 1234`` in SGLang's batch lines) and
   empty values.
 
 Ordinary log text is left alone: SHA digests, commit hashes, model paths, SGLang's
 ``ServerArgs(...)`` dump (``api_key=None``, ``tokenizer_path=...``, ``max_prefill_tokens=...``)
-and its batch statistics. Redaction is idempotent: a redacted text comes back unchanged.
+and its batch statistics, URLs without a password. Redaction is idempotent (a redacted text
+comes back unchanged) and linear in the text's length (name and scheme patterns start only at
+the beginning of an identifier).
 """
 
 from __future__ import annotations
@@ -48,19 +62,21 @@ from pydantic import BeforeValidator
 MARK = "[REDACTED:{kind}]"
 
 _B64URL = r"[A-Za-z0-9_\-]"
-_NAMES = r"(?:password|passwd|token|secret|api[_-]?key|apikey|access[_-]?key)"
+_START = r"(?<![A-Za-z0-9])"  # a token may follow "_" (MY_hf_...), where \b sees no boundary
+_NAMES = (r"(?:password|passwd|passphrase|token|secret(?:[_.\-]?key)?|private[_.\-]?key"
+          r"|credentials?|api[_-]?key|apikey|access[_-]?key)")
 _KEEP = re.compile(r"(?i)(?:none|null|nil|true|false|-?\d+(?:\.\d+)?|\[REDACTED(?::[a-z-]+)?\])")
 
 _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("private-key", re.compile(
         r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----"
         r"(?:.*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----|.*\Z)", re.DOTALL)),
-    ("anthropic-key", re.compile(rf"\bsk-ant-[a-z]+\d{{2}}-{_B64URL}{{20,}}")),
-    ("openai-key", re.compile(rf"\bsk-(?:proj|svcacct|admin)-{_B64URL}{{20,}}"
-                              r"|\bsk-[A-Za-z0-9]{32,}\b")),
-    ("huggingface-token", re.compile(r"\bhf_[A-Za-z0-9]{30,}\b")),
-    ("github-token", re.compile(r"\bgh[pousr]_[A-Za-z0-9]{36,}\b"
-                                r"|\bgithub_pat_[A-Za-z0-9]{22}_[A-Za-z0-9]{59}\b")),
+    ("anthropic-key", re.compile(rf"{_START}sk-ant-[a-z]+\d{{2}}-{_B64URL}{{20,}}")),
+    ("openai-key", re.compile(rf"{_START}sk-(?:proj|svcacct|admin)-{_B64URL}{{20,}}"
+                              rf"|{_START}sk-[A-Za-z0-9]{{32,}}\b")),
+    ("huggingface-token", re.compile(rf"{_START}hf_[A-Za-z0-9]{{30,}}\b")),
+    ("github-token", re.compile(rf"{_START}gh[pousr]_[A-Za-z0-9]{{36,}}\b"
+                                rf"|{_START}github_pat_[A-Za-z0-9]{{22}}_[A-Za-z0-9]{{59}}\b")),
     ("slack-token", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}")),
     ("google-api-key", re.compile(rf"\bAIza{_B64URL}{{35}}(?!{_B64URL})")),
     ("jwt", re.compile(rf"\beyJ{_B64URL}{{8,}}\.eyJ{_B64URL}{{8,}}\.{_B64URL}*")),
@@ -74,12 +90,21 @@ _AWS_PAIR_SECRET = re.compile(
     r"(\[REDACTED:aws-access-key-id\][\"']?\s*[:,/|;\s]\s*[\"']?)([A-Za-z0-9/+=]{40})"
     r"(?![A-Za-z0-9/+=])")
 _BEARER = re.compile(r"(?i)\b(bearer\s+)([A-Za-z0-9._~+/\-]{8,}=*)")
+# The credentials of an Authorization header in any scheme (Basic, token, Digest, ...).
+_AUTHORIZATION = re.compile(
+    r"(?i)\b((?:proxy-)?authorization[\"']?[ \t]*[:=][ \t]*[\"']?"
+    r"(?:[A-Za-z][A-Za-z0-9_\-]*[ \t]+)?)"
+    r"([^\s\"',;]+)")
+# The password of a URL's userinfo (scheme://user:password@host), RFC 3986 3.2.1.
+_URL_PASSWORD = re.compile(
+    r"(?i)(?<![a-z0-9+.\-])([a-z][a-z0-9+.\-]{0,31}://[^\s:/@\[\]]+:)([^\s/@]+)(@)")
 # name[=:]value: a quoted value, or an unquoted run up to a space, comma, semicolon, & or quote.
 _NAMED = re.compile(
-    rf"(?i)(?<![A-Za-z0-9])((?:[A-Za-z0-9]+[_.\-])*{_NAMES})"
-    r"((?:[\"']\s*)?\s*[:=]\s*)"
+    rf"(?i)(?<![A-Za-z0-9_.\-])((?:[A-Za-z0-9]+[_.\-])*[A-Za-z0-9]*?{_NAMES}"
+    r"|(?:[A-Za-z0-9]+[_.\-])+pwd)"
+    r"((?:[\"']\s*)?\s*(?:=>|[:=](?!>))\s*)"
     r"(\"[^\"\n]*\"|'[^'\n]*'|[^\s,;&\"'()\[\]{}]+)")
-_FLAG = re.compile(r"(?i)(--(?:[a-z0-9]+-)*(?:password|token|secret|api-key))(\s+|=)"
+_FLAG = re.compile(r"(?i)(--(?:[a-z0-9]+-)*(?:password|passphrase|token|secret|api-key))(\s+|=)"
                    r"([^\s\"']+|\"[^\"]*\"|'[^']*')")
 
 
@@ -95,6 +120,19 @@ def _value_sub(kind: str) -> Callable[[re.Match[str]], str]:
         if not inner.strip() or _KEEP.fullmatch(inner.strip()):
             return m.group(0)
         return f"{m.group(1)}{m.group(2)}{quote}{_mark(kind)}{quote}"
+    return sub
+
+
+def _kept_or(kind: str, tail: int = 0) -> Callable[[re.Match[str]], str]:
+    """A substitution: group 2 becomes the mark and group ``tail`` (if any) stays after it.
+
+    Group 2 is kept when it cannot be a secret: a mark already, or (outside a URL) ``_KEEP``.
+    """
+    def sub(m: re.Match[str]) -> str:
+        value = m.group(2)
+        if value.startswith("[REDACTED") or (not tail and _KEEP.fullmatch(value)):
+            return m.group(0)
+        return m.group(1) + _mark(kind) + (m.group(tail) if tail else "")
     return sub
 
 
@@ -116,6 +154,8 @@ def redact(text: str) -> str:
                                  text)
     text = _AWS_PAIR_SECRET.sub(lambda m: f"{m.group(1)}{_mark('aws-secret-key')}", text)
     text = _BEARER.sub(lambda m: m.group(1) + _mark("bearer-token"), text)
+    text = _AUTHORIZATION.sub(_kept_or("authorization"), text)
+    text = _URL_PASSWORD.sub(_kept_or("url-password", tail=3), text)
     text = _NAMED.sub(_value_sub("secret"), text)
     return _FLAG.sub(_value_sub("secret"), text)
 

@@ -116,7 +116,19 @@ async def test_add_lesson_refuses_conditions_that_are_no_family(store, clauses, 
     pytest.param([{"field": "kv_cache_dtype", "op": "in", "value": ["bf16", "fp8_e4m3"]}],
                  id="in-two-of-three"),
     pytest.param([{"field": "speculative_adaptive", "op": "eq", "value": True}], id="bool"),
-    pytest.param([{"field": "max_running_requests", "op": "not_null"}], id="optional-set"),
+    pytest.param([{"field": "speculative_algorithm", "op": "not_null"}], id="spec-on"),
+    pytest.param([{"field": "max_running_requests", "op": "not_null"},
+                  {"field": "tp_size", "op": "eq", "value": 8}], id="set-and-narrow"),
+    pytest.param([{"field": "mem_fraction_static", "op": "gt", "value": 0.9}],
+                 id="high-mem-fraction"),
+    pytest.param([{"field": "mem_fraction_static", "op": "is_null"}], id="engine-default"),
+    pytest.param([{"field": "hicache_ratio", "op": "le", "value": 1.0},
+                  {"field": "enable_hierarchical_cache", "op": "eq", "value": True}],
+                 id="hicache-small"),
+    pytest.param([{"field": "speculative_algorithm", "op": "not_null"},
+                  {"field": "speculative_num_steps", "op": "not_null"},
+                  {"field": "speculative_eagle_topk", "op": "is_null"}],
+                 id="analyst-partial-triple"),
     pytest.param([{"field": "tp_size", "op": "not_in", "value": [1, 2]},
                   {"field": "tp_size", "op": "le", "value": 4}], id="narrow-conjunction"),
     pytest.param([{"field": "attention_backend", "op": "eq", "value": "fa3"}], id="backend"),
@@ -126,6 +138,73 @@ async def test_add_lesson_accepts_real_families(store, clauses):
         r = await client.call_tool("add_lesson", {"lesson": payload(*clauses)})
     assert not r.is_error, r.content[0].text
     assert store.count() == 1
+
+
+# Fresh-user retest of D2: on an optional knob whose None is "the engine's default, resolved at
+# launch", a range that covers the whole domain (or reaches outside it) only says "the knob is
+# set", and every search sets the knobs it tunes, so such a lesson pruned the whole study.
+SET_ONLY = [
+    pytest.param([{"field": "mem_fraction_static", "op": "lt", "value": 1.0},
+                  {"field": "mem_fraction_static", "op": "gt", "value": 0}],
+                 ["mem_fraction_static", "every set value"], id="mem-fraction-whole-range"),
+    pytest.param([{"field": "mem_fraction_static", "op": "gt", "value": -3}],
+                 ["mem_fraction_static > -3", "outside the domain of mem_fraction_static",
+                  "(0, 1)"], id="mem-fraction-gt-below"),
+    pytest.param([{"field": "mem_fraction_static", "op": "lt", "value": 5}],
+                 ["mem_fraction_static < 5", "outside the domain"], id="mem-fraction-lt-above"),
+    pytest.param([{"field": "max_running_requests", "op": "lt", "value": 1e12}],
+                 ["max_running_requests < 1000000000000.0", "outside the domain", "1..65536"],
+                 id="max-running-lt-huge"),
+    pytest.param([{"field": "max_running_requests", "op": "le", "value": 65536}],
+                 ["max_running_requests <= 65536", "every set value"], id="max-running-le-max"),
+    pytest.param([{"field": "hicache_ratio", "op": "le", "value": 100}],
+                 ["hicache_ratio <= 100", "every set value"], id="hicache-le-max"),
+    pytest.param([{"field": "chunked_prefill_size", "op": "ge", "value": -1}],
+                 ["chunked_prefill_size >= -1", "every set value"], id="chunk-ge-min"),
+    pytest.param([{"field": "speculative_num_steps", "op": "ge", "value": 0}],
+                 ["speculative_num_steps >= 0", "every set value"], id="spec-steps-ge-min"),
+    pytest.param([{"field": "max_running_requests", "op": "not_null"}],
+                 ["max_running_requests is set", "every set value"], id="not-null-default"),
+    pytest.param([{"field": "mem_fraction_static", "op": "not_null"},
+                  {"field": "chunked_prefill_size", "op": "not_null"}],
+                 ["every set value"], id="not-null-conjunction"),
+    pytest.param([{"field": "mem_fraction_static", "op": "ne", "value": 5}],
+                 ["5 is not in the domain of mem_fraction_static"], id="ne-5-still-refused"),
+]
+
+
+@pytest.mark.parametrize(("clauses", "needles"), SET_ONLY)
+async def test_add_lesson_refuses_conditions_that_only_say_a_knob_is_set(store, clauses,
+                                                                         needles):
+    async with Client(build_server(store)) as client:
+        r = await client.call_tool("add_lesson", {"lesson": payload(*clauses)})
+    assert r.is_error, r.structured_content
+    text = r.content[0].text
+    assert text.startswith("Error executing tool add_lesson: ") and "Traceback" not in text
+    for needle in needles:
+        assert needle in text, text
+    assert store.count() == 0
+
+
+def test_unset_means_off_only_for_speculative_algorithm():
+    """None is a real option (a family of its own) only where it means "off"; elsewhere it is
+    the engine's default, resolved at launch (ServingConfig's field descriptions)."""
+    from domain.knob_domain import field_domain
+    from domain.lesson import KNOB_FIELDS
+
+    off = [f for f in KNOB_FIELDS if field_domain(f).nullable and field_domain(f).unset_is_off]
+    assert off == ["speculative_algorithm"]
+
+
+async def test_a_stored_set_only_lesson_is_ignored(store):
+    bad = seed_raw(store, payload({"field": "mem_fraction_static", "op": "lt", "value": 1.0},
+                                  {"field": "mem_fraction_static", "op": "gt", "value": 0}))
+    async with Client(build_server(store)) as client:
+        ok = (await client.call_tool("check_config", {"config": CONFIG | {
+            "mem_fraction_static": 0.85}})).structured_content
+        page = (await client.call_tool("list_lessons", {})).structured_content
+    assert ok["allowed"] is True and ok["forbidding"] == []
+    assert list(page["ignored"]) == [bad]
 
 
 async def test_a_stored_universal_lesson_is_ignored_and_marked(store):
@@ -159,6 +238,10 @@ def tiny_study() -> dict[str, Any]:
 def test_run_with_a_stored_universal_lesson_still_runs_configs(tmp_path):
     with LessonStore(tmp_path / "lessons", embedding="hashing") as s:
         bad = seed_raw(s, payload({"field": "tp_size", "op": "not_in", "value": []}))
+        # the tiny study sets mem_fraction_static (baseline 0.85): "set to anything" is no family
+        set_only = seed_raw(s, payload(
+            {"field": "mem_fraction_static", "op": "lt", "value": 1.0},
+            {"field": "mem_fraction_static", "op": "gt", "value": 0}))
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(tiny_study()))
     env = dict(os.environ, SERVETUNE_LESSONS_DIR=str(tmp_path / "lessons"), COLUMNS="200",
                SERVETUNE_SOURCE_CACHE=str(tmp_path / "no-source"))
@@ -172,8 +255,9 @@ def test_run_with_a_stored_universal_lesson_still_runs_configs(tmp_path):
     finally:
         db.close()
     assert any(t["status"] != "pruned" for t in rows)
-    assert all(bad not in t["lesson_ids"] for t in rows)
+    assert all(bad not in t["lesson_ids"] and set_only not in t["lesson_ids"] for t in rows)
     listed = subprocess.run([sys.executable, "-m", "servetune.cli", "lessons", "list"],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
     assert bad in listed.stdout and "ignored" in listed.stdout
+    assert set_only in listed.stdout and listed.stdout.count("ignored") >= 2

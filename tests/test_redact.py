@@ -82,6 +82,24 @@ FAMILIES = [
                  id="sglang-api-key"),
     pytest.param(f"sglang serve --model-path m --api-key {TOKEN} --port 30000", TOKEN,
                  id="api-key-flag"),
+    # fresh-user retest of D3: names glued to a prefix or with a suffix, camelCase, other
+    # Authorization schemes, URL credentials, a token after "_", "=>"
+    pytest.param(f"export PGPASSWORD={PASSWORD}; psql", PASSWORD, id="pgpassword"),
+    pytest.param(f"MYSQL_PWD={PASSWORD} mysql -u root", PASSWORD, id="mysql-pwd"),
+    pytest.param(f"SECRET_KEY={TOKEN} in the env", TOKEN, id="secret-key"),
+    pytest.param(f"config private_key={TOKEN} loaded", TOKEN, id="private-key-name"),
+    pytest.param(f"passphrase={PASSWORD}", PASSWORD, id="passphrase"),
+    pytest.param(f"credentials={TOKEN}", TOKEN, id="credentials"),
+    pytest.param(f"apiToken: {TOKEN}", TOKEN, id="camel-api-token"),
+    pytest.param(f"accessToken={TOKEN}&x=1", TOKEN, id="camel-access-token"),
+    pytest.param(f'{{"accessToken":"{TOKEN}","expires":3600}}', TOKEN, id="json-access-token"),
+    pytest.param("Authorization: Basic dXNlcjpwYXNzd29yZDEyMw==", "dXNlcjpwYXNzd29yZDEyMw",
+                 id="basic-auth"),
+    pytest.param(f"Authorization: token {TOKEN}", TOKEN, id="token-auth"),
+    pytest.param(f"fetch https://alice:{PASSWORD}@registry.example.com/v2/ failed", PASSWORD,
+                 id="url-userinfo"),
+    pytest.param(f"MY_{HF} set", HF, id="huggingface-after-underscore"),
+    pytest.param(f"token => {TOKEN}", TOKEN, id="fat-arrow"),
 ]
 
 # Lines an SGLang log really holds: nothing in them may change.
@@ -107,6 +125,16 @@ INTACT = [
     "--enable-hierarchical-cache --hicache-ratio 2.0",
     "hf_transfer is not installed; set HF_HUB_ENABLE_HF_TRANSFER=0",
     "AKIA is a prefix; the_token=None and password= (empty) and token: 1234",
+    # names that hold "token" or "key" but no secret (SGLang's ServerArgs dump, batch lines)
+    "ServerArgs(max_total_tokens=1048576, tokenizer_path='zai-org/GLM-5-FP8', "
+    "tokenizer_worker_num=1, skip_tokenizer_init=False, enable_tokenizer_batch_encode=False, "
+    "num_reserved_decode_tokens=512, max_prefill_tokens=16384, cuda_graph_max_bs=256)",
+    "num_tokens=512 new_tokens: 128 #token: 61440 total_tokens => 2048 token usage: 0.41",
+    "tokenizer=zai-org/GLM-5-FP8 tokenizers: loaded, detokenizer ready",
+    "PWD=/work/runs OLDPWD=/tmp HOME=/root",
+    "GET http://127.0.0.1:30000/v1/models and https://huggingface.co/zai-org/GLM-5-FP8/resolve/"
+    "main/config.json",
+    "Basic block sizes: 64; authorization check skipped (no api key given)",
 ]
 
 
@@ -188,6 +216,25 @@ async def test_add_lesson_stores_secrets_redacted(store):
     assert "[REDACTED" in stored.evidence and "fa3 refused" in stored.title
     raw = store._collection.get(ids=[stored.id], include=["metadatas", "documents"])
     assert leaks(json.dumps(raw)) == []
+
+
+async def test_add_lesson_redacts_run_and_trial_ids(store):
+    data = secret_lesson() | {"run_id": AWS_ID, "trial_id": JWT,
+                              "root_cause": f"PGPASSWORD={PASSWORD} and MYSQL_PWD={PASSWORD}",
+                              "evidence": f"Authorization: Basic dXNlcjpwYXNzd29yZDEyMw== "
+                                          f"https://alice:{PASSWORD}@db.example.com/"}
+    async with Client(lessons_server(store)) as client:
+        r = await client.call_tool("add_lesson", {"lesson": data})
+        listed = await client.call_tool("list_lessons", {})
+        found = await client.call_tool("query_lessons", {"text": "fa3 refused"})
+    assert not r.is_error, r.content[0].text
+    for answer in (r, listed, found):
+        text = json.dumps(answer.structured_content)
+        for secret in (AWS_ID, JWT, PASSWORD, "dXNlcjpwYXNzd29yZDEyMw"):
+            assert secret not in text, text
+    lesson = r.structured_content["lesson"]
+    assert lesson["run_id"].startswith("[REDACTED") and lesson["trial_id"].startswith("[REDACTED")
+    assert "alice:" in lesson["evidence"] and "@db.example.com/" in lesson["evidence"]
 
 
 async def test_stored_unredacted_lesson_is_shown_redacted(store):
@@ -332,3 +379,19 @@ def test_record_store_files_hold_no_secrets(tmp_path):
     assert leaks(text) == [] and BEARER not in text and "[REDACTED" in text
     rec = store.read("d1")
     assert rec is not None and rec["config"] == {"model": "glm-5"} and rec["name"] == "d1"
+
+
+@pytest.mark.parametrize("text", [
+    pytest.param("x." * 30_000 + "password: x", id="dotted-name"),
+    pytest.param("x." * 30_000 + "://alice:pw@host/", id="dotted-scheme"),
+    pytest.param("a_" * 50_000 + "token=x", id="underscored-name"),
+])
+def test_redaction_of_a_long_identifier_takes_linear_time(text):
+    """A 60 KB run of ``x.x.x...`` took 60 s before (the name pattern retried every start)."""
+    import time
+
+    from domain.redact import redact
+
+    start = time.perf_counter()
+    redact(text)
+    assert time.perf_counter() - start < 2.0
