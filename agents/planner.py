@@ -16,6 +16,7 @@ pruned on the way. After a research round, ``decide`` keeps, modifies or drops t
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, Literal
@@ -37,6 +38,7 @@ from domain.config import ServingConfig
 from domain.errors import ConfigInvalid, DoesNotFit, InvalidCombination
 from domain.fit import MEMORY_FIELDS, fit
 from domain.hardware import get_gpu
+from domain.knob_domain import field_domain
 from domain.knobs import apply_knob, normalize_value
 from domain.lesson import Clause, Lesson, Scope
 from domain.speculative import resolve_speculative
@@ -124,8 +126,9 @@ def estimate_lesson(config: ServingConfig, err: DoesNotFit, study: Study) -> Les
                         evidence.append(e2.arithmetic)
                         continue
                 break
-        cond = [Clause(field="weights", op="eq", value=config.weights),
-                Clause(field="tp_size", op="le", value=t_max)]
+        cond = [Clause(field="weights", op="eq", value=config.weights)]
+        if t_max < (field_domain("tp_size").hi or math.inf):  # "<= the largest TP" is no
+            cond.append(Clause(field="tp_size", op="le", value=t_max))  # family (D2)
         title = (f"{config.weights} weights of {config.model} do not fit TP<={t_max} "
                  f"{config.gpu}: the weight shard exceeds GPU memory (out of memory at weight "
                  "load, by the memory-fit estimate)")

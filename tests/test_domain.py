@@ -308,3 +308,24 @@ def test_weights_estimate_lesson_names_the_largest_failing_tp():
     assert lesson.condition_text() == "weights == 'fp8' AND tp_size <= 4"
     assert "more than 4 GPUs" in lesson.fix
     assert "TP2 = 373.0 GB" in lesson.evidence and "TP4 = 186.5 GB" in lesson.evidence
+
+
+def test_weights_estimate_lesson_at_the_largest_tp_names_the_weights_alone(monkeypatch):
+    """Weights that fail at every TP up to the domain's largest (64): ``tp_size <= 64`` would
+    be true for every config and is refused (issue 16, D2), so the family is the checkpoint."""
+    import yaml
+
+    import agents.planner as planner
+    from domain.study import parse_study
+
+    study = parse_study(yaml.safe_load(DEFAULT_STUDY.read_text()))
+    study = study.model_copy(update={"knobs": {**study.knobs, "tp_size": [8, 16, 32, 64]}})
+    err = DoesNotFit("weights_load", 2000.0, 180.0, "weights 2000 GB per GPU > 180 GB")
+
+    def never_fits(config):
+        raise DoesNotFit("weights_load", 2000.0, 180.0, f"TP{config.tp_size} does not fit")
+
+    monkeypatch.setattr(planner, "fit", never_fits)
+    lesson = planner.estimate_lesson(cfg(tp_size=8), err, study)
+    assert lesson.condition_text() == "weights == 'fp8'"
+    assert lesson.forbids(cfg(tp_size=8)) and not lesson.forbids(cfg(weights="nvfp4"))
