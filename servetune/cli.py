@@ -12,6 +12,7 @@ import dataclasses
 import fcntl
 import json
 import logging
+import math
 import re
 import secrets
 import signal
@@ -172,8 +173,11 @@ def run(
             _run_locked(study, path, trace_path, window, rid, run_dir, settings, lessons_dir,
                         t0, announce=run_id is None, claude=claude, cluster=cluster,
                         cluster_flags=cluster_flags)
-    except OSError as e:
-        _fail(f"cannot write the run folder {run_dir}: {e.strerror or e}")
+    except OSError as e:  # name the file the OS refused (report.md, .lock, the lessons dir);
+        # a failed os.replace of a temporary file names its destination second
+        name = e.filename2 or e.filename
+        where = f"{name}" if name else f"the run folder {run_dir}"
+        _fail(f"cannot write {where}: {e.strerror or e}")
 
 
 def _cluster_backend(kind: str, namespace: str, kubeconfig: Path | None, context: str | None,
@@ -799,7 +803,7 @@ def mcp_bench(
         "--compute-budget-s", min=0.001, help="twin runs: wall seconds of simulation one tool "
                                               "call may use, a run_sweep sharing one; a run "
                                               "estimated over it is refused, one reaching it "
-                                              "stopped (default 60)")] = 60.0,
+                                              "stopped (finite, default 60)")] = 60.0,
 ) -> None:
     """The bench server (saturation, trace replay, concurrency sweep) over stdio."""
     from mcp_servers.bench.server import main
@@ -808,6 +812,8 @@ def mcp_bench(
 
     if backend != "kubernetes" and (kubeconfig is not None or context is not None):
         _fail("--kubeconfig and --context are options of --backend kubernetes")
+    if not math.isfinite(compute_budget_s):  # inf would turn the twin's compute guard off
+        _fail(f"--compute-budget-s {compute_budget_s}: give a finite number of seconds > 0")
 
     settings = _settings()
     traces = trace_dir or [REPO_ROOT / "data" / "traces"]
