@@ -69,7 +69,8 @@ class RunFileDamaged(ServetuneError):
     """A run file a resume would read or append to is damaged or contradicts another.
 
     Attributes:
-        path: The damaged file (``ledger.sqlite``, ``checkpoint.sqlite`` or ``events.jsonl``).
+        path: The damaged file (``ledger.sqlite``, ``checkpoint.sqlite`` or ``events.jsonl``,
+            or the ``-wal``/``-shm`` file of a database).
         why: What is wrong with it.
         way_on: How to go on with this run id (the other way is always a new run id).
     """

@@ -193,6 +193,25 @@ def _length_stats(values: list[int]) -> LengthStats:
 # Reading files
 
 
+def long_name_bytes(path: str | os.PathLike[str]) -> int | None:
+    """The UTF-8 length of the first file or folder name in ``path`` over the name limit.
+
+    No file can have a name over ``MAX_NAME_BYTES`` (255) bytes: every system call on such a
+    path fails with ENAMETOOLONG. Returns None when every name fits.
+    """
+    for part in os.fspath(path).replace(os.sep, "/").split("/"):
+        n = len(part.encode("utf-8", "surrogateescape"))
+        if n > MAX_NAME_BYTES:
+            return n
+    return None
+
+
+def long_name_message(n: int, what: str) -> str:
+    """The one-line refusal of a path with a ``n``-byte name (``what``: "trace", "study")."""
+    return (f"a file or folder name in the path is {n} bytes long, more than the "
+            f"{MAX_NAME_BYTES} bytes a file system allows; give the {what}'s real path")
+
+
 def check_trace_path(path: str | os.PathLike[str]) -> None:
     """Refuse a trace path none of whose files can exist: a component over the name limit.
 
@@ -200,15 +219,9 @@ def check_trace_path(path: str | os.PathLike[str]) -> None:
         TraceInvalid: a file or folder name in ``path`` is longer than ``MAX_NAME_BYTES`` (255)
             bytes in UTF-8.
     """
-    p = os.fspath(path)
-    for part in p.replace(os.sep, "/").split("/"):
-        n = len(part.encode("utf-8", "surrogateescape"))
-        if n > MAX_NAME_BYTES:
-            raise TraceInvalid(
-                f"{p[:60]}...", f"a file or folder name in the path is {n} bytes long, more "
-                f"than the {MAX_NAME_BYTES} bytes a file system allows; give the trace's real "
-                "path"
-            )
+    n = long_name_bytes(path)
+    if n is not None:
+        raise TraceInvalid(f"{os.fspath(path)[:60]}...", long_name_message(n, "trace"))
 
 
 def _lines(path: str) -> Iterator[tuple[int, str]]:
@@ -265,9 +278,10 @@ def _fields(path: str, line: int, text: str, wanted: tuple[str, ...]) -> dict[st
             f"malformed JSON ({e.msg} at column {e.colno}); each line must be one JSON object",
             line,
         ) from e
-    except ValueError as e:  # an integer literal beyond Python's int digit limit
+    except ValueError as e:  # an integer literal beyond Python's int digit limit (4300)
         raise TraceInvalid(
-            path, f"a number has too many digits ({e}); the row is damaged: drop it", line
+            path, "a number has too many digits to be a count or a time; the row is damaged: "
+            "drop it", line
         ) from e
     except RecursionError as e:  # arrays/objects nested deeper than the parser's stack
         raise TraceInvalid(

@@ -10,6 +10,7 @@ naming the file and the ways on; a missing checkpoint is fine (the ledger alone 
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,10 +63,20 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 def _open(path: Path, damaged: Any) -> sqlite3.Connection | None:
-    """The checked database at ``path``; None if it is missing or empty."""
+    """The checked database at ``path``; None if it is missing or empty.
+
+    Its ``-wal`` and ``-shm`` files, where they exist, must be regular files (SQLite fails
+    on, or writes beside, a folder or FIFO there).
+    """
     why = _kind(path)
     if why:
         raise damaged(why)
+    for suffix in ("-wal", "-shm"):
+        side = path.with_name(path.name + suffix)
+        why = _kind(side)
+        if why:
+            raise RunFileDamaged(str(side), why, f"move it aside to resume (SQLite starts a "
+                                 f"new {suffix[1:]} file beside {path.name})")
     if not path.exists() or path.stat().st_size == 0:
         return None
     db = _connect(path)
@@ -131,6 +142,36 @@ def _read_checkpoint(path: Path, run_id: str, damaged: Any) -> _Checkpoint:
         db.close()
 
 
+def _check_events(path: Path, damaged: Any) -> None:
+    """Every line of ``events.jsonl`` is UTF-8 text that the JSON parser can read.
+
+    The run writes ASCII JSON lines (``json.dumps``), so bytes that are not UTF-8, or a line
+    nested too deep for the parser (RecursionError), were put there by something else. A line
+    that is merely not JSON (the half-written last line of a killed run) is skipped by
+    :func:`servetune.faults_report.read_events` and allowed here.
+    """
+    why = _kind(path)
+    if why:
+        raise damaged(why)
+    if not path.exists():
+        return
+    try:
+        with path.open("rb") as f:
+            for n, raw in enumerate(f, start=1):
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise damaged(f"line {n} is not UTF-8 text (byte {e.start})") from e
+                try:
+                    json.loads(text)
+                except RecursionError as e:
+                    raise damaged(f"line {n} is nested too deeply to parse") from e
+                except ValueError:  # not JSON (a half-written line): skipped when read
+                    continue
+    except OSError as e:
+        raise damaged(f"cannot read it ({e.strerror or e})") from e
+
+
 def _referenced(state: dict[str, Any]) -> list[int]:
     """Ledger seqs the graph state refers to (incumbent, finalists, winner)."""
     seqs = [state.get("best_seq"), state.get("winner_seq"), *(state.get("finalists") or [])]
@@ -141,10 +182,11 @@ def check_run_files(run_dir: Path, run_id: str) -> None:
     """Check the run files of ``run_id`` in ``run_dir`` without writing anything.
 
     Each SQLite file must open read-only, pass ``PRAGMA quick_check`` and hold its tables
-    (every ledger row must be a trial); ``events.jsonl`` must be a regular file where it
-    exists. A checkpoint of the run beside a ledger that is missing, empty or lacks the trials
-    the checkpoint refers to contradicts it (resuming would redo and redeploy finished
-    trials). Missing files are fine otherwise: a new run has none, and the ledger alone
+    (every ledger row must be a trial), and their ``-wal``/``-shm`` files must be regular files
+    where they exist; ``events.jsonl`` must be a regular file of UTF-8 lines, none nested too
+    deep to parse. A checkpoint of the run beside a ledger that is missing, empty or lacks
+    the trials the checkpoint refers to contradicts it (resuming would redo and redeploy
+    finished trials). Missing files are fine otherwise: a new run has none, and the ledger alone
     resumes a run whose checkpoint is gone.
 
     Raises:
@@ -170,9 +212,7 @@ def check_run_files(run_dir: Path, run_id: str) -> None:
         return RunFileDamaged(str(ledger), why, stand_alone)
 
     led = _read_ledger(ledger, led_damaged)
-    why = _kind(events)
-    if why:
-        raise ev_damaged(why)
+    _check_events(events, ev_damaged)
     if not ck.steps:
         return
     lost = sorted(set(_referenced(ck.state)) - led.seqs)

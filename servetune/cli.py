@@ -12,6 +12,7 @@ import dataclasses
 import fcntl
 import json
 import logging
+import math
 import re
 import secrets
 import signal
@@ -29,6 +30,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from domain.errors import ServetuneError
 from domain.ledger import Ledger
@@ -56,7 +58,9 @@ err_console = Console(stderr=True)
 
 
 def _fail(message: str, code: int = 2) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    """Print ``error: <message>`` (the message as plain text, never Rich markup) and exit."""
+    err_console.print(Text.assemble(("error:", "bold red"), " ", message), highlight=False,
+                      soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -169,8 +173,11 @@ def run(
             _run_locked(study, path, trace_path, window, rid, run_dir, settings, lessons_dir,
                         t0, announce=run_id is None, claude=claude, cluster=cluster,
                         cluster_flags=cluster_flags)
-    except OSError as e:
-        _fail(f"cannot write the run folder {run_dir}: {e.strerror or e}")
+    except OSError as e:  # name the file the OS refused (report.md, .lock, the lessons dir);
+        # a failed os.replace of a temporary file names its destination second
+        name = e.filename2 or e.filename
+        where = f"{name}" if name else f"the run folder {run_dir}"
+        _fail(f"cannot write {where}: {e.strerror or e}")
 
 
 def _cluster_backend(kind: str, namespace: str, kubeconfig: Path | None, context: str | None,
@@ -263,7 +270,7 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
     finally:
         led.close()
     if announce:
-        console.print(f"run id: [bold]{rid}[/]")
+        console.print(f"run id: [bold]{escape(rid)}[/]")
     try:
         store = _open_store(settings, lessons_dir)
     except ServetuneError as e:
@@ -271,8 +278,10 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
     study_run = study.model_copy(update={"replay": study.replay.model_copy(
         update={"trace": str(trace_path)})})
     r = study.replay
-    console.print(f"study [bold]{study.name}[/]: {study.model} on {study.gpu_count}x{study.gpu}, "
-                  f"SGLang {study.engine_version}; replay {trace_path.name} "
+    # user text (names, paths, messages) is escaped: a '[' in it is text, never Rich markup
+    console.print(f"study [bold]{escape(study.name)}[/]: {escape(study.model)} on "
+                  f"{study.gpu_count}x{escape(study.gpu)}, SGLang {escape(study.engine_version)}; "
+                  f"replay {escape(trace_path.name)} "
                   f"[{r.start_s:g}, {r.start_s + r.duration_s:g}) s at {r.time_scale:g}x = "
                   f"{len(window)} requests", highlight=False)
     from domain.models import get_model
@@ -294,14 +303,14 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
     try:
         tree = open_tree(settings.sglang_source, study.engine_version, settings.source_cache)
     except ServetuneError as e:
-        console.print(f"[yellow]warning:[/] SGLang source not usable ({e}); research reads "
-                      "lessons only", highlight=False)
+        console.print(f"[yellow]warning:[/] SGLang source not usable ({escape(str(e))}); "
+                      "research reads lessons only", highlight=False)
         tree = None
     console.print(f"research: SGLang {study.engine_version} source at {tree.root}"
                   if tree is not None else
                   f"research: no SGLang source tree (`servetune source fetch --version "
                   f"{study.engine_version}` lets the source researcher cite it)",
-                  highlight=False)
+                  highlight=False, markup=False)
     if claude is not None:
         why = ("ANTHROPIC_API_KEY is set; --brains deterministic makes no API call"
                if settings.brains == "auto" else "--brains claude")
@@ -334,10 +343,12 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
         def progress(ev: dict[str, Any]) -> None:
             if "pruned" in ev:
                 why = ev["reason"].split(":")[0]
-                bar.console.print(f"  pruned {ev['pruned']} ({why})", highlight=False)
+                bar.console.print(f"  pruned {ev['pruned']} ({why})", highlight=False,
+                                  markup=False)
                 return
             phase, n, total = ev.get("phase"), ev.get("trial"), ev.get("total")
-            bar.update(task, description=f"{phase}: trial {n}/{total} [{ev.get('config')}]",
+            bar.update(task, description=escape(f"{phase}: trial {n}/{total} "
+                                                f"[{ev.get('config')}]"),
                        completed=(n or 1) - 1, total=total)
 
         err: Exception | None = None
@@ -374,7 +385,8 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
             _print_spend(run_dir, settings, err_console)
             err_console.print(f"interrupted ({signal.Signals(stop.signum).name}); every "
                               f"finished trial is saved. Resume with: servetune run {path} "
-                              f"--run-id {rid}{extra}", highlight=False, soft_wrap=True)
+                              f"--run-id {rid}{extra}", highlight=False, soft_wrap=True,
+                              markup=False)
             raise typer.Exit(stop.exit_code)
         if isinstance(err, ServetuneError):
             _fail(str(err), code=1)
@@ -393,7 +405,8 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
         led.set_meta("brains", used_before)
         led.close()
     if outcome.resumed and outcome.already_done:
-        console.print(f"run {rid} was already complete; the report is rendered again")
+        console.print(f"run {rid} was already complete; the report is rendered again",
+                      markup=False)
     elapsed = prior_s + (0.0 if outcome.already_done else time.time() - t0)
     led = Ledger(run_dir / "ledger.sqlite")
     led.set_meta("elapsed_s", f"{elapsed:.3f}")
@@ -433,8 +446,9 @@ def _stop_interrupted(cluster: Any, rid: str, threads: set[threading.Thread]) ->
         except BackendError as e:
             failed = [f"listing the deployments failed: {e}"]
     for why in failed:
-        err_console.print(f"[yellow]warning:[/] could not tear down {why}; tear it down with "
-                          "the cluster server's tear_down", highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]warning:[/] could not tear down {escape(why)}; tear it "
+                          "down with the cluster server's tear_down", highlight=False,
+                          soft_wrap=True)
 
 
 def _first_leaf(group: BaseExceptionGroup[Any], kinds: tuple[type[Exception], ...]
@@ -530,28 +544,29 @@ def _finish(study: Any, rid: str, run_dir: Path, stop_reason: str, trace_path: P
                            stop_reason=stop_reason or "finished", elapsed_s=elapsed,
                            replay_requests=n_requests, trace_file=trace_path.name,
                            brains=brains, extra_usage=extra, prices=_prices(settings))
-    table = Table(title=f"{study.name} — {rid}")
+    table = Table(title=escape(f"{study.name} — {rid}"))
     for col in ("#", "status", "changed", "tok/s/GPU", "reason"):
         table.add_column(col, overflow="ellipsis", no_wrap=col != "reason")
     shown = [t for t in trials if t.phase != "frontier"]
     for row in summary_rows(shown):
         obj = row.get("objective")
-        table.add_row(str(row["seq"]), row["status"], row["changed"] or "baseline",
-                      f"{obj:,.0f}" if obj is not None else "", str(row["reason"])[:70])
+        table.add_row(str(row["seq"]), escape(row["status"]), escape(row["changed"] or "baseline"),
+                      f"{obj:,.0f}" if obj is not None else "", escape(str(row["reason"])[:70]))
     console.print(table)
     sweep = sum(t.phase == "frontier" and t.status == "sweep" for t in trials)
     if sweep:
         console.print(f"frontier: {sweep} sweep points (see the report)")
     winner = next((t for t in trials if t.status == "winner"), None)
     if winner is not None:
-        console.print(f"winner: {winner.config.replicas} x [bold]{winner.config.launch_command()}"
-                      f"[/] behind the {winner.config.router_policy} router", highlight=False,
+        console.print(f"winner: {winner.config.replicas} x "
+                      f"[bold]{escape(winner.config.launch_command())}[/] behind the "
+                      f"{escape(winner.config.router_policy)} router", highlight=False,
                       soft_wrap=True)
     else:
         console.print(f"no finalist met the SLO (TTFT p99 <= {study.slo.ttft_p99_ms:,.0f} ms)")
-    console.print(f"stopped: {stop_reason or 'finished'}", highlight=False)
+    console.print(f"stopped: {stop_reason or 'finished'}", highlight=False, markup=False)
     _print_spend(run_dir, settings, console)
-    console.print(f"report: {report}")
+    console.print(f"report: {report}", markup=False)
     console.print(f"elapsed: {elapsed:.1f} s")
 
 
@@ -638,7 +653,8 @@ def lessons_export_skill(
         tmp.replace(path)
     except OSError as e:
         _fail(f"cannot write {path}: {e.strerror or e}")
-    console.print(f"wrote {skill.lesson_count} lessons to {path}", highlight=False)
+    console.print(f"wrote {skill.lesson_count} lessons to {path}", highlight=False,
+                  markup=False)
 
 
 @mcp_app.command("lessons")
@@ -787,7 +803,7 @@ def mcp_bench(
         "--compute-budget-s", min=0.001, help="twin runs: wall seconds of simulation one tool "
                                               "call may use, a run_sweep sharing one; a run "
                                               "estimated over it is refused, one reaching it "
-                                              "stopped (default 60)")] = 60.0,
+                                              "stopped (finite, default 60)")] = 60.0,
 ) -> None:
     """The bench server (saturation, trace replay, concurrency sweep) over stdio."""
     from mcp_servers.bench.server import main
@@ -796,6 +812,8 @@ def mcp_bench(
 
     if backend != "kubernetes" and (kubeconfig is not None or context is not None):
         _fail("--kubeconfig and --context are options of --backend kubernetes")
+    if not math.isfinite(compute_budget_s):  # inf would turn the twin's compute guard off
+        _fail(f"--compute-budget-s {compute_budget_s}: give a finite number of seconds > 0")
 
     settings = _settings()
     traces = trace_dir or [REPO_ROOT / "data" / "traces"]
@@ -856,7 +874,7 @@ def source_fetch(
         root = fetch_wheel(version, cache, wheel=wheel)
     except ServetuneError as e:
         _fail(str(e))
-    console.print(f"SGLang {version} source: {root}", highlight=False)
+    console.print(f"SGLang {version} source: {root}", highlight=False, markup=False)
     console.print("serve it with: servetune mcp sglang-source --version " + version,
                   highlight=False)
 

@@ -20,17 +20,22 @@ from domain.study import Study
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
-    """The events of ``events.jsonl`` (unreadable lines skipped)."""
+    """The events of ``events.jsonl``.
+
+    A line that is not a JSON object is skipped: not UTF-8, not JSON (a killed run's
+    half-written line), an integer over Python's digit limit, or nested too deep to parse.
+    """
     out: list[dict[str, Any]] = []
     if not path.is_file():
         return out
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            ev = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(ev, dict):
-            out.append(ev)
+    with path.open("rb") as f:
+        for raw in f:
+            try:
+                ev = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError, RecursionError):
+                continue
+            if isinstance(ev, dict):
+                out.append(ev)
     return out
 
 

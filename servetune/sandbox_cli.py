@@ -15,6 +15,7 @@ import typer
 import yaml
 from pydantic import ValidationError
 from rich.console import Console
+from rich.text import Text
 
 from domain.config import ServingConfig
 from domain.errors import ServetuneError
@@ -55,7 +56,9 @@ TokenSecretOpt = Annotated[str | None, typer.Option(
 
 
 def _fail(message: str, code: int = 2) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    """Print ``error: <message>`` (the message as plain text, never Rich markup) and exit."""
+    err_console.print(Text.assemble(("error:", "bold red"), " ", message), highlight=False,
+                      soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -80,7 +83,7 @@ def _emit(objs: list[dict[str, Any]], k8s_version: str, out: Path | None) -> Non
     problems = validate(objs, k8s_version)
     if problems:
         for p in problems:
-            err_console.print(f"invalid: {p}", highlight=False, soft_wrap=True)
+            err_console.print(f"invalid: {p}", highlight=False, soft_wrap=True, markup=False)
         _fail(f"{len(problems)} rendered object(s) fail validation for Kubernetes {k8s_version}"
               " (a servetune bug: please report it)", code=1)
     if out is None:

@@ -9,7 +9,13 @@ import yaml
 
 from domain.errors import ConfigInvalid, TraceInvalid
 from domain.study import Study, parse_study
-from domain.workload import Trace, check_trace_path, load_trace
+from domain.workload import (
+    Trace,
+    check_trace_path,
+    load_trace,
+    long_name_bytes,
+    long_name_message,
+)
 from servetune.settings import REPO_ROOT
 
 # Nodes that YAML aliases may add to a document once expanded. A 1.4 KB study of nested
@@ -121,15 +127,31 @@ def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = F
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
 
 
+def _not_regular(path: Path) -> str:
+    """What ``path`` is, for a path that exists but is not a regular file."""
+    return "it is a folder" if path.is_dir() else "a FIFO, device or socket"
+
+
 def load_study(path: Path) -> Study:
     """Parse and validate the study at ``path``.
 
     Raises:
-        ConfigInvalid: missing file, YAML syntax error, aliases that expand by more than
+        ConfigInvalid: missing file, not a regular file (a folder, FIFO or device), a name in
+            the path over 255 bytes, YAML syntax error, aliases that expand by more than
             ``MAX_ALIAS_NODES`` nodes, or an invalid study (the message names the field).
     """
-    if not path.is_file():
+    n = long_name_bytes(path)
+    if n is not None:
+        raise ConfigInvalid([f"{str(path)[:60]}...: {long_name_message(n, 'study')}"])
+    try:
+        regular, there = path.is_file(), path.exists()
+    except OSError as e:  # EACCES on a folder of the path, a path over PATH_MAX
+        raise ConfigInvalid([f"{path}: cannot use the study path ({e.strerror or e})"]) from e
+    if not there:
         raise ConfigInvalid([f"{path}: study file not found"])
+    if not regular:  # a folder, a FIFO (reading would block), a device such as /dev/zero
+        raise ConfigInvalid([f"{path}: not a regular file ({_not_regular(path)}); give a "
+                             "study YAML file"])
     try:
         data = _load_yaml(path.read_text(encoding="utf-8"), _StrictLoader)
     except ConfigInvalid as e:
@@ -153,8 +175,8 @@ def resolve_trace(study: Study, study_path: Path) -> Path:
     """The replay trace as an absolute path: relative to the study file, else to the repo.
 
     Raises:
-        TraceInvalid: if the file exists in neither place, or a name in its path is over 255
-            bytes.
+        TraceInvalid: if the file exists in neither place, is not a regular file (a folder,
+            FIFO or device), or a name in its path is over 255 bytes.
     """
     check_trace_path(study.replay.trace)
     p = Path(study.replay.trace)
@@ -163,8 +185,12 @@ def resolve_trace(study: Study, study_path: Path) -> Path:
         try:
             if c.is_file():
                 return c.resolve()
+            there = c.exists()
         except OSError as e:  # e.g. a folder on the way that may not be read
             raise TraceInvalid(str(c), f"cannot use the trace path ({e.strerror})") from e
+        if there:  # a folder, a FIFO (reading would block), a device
+            raise TraceInvalid(str(c), f"not a regular file ({_not_regular(c)}); give a trace "
+                               "file")
     raise TraceInvalid(study.replay.trace, "trace file not found (looked next to the study "
                        "file and in the repository)")
 

@@ -50,6 +50,24 @@ def _delete(p: Path) -> None:
     p.unlink()
 
 
+def _mkdir(p: Path) -> None:
+    p.mkdir()
+
+
+def _append(data: bytes):
+    def damage(p: Path) -> None:
+        with p.open("ab") as f:
+            f.write(data)
+    return damage
+
+
+# damaged contents of events.jsonl: bytes that are no UTF-8, a Latin-1 line, a line nested
+# deeper than the JSON parser's stack
+RANDOM_BYTES = bytes(range(128, 256)) * 20 + b"\n"
+LATIN1_LINE = '{"x": "caf\xe9"}\n'.encode("latin-1")
+DEEP_LINE = b"[" * 100_000 + b"\n"
+
+
 DAMAGE = {  # id -> (the run file, how it is damaged)
     "ledger-truncated": ("ledger.sqlite", _truncate),
     "ledger-random": ("ledger.sqlite", _random),
@@ -60,6 +78,12 @@ DAMAGE = {  # id -> (the run file, how it is damaged)
     "checkpoint-random": ("checkpoint.sqlite", _random),
     "checkpoint-directory": ("checkpoint.sqlite", _directory),
     "events-directory": ("events.jsonl", _directory),
+    "events-random-bytes": ("events.jsonl", _append(RANDOM_BYTES)),
+    "events-latin1-line": ("events.jsonl", _append(LATIN1_LINE)),
+    "events-deep-line": ("events.jsonl", _append(DEEP_LINE)),
+    "ledger-shm-directory": ("ledger.sqlite-shm", _mkdir),
+    "checkpoint-shm-directory": ("checkpoint.sqlite-shm", _mkdir),
+    "ledger-wal-fifo": ("ledger.sqlite-wal", os.mkfifo),
 }
 
 
@@ -70,7 +94,8 @@ def _snapshot(run_dir: Path) -> dict[str, str]:
         rel = str(p.relative_to(run_dir))
         if p.name == ".lock":
             continue
-        out[rel] = "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+        out[rel] = ("dir" if p.is_dir() else "other" if not p.is_file()  # a FIFO: not read
+                    else hashlib.sha256(p.read_bytes()).hexdigest())
     return out
 
 
@@ -101,3 +126,38 @@ def test_deleted_checkpoint_is_recovered_from_the_ledger(finished, tmp_path):
     r = servetune("run", str(study), "--run-id", "f1", tmp=tmp_path, env=ENV)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "winner" in r.stdout
+
+
+@pytest.mark.slow
+def test_a_half_written_event_line_is_tolerated(finished, tmp_path):
+    """A run killed mid-write leaves part of a JSON line: resuming skips it, as before."""
+    src, study = finished
+    run_dir = tmp_path / "runs" / "f1"
+    shutil.copytree(src, run_dir)
+    _append(b'{"kind": "deploy", "t": 17')(run_dir / "events.jsonl")
+    r = servetune("run", str(study), "--run-id", "f1", tmp=tmp_path, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["report.md", ".lock"])
+def test_an_unwritable_run_file_is_named(finished, tmp_path, name):
+    src, study = finished
+    run_dir = tmp_path / "runs" / "f1"
+    shutil.copytree(src, run_dir)
+    p = run_dir / name
+    p.unlink(missing_ok=True)
+    p.mkdir()
+    r = servetune("run", str(study), "--run-id", "f1", tmp=tmp_path, env=ENV)
+    assert r.returncode == 2, (r.returncode, r.stderr[-3000:])
+    assert r.stderr.startswith("error:") and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert f"runs/f1/{name}" in " ".join(r.stderr.split()), r.stderr  # the file, not the folder
+
+
+def test_read_events_skips_lines_it_cannot_decode(tmp_path):
+    from servetune.faults_report import read_events
+
+    p = tmp_path / "events.jsonl"
+    p.write_bytes(b'{"kind": "a"}\n' + RANDOM_BYTES + LATIN1_LINE + DEEP_LINE
+                  + b"[1]\nnot json\n" + b'{"kind": "b"}\n')
+    assert [e["kind"] for e in read_events(p)] == ["a", "b"]
