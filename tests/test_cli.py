@@ -262,7 +262,7 @@ def test_run_id_in_use_is_refused(tmp_path):
     # value has at most 63 characters and ends with a letter or digit
     (["run", "--run-id", "a" * 64], "--run-id"),
     (["run", "--run-id", "run-1-"], "--run-id"),
-    (["run", "--out", "afile"], "cannot write the run folder"),
+    (["run", "--out", "afile"], "cannot write afile"),
 ], ids=["empty-query", "dash-run-id", "run-id-64-chars", "run-id-ends-with-dash",
         "out-is-a-file"])
 def test_cli_argument_errors(tmp_path, args, needle):
