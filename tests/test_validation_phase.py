@@ -170,6 +170,22 @@ async def test_greedy_from_a_twin_server_is_marked_simulated_not_matched(tmp_pat
     assert len(ok.structured_content["outputs"]) == len(PROMPTS)
 
 
+@pytest.mark.anyio
+async def test_a_benchmark_of_a_twin_server_is_marked_simulated(tmp_path: Path) -> None:
+    # a result read by an analyst (Claude's included) says its numbers are the twin's
+    config = ServingConfig(model="llama-3.1-8b", gpu="H200", tp_size=1, weights="fp8"
+                           ).model_dump(mode="json")
+    args = {"isl": 16, "osl": 4, "concurrency": 2, "duration_s": 0.5, "runner": "builtin"}
+    with running_twin_server(tmp_path, config, "--speedup", "20") as url, running_stub() as real:
+        svc = BenchService(TwinBackend(), tmp_path, [], allowed_endpoints=[url, real])
+        async with Client(build_server(svc)) as c:
+            r = await c.call_tool("run_saturation", {"endpoint": url, **args})
+            ok = await c.call_tool("run_saturation", {"endpoint": real, **args})
+    assert not r.is_error and not ok.is_error, (r.content[0].text, ok.content[0].text)
+    assert r.structured_content["simulated"] == "twin"
+    assert ok.structured_content["simulated"] is None
+
+
 @pytest.mark.slow
 def test_local_backend_without_a_gpu_reports_the_gate_not_applicable(tmp_path: Path) -> None:
     # The repro, cut down (about a minute: the local backend runs twin servers in real
