@@ -190,6 +190,10 @@ class BenchResult(BaseModel):
         "prefix-cache hit rate far from the trace's"))
     prefix_cache: PrefixCacheCheck | None = None
     client: str | None = Field(None, description="http: the load generator's HTTP client")
+    simulated: str | None = Field(None, description=(
+        "what simulates the target: 'twin' for a twin deployment (virtual time) and for an "
+        "endpoint that identified itself as the twin server (x-servetune-simulated header); "
+        "None for a real engine. A simulated run's numbers are the twin's, not a GPU's"))
     block_tok_s_per_gpu: list[float] = Field(default_factory=list, description=(
         "saturation runs: output tok/s/GPU of equal time slices of the run (their mean is the "
         "summary's): the acceptance gate's samples when a candidate ran once"))
@@ -544,6 +548,9 @@ class BenchService:
             errors_by_class=by_class, error_share=share, valid=invalid is None,
             invalid_reason=invalid, flags=flags, prefix_cache=prefix,
             client=None if run is None else run.client,
+            simulated="twin" if not t.urls else next(
+                (self.simulated_endpoints[u] for u in t.urls if u in self.simulated_endpoints),
+                None),
             block_tok_s_per_gpu=block_rates(recs, t.gpus) if info.kind == "saturation" else [])
         store.store(self.artifacts, bench_id, recs, None if run is None else run.sent_s,
                     res.model_dump_json(),
