@@ -131,7 +131,7 @@ INTACT = [
     "num_reserved_decode_tokens=512, max_prefill_tokens=16384, cuda_graph_max_bs=256)",
     "num_tokens=512 new_tokens: 128 #token: 61440 total_tokens => 2048 token usage: 0.41",
     "tokenizer=zai-org/GLM-5-FP8 tokenizers: loaded, detokenizer ready",
-    "PWD=/work/runs OLDPWD=/tmp HOME=/root",
+    "PWD=runs/r1 OLDPWD=. HOME=~",
     "GET http://127.0.0.1:30000/v1/models and https://huggingface.co/zai-org/GLM-5-FP8/resolve/"
     "main/config.json",
     "Basic block sizes: 64; authorization check skipped (no api key given)",
