@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 import yaml
+from fixtures.lessons import seed_raw, temp_store
 from mcp import Client
 
-from domain.lesson import Clause, Lesson, Scope
 from mcp_servers.lessons.server import build_server
-from memory.store import LessonStore, _flat_metadata
+from memory.store import LessonStore
 
 pytestmark = pytest.mark.anyio
 REPO = Path(__file__).resolve().parent.parent
@@ -37,27 +37,9 @@ def payload(*clauses: dict[str, Any], outcome: str = "crash") -> dict[str, Any]:
             "outcome": outcome, "root_cause": "x", "fix": "y", "evidence": "z"}
 
 
-def seed_raw(store: LessonStore, data: dict[str, Any]) -> str:
-    """Write a lesson into the store as an older servetune (or a hand edit) would have: no
-    validation at all. Returns its id."""
-    lesson = Lesson.model_construct(
-        **{**data, "id": "L-raw" + str(store.count()),
-           "scope": Scope.model_construct(**{"engine": "sglang", **data["scope"]}),
-           "condition": [Clause.model_construct(**{"value": None, **c})
-                         for c in data["condition"]]},
-        failure_class=None, source="user", run_id=None, trial_id=None)
-    store._collection.upsert(ids=[lesson.id], documents=["raw lesson"],
-                             metadatas=[_flat_metadata(lesson, store.count())])
-    return lesson.id
-
-
 @pytest.fixture
 def store(tmp_path):
-    s = LessonStore(tmp_path / "lessons", embedding="hashing")
-    try:
-        yield s
-    finally:
-        s.close()
+    yield from temp_store(tmp_path)
 
 
 # The five conditions of the issue, each true for every config, plus values outside the field's

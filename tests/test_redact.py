@@ -17,16 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures.lessons import seed_raw, temp_store
 from mcp import Client
 
 from domain.config import ServingConfig
-from domain.lesson import Clause, Lesson, Scope
+from domain.lesson import Lesson
 from domain.trial import Trial
 from mcp_servers.cluster.backend import Event, LogLine, TwinBackend
 from mcp_servers.cluster.server import build_server as cluster_server
 from mcp_servers.cluster.store import RecordStore
 from mcp_servers.lessons.server import build_server as lessons_server
-from memory.store import LessonStore, _flat_metadata
+from memory.store import LessonStore
 
 pytestmark = pytest.mark.anyio
 
@@ -181,27 +182,9 @@ def leaks(text: str) -> list[str]:
     return [s for s in ALL_SECRETS if s in text]
 
 
-def seed_raw(store: LessonStore, data: dict[str, Any]) -> str:
-    """Store a lesson without any validation, as a servetune before this fix wrote it."""
-    lesson = Lesson.model_construct(
-        **{**data, "id": "L-rawsecret",
-           "scope": Scope.model_construct(**{"engine": "sglang", "model": None,
-                                             "quantization": None, "engine_version": None,
-                                             **data["scope"]}),
-           "condition": [Clause.model_construct(**c) for c in data["condition"]]},
-        source="user", run_id=None, trial_id=None)
-    store._collection.upsert(ids=[lesson.id], documents=["raw"],
-                             metadatas=[_flat_metadata(lesson, store.count())])
-    return lesson.id
-
-
 @pytest.fixture
 def store(tmp_path):
-    s = LessonStore(tmp_path / "lessons", embedding="hashing")
-    try:
-        yield s
-    finally:
-        s.close()
+    yield from temp_store(tmp_path)
 
 
 async def test_add_lesson_stores_secrets_redacted(store):
