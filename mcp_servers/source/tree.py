@@ -23,12 +23,12 @@ from typing import Any, TypeVar
 import regex
 
 from domain.errors import ServetuneError
+from domain.workload import MAX_NAME_BYTES, long_name_bytes
 
 MAX_TEXT_BYTES = 2_000_000  # larger files are listed and readable but not searched
 MAX_READ_BYTES = 16_000_000  # read_file refuses larger files
 MAX_LINE_CHARS = 2_000  # longer lines are cut in read_file and grep output
 MAX_PATTERN_CHARS = 500
-NAME_MAX_BYTES = 255  # longest file name (one path component) of Linux file systems (NAME_MAX)
 AST_CACHE_CHARS = 4_000_000  # source size of the parsed modules kept (an AST is ~30x its text)
 MEMO_ENTRIES = 64  # analysis results kept per tree
 GREP_BUDGET_S = 2.0  # wall-clock budget of one grep call over every file it searches
@@ -90,13 +90,11 @@ def check_relative(path: str, what: str = "path") -> str:
                           "(list_files('.') shows the top level)")
     if ".." in p.parts:
         raise SourceError(f"{what} {path!r} climbs out with '..'; paths stay inside the tree")
-    for part in p.parts:
-        size = len(part.encode("utf-8", "surrogatepass"))
-        if size > NAME_MAX_BYTES:
-            raise SourceError(f"{what} {short_path(path)!r} has a component of {size} bytes "
-                              f"({short_path(part, 40)!r}); file names are at most "
-                              f"{NAME_MAX_BYTES} bytes, so nothing has that name: call "
-                              "list_files on its parent directory to see what exists")
+    size = long_name_bytes(path)
+    if size is not None:
+        raise SourceError(f"{what} {short_path(path)!r} has a component of {size} bytes; file "
+                          f"names are at most {MAX_NAME_BYTES} bytes, so nothing has that name: "
+                          "call list_files on its parent directory to see what exists")
     return str(p)
 
 
