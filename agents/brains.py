@@ -24,16 +24,13 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import numpy as np
 import optuna
 from mcp import Client
 from optuna.distributions import BaseDistribution, CategoricalDistribution
-from scipy.stats import norm
 
 from agents.mcp_tools import ToolCallFailed, call
 from agents.planner import NoViableConfig, Planner, PlanStep, Pruned, TrialPlan, _fmt
@@ -42,9 +39,21 @@ from domain.errors import ConfigInvalid
 from domain.estimate import Estimate, ReplayProfile, safe_estimate
 from domain.knobs import apply_knob, normalize_value
 from domain.lesson import STORED, Lesson
+from domain.search import (
+    UCB_Z,
+    Point,
+    ResidualModel,
+    best_threshold,
+    log_residual,
+    p_meets_slo,
+    point_at,
+    score,
+    score_bucket,
+    seeded_permutation,
+    slo_ratio,
+    stop_bar,
+)
 from domain.study import SaturationSpec, Study
-
-Point = tuple[int, ...]
 
 # Statuses whose config ran and measured an objective the sampler can learn from; every other
 # search status (pruned by a lesson or the estimate, crash at startup, failed agent) is an
@@ -54,10 +63,6 @@ MEASURED = frozenset({"baseline", "keep", "discard", "finalist", "winner", "slo-
 # Objective given to infeasible points (Optuna needs a value for a COMPLETE trial; the constraint
 # already ranks them below every feasible one). tok/s/GPU is never negative.
 INFEASIBLE_VALUE = 0.0
-
-# Largest space the grid shuffles as a list (2**20 indices, ~40 MB of ints; a study's knob
-# space is usually a few hundred points).
-SHUFFLE_MAX = 2**20
 
 
 class SpacePlanner(Planner, ABC):
@@ -110,36 +115,16 @@ class SpacePlanner(Planner, ABC):
         return tuple(out)
 
     def point_at(self, k: int) -> Point:
-        """The ``k``-th point of the product in mixed radix (last knob fastest)."""
-        out: list[int] = []
-        for vals in reversed(self.values):
-            k, r = divmod(k, len(vals))
-            out.append(r)
-        return tuple(reversed(out))
+        """The ``k``-th point of the product (:func:`domain.search.point_at`)."""
+        return point_at(k, [len(v) for v in self.values])
 
     def seeded_order(self) -> Iterator[Point]:
         """Every point of the space exactly once, in an order fixed by ``seed``.
 
-        Up to :data:`SHUFFLE_MAX` points: a seeded shuffle of the product's indices. Larger
-        spaces: a seeded affine permutation ``k -> (a*k + b) mod N`` with ``gcd(a, N) = 1``,
-        O(1) per point and nothing materialised (more regular, still a permutation).
+        The points of :func:`domain.search.seeded_permutation` of the product's indices.
         """
-        n = self.size
-        if n == 0:
-            return
-        rng = random.Random(self.seed)
-        if n <= SHUFFLE_MAX:
-            order = list(range(n))
-            rng.shuffle(order)
-            for k in order:
-                yield self.point_at(k)
-            return
-        a = rng.randrange(1, n + 1) if n > 1 else 1
-        while math.gcd(a, n) != 1:
-            a = rng.randrange(1, n + 1)
-        b = rng.randrange(n)
-        for k in range(n):
-            yield self.point_at((a * k + b) % n)
+        for k in seeded_permutation(self.size, self.seed):
+            yield self.point_at(k)
 
     def changed(self, best: ServingConfig, point: Point) -> str:
         """'knob=value' for each knob where ``point`` differs from ``best`` (', '-joined)."""
@@ -302,27 +287,6 @@ class TpePlanner(SpacePlanner):
 # larger space is ranked on a seeded sample of this many points plus every one-knob neighbour
 # of the incumbent.
 GUIDED_MAX_POINTS = 1 << 14
-# Prior sd of the estimate's log error for one config: the estimators reference measures
-# aiconfigurator's TPOT at 32 % mean absolute error against measured rows (sigma ~ 0.3).
-SIGMA_PRIOR = 0.3
-# Sd of what the per-knob-value model cannot explain (an error of one config alone, run noise),
-# in log tok/s/GPU.
-SIGMA_NOISE = 0.15
-# Sd of the TTFT prediction's log error: the estimators reference has aiconfigurator's TTFT
-# about 2x off (ln 2 ~ 0.7); servetune's queueing estimate is 3-4x pessimistic on the default
-# study's long-prompt trace, which a learnt boundary (slo_gated) absorbs.
-SIGMA_TTFT = 0.7
-# Optimism of the ranking and of the stop rule: a point's throughput is taken this many
-# posterior sds above its mean (2: a one-sided 97.7 % bound; 1 stopped 13 % of the benchmark's
-# perturbed-prior searches short of 95 % of the optimum, 2 stops 3 %).
-UCB_Z = 2.0
-# Floor of the SLO probability in the score: the TTFT prior can be off by more than its sd, so
-# where every config is predicted far over the SLO, throughput still orders them.
-FEASIBLE_FLOOR = 0.05
-# Predicted scores within this log-distance of each other (2 %) are ties (GuidedPlanner.proposals).
-TIE = math.log(1.02)
-
-
 @functools.lru_cache(maxsize=1 << 17)
 def _estimate_cached(config: ServingConfig, sat: tuple[int, int, int, float],
                      replay: ReplayProfile | None) -> Estimate:
@@ -344,27 +308,29 @@ class GuidedPlanner(SpacePlanner):
 
     - **Throughput.** The prior is :mod:`domain.estimate`'s saturation tok/s/GPU. Each
       measured config gives a residual ``log(measured / predicted)``; a Bayesian linear model
-      (:meth:`fit_residuals`) explains them by an intercept (an error shared by every config,
-      which changes no ranking) plus one effect per knob value (prior sd ``SIGMA_PRIOR /
-      sqrt(K)`` each for ``K`` knobs, so a config's prior error is :data:`SIGMA_PRIOR`;
-      residual noise :data:`SIGMA_NOISE`). The point's corrected prediction is its prior times
-      ``exp`` of the posterior mean, and its optimistic one :data:`UCB_Z` posterior sds above
-      (upper confidence bound, Srinivas et al., ICML 2010): a knob value no measurement
-      carries stays uncertain and is worth a launch; once measured to change nothing, its
-      points keep only the per-config error :data:`SIGMA_NOISE` of optimism (router
-      policies, HiCache ratios the saturation run cannot see).
-    - **The SLO** (at least :data:`FEASIBLE_FLOOR` in the score, so throughput still orders
+      (:class:`domain.search.ResidualModel`) explains them by an intercept (an error shared by
+      every config, which changes no ranking) plus one effect per knob value (prior sd
+      ``SIGMA_PRIOR / sqrt(K)`` each for ``K`` knobs, so a config's prior error is
+      ``SIGMA_PRIOR``; residual noise ``SIGMA_NOISE``; constants of :mod:`domain.search`). The
+      point's corrected prediction is its prior times ``exp`` of the posterior mean, and its
+      optimistic one ``UCB_Z`` posterior sds above (upper confidence bound, Srinivas et al.,
+      ICML 2010): a knob value no measurement carries stays uncertain and is worth a launch;
+      once measured to change nothing, its points keep only the per-config error
+      ``SIGMA_NOISE`` of optimism (router policies, HiCache ratios the saturation run cannot
+      see).
+    - **The SLO** (at least ``FEASIBLE_FLOOR`` in the score, so throughput still orders
       configs that are all predicted far over the SLO). ``P(ratio x e <= theta)`` with
-      ``ratio`` the predicted replay TTFT p99 over
-      the SLO and ``log e ~ N(0, SIGMA_TTFT^2)``: a standard normal CDF at ``(log theta - log
+      ``ratio`` the predicted replay TTFT p99 over the SLO and ``log e ~ N(0, SIGMA_TTFT^2)``
+      (:func:`domain.search.p_meets_slo`): a standard normal CDF at ``(log theta - log
       ratio) / SIGMA_TTFT`` (probability of feasibility, as in constrained Bayesian
       optimisation, Gardner et al., ICML 2014); 1 without a replay profile, 0 when the pool
       is predicted overloaded. ``theta`` starts at 1 and, when ``slo_gated`` (a launch that
       ran but scored no objective missed the SLO or was invalid), moves to the boundary that
-      misclassifies the fewest launched configs (:func:`best_threshold`).
+      misclassifies the fewest launched configs (:func:`domain.search.best_threshold`).
 
-    Scores within :data:`TIE` tie; ties go to fewer knobs changed from the incumbent (no knob
-    moves without a predicted reason), then to fewer set flags. Points a stored lesson forbids
+    Scores within ``TIE`` tie (:func:`domain.search.score_bucket`); ties go to fewer knobs
+    changed from the incumbent (no knob moves without a predicted reason), then to fewer set
+    flags. Points a stored lesson forbids
     rank last (:meth:`lessons_for_gpu`); points the memory fit rules out are never proposed.
     The brain stops (``NoViableConfig``) once no untried point's optimistic throughput beats
     the incumbent's measured one by the study's ``min_improvement``: the search has converged
@@ -399,17 +365,7 @@ class GuidedPlanner(SpacePlanner):
         self._best: ServingConfig | None = None
         self.stop_reason: str | None = None
         self.known_lessons: list[Lesson] = []
-        self._offsets = [0]
-        for vals in self.values:
-            self._offsets.append(self._offsets[-1] + len(vals))
-        self._mean = np.zeros(self._offsets[-1])
-        self._cov = np.eye(self._offsets[-1]) * self.tau ** 2
-        self._c = 0.0
-
-    @property
-    def tau(self) -> float:
-        """Prior sd of one knob value's effect (log tok/s/GPU)."""
-        return SIGMA_PRIOR / math.sqrt(max(1, len(self.values)))
+        self.model = ResidualModel([len(v) for v in self.values])
 
     async def step(self, best: ServingConfig, seen: set[str], run_id: str,
                    losers: dict[str, str] | None = None,
@@ -466,19 +422,7 @@ class GuidedPlanner(SpacePlanner):
 
     def ratio(self, est: Estimate) -> float:
         """Predicted TTFT p99 over the SLO (0 without a replay profile; inf if it cannot fit)."""
-        if not est.fits:
-            return math.inf
-        if self.replay is None:
-            return 0.0
-        return est.slo_ratio(self.study.slo.ttft_p99_ms)
-
-    def feasible(self, ratio: float) -> float:
-        """Probability that a config of predicted TTFT ratio ``ratio`` meets the SLO."""
-        if ratio <= 0:
-            return 1.0
-        if not math.isfinite(ratio):
-            return 0.0
-        return float(norm.cdf((math.log(self.theta) - math.log(ratio)) / SIGMA_TTFT))
+        return slo_ratio(est, None if self.replay is None else self.study.slo.ttft_p99_ms)
 
     def candidates(self, best: ServingConfig | None = None) -> list[Point]:
         """Points to rank: the whole space, or a seeded sample plus ``best``'s neighbours."""
@@ -500,45 +444,13 @@ class GuidedPlanner(SpacePlanner):
                 continue
             point = self.point_of(t.config)
             est = self.estimate(t.config)
-            if t.objective is not None and est.output_tok_s_per_gpu > 0 and t.objective > 0 \
-                    and point is not None:
-                residuals.append((point, math.log(t.objective / est.output_tok_s_per_gpu)))
+            r = log_residual(t.objective, est.output_tok_s_per_gpu)
+            if r is not None and point is not None:
+                residuals.append((point, r))
             if self.slo_gated:
                 labelled.append((self.ratio(est), t.objective is not None))
         self.theta = best_threshold(labelled)
         return residuals
-
-    def fit_residuals(self, residuals: list[tuple[Point, float]]) -> None:
-        """Posterior of the log-residual model (Bayesian linear regression, conjugate normal).
-
-        ``r = c + X b + noise``: ``X`` one-hot knob values, ``b ~ N(0, tau^2 I)``, noise
-        ``N(0, SIGMA_NOISE^2)``, ``c`` the residuals' mean. Posterior covariance ``(X'X /
-        s^2 + I / tau^2)^-1``, mean ``cov X' (r - c) / s^2`` (Bishop, "Pattern Recognition and
-        Machine Learning", 2006, section 3.3).
-        """
-        n = self._offsets[-1]
-        self._c = 0.0
-        self._mean = np.zeros(n)
-        self._cov = np.eye(n) * self.tau ** 2
-        if not residuals:
-            return
-        r = np.array([x for _, x in residuals])
-        self._c = float(r.mean())
-        x = np.zeros((len(residuals), n))
-        for row, (p, _) in enumerate(residuals):
-            x[row, [self._offsets[j] + i for j, i in enumerate(p)]] = 1.0
-        s2 = SIGMA_NOISE ** 2
-        self._cov = np.linalg.inv(x.T @ x / s2 + np.eye(n) / self.tau ** 2)
-        self._mean = self._cov @ x.T @ (r - self._c) / s2
-
-    def corrected(self, point: Point, est: Estimate) -> tuple[float, float]:
-        """(mean, optimistic) predicted tok/s/GPU of ``point`` under the residual posterior."""
-        idx = [self._offsets[j] + i for j, i in enumerate(point)]
-        mean = self._c + float(self._mean[idx].sum())
-        # an untried config: the effects' posterior plus its own error the effects miss
-        sd = math.sqrt(max(0.0, float(self._cov[np.ix_(idx, idx)].sum())) + SIGMA_NOISE ** 2)
-        base = est.output_tok_s_per_gpu
-        return base * math.exp(mean), base * math.exp(mean + UCB_Z * sd)
 
     def proposals(self, history: Sequence[Any]) -> Iterator[Point]:
         """Untried candidate points, best score first (see the class docstring).
@@ -546,7 +458,7 @@ class GuidedPlanner(SpacePlanner):
         Ends early, setting ``stop_reason``, where no remaining point's optimistic
         throughput beats the incumbent by ``min_improvement``.
         """
-        self.fit_residuals(self.learn(history))
+        self.model.fit(self.learn(history))
         tried = {t.config for t in history}
         incumbent = max((t.objective for t in history
                          if t.status in MEASURED and t.objective is not None), default=None)
@@ -559,18 +471,17 @@ class GuidedPlanner(SpacePlanner):
             est = self.estimate(cfg)
             if not est.fits:
                 continue  # the memory fit or the engine rules it out: never a candidate
-            mean, upper = self.corrected(point, est)
+            mean, upper = self.model.corrected(point, est.output_tok_s_per_gpu)
             ratio = self.ratio(est)
-            p_slo = self.feasible(ratio)
+            p_slo = p_meets_slo(ratio, self.theta)
             self._ranked[point] = (mean, ratio, upper, p_slo)
-            score = upper * max(FEASIBLE_FLOOR, p_slo)
             moved = 0 if bp is None else sum(a != b for a, b in zip(bp, point, strict=True))
             forbidden = any(lesson.forbids(cfg) for lesson in self.known_lessons)
-            key = (int(forbidden), -round(math.log(max(score, 1e-300)) / TIE), moved,
+            key = (int(forbidden), -score_bucket(score(upper, p_slo)), moved,
                    len(cfg.set_fields()))
             keyed.append((key, point, upper))
         keyed.sort(key=lambda k: k[0])
-        bar = None if incumbent is None else incumbent * (1 + self.study.min_improvement)
+        bar = stop_bar(incumbent, self.study.min_improvement)
         below = 0
         for _, point, upper in keyed:
             if bar is not None and upper <= bar:
@@ -612,33 +523,6 @@ class GuidedPlanner(SpacePlanner):
                f"P(meets the SLO) {p_slo:.2f}")
         return (f"predicted {mean:,.0f} tok/s/GPU (optimistic bound {upper:,.0f}){slo}; "
                 f"{rationale}")
-
-
-def best_threshold(labelled: Sequence[tuple[float, bool]]) -> float:
-    """The boundary on the predicted TTFT ratio that best separates feasible from not.
-
-    Args:
-        labelled: ``(predicted ratio, met the SLO)`` of every launched config.
-
-    Returns:
-        1.0 without labels; else the threshold (1.0 or one of the ratios, or just below an
-        infeasible one) with the fewest feasible configs above it plus infeasible ones at or
-        below it, the one nearest 1.0 (in log) among ties.
-    """
-    if not labelled:
-        return 1.0
-    cands = {1.0}
-    for r, _ in labelled:
-        if math.isfinite(r) and r > 0:
-            cands.update((r, r * (1 - 1e-9)))
-        elif r == math.inf:
-            cands.add(math.inf)
-
-    def errors(th: float) -> int:
-        return sum((r <= th) != ok for r, ok in labelled)
-
-    return min(cands, key=lambda th: (errors(th), abs(math.log(th)) if math.isfinite(th) and
-                                      th > 0 else math.inf))
 
 
 def make_planner(study: Study, lessons: Client, *, brain: str | None = None,
