@@ -16,7 +16,6 @@ pruned on the way. After a research round, ``decide`` keeps, modifies or drops t
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, Literal
@@ -36,11 +35,12 @@ from agents.mcp_tools import call
 from agents.outputs import PlanChoice, ResearchDecision, ResearchQuestion
 from domain.config import ServingConfig
 from domain.errors import ConfigInvalid, DoesNotFit, InvalidCombination
-from domain.fit import MEMORY_FIELDS, fit
+from domain.fit import fit
 from domain.hardware import get_gpu
-from domain.knob_domain import field_domain
 from domain.knobs import apply_knob, normalize_value
-from domain.lesson import Clause, Lesson, Scope
+from domain.lesson import Lesson
+from domain.lesson_builders import estimate_lesson, research_lesson
+from domain.research import RESEARCH_FLAGS, research_change, research_verdict
 from domain.speculative import resolve_speculative
 from domain.study import Study
 
@@ -102,60 +102,6 @@ class Decision(BaseModel):
 
 def _fmt(v: Any) -> str:
     return "unset" if v is None else str(v)
-
-
-def estimate_lesson(config: ServingConfig, err: DoesNotFit, study: Study) -> Lesson:
-    """Lesson for a config the memory-fit estimate rules out, covering its whole family.
-
-    Weights that exceed the GPU at TP ``t`` exceed it at every smaller TP, so the condition is
-    ``weights == w AND tp_size <= t_max`` where ``t_max`` is the largest TP of the study's space
-    that also fails; a KV-pool or graph-capture shortfall also depends on mem_fraction_static.
-    """
-    scope = Scope(gpu=config.gpu, model=config.model, quantization=config.weights,
-                  engine=config.engine, engine_version=config.engine_version)
-    evidence = [err.arithmetic]
-    t_max = config.tp_size
-    if err.phase == "weights_load":
-        for t in sorted(int(v) for v in study.knobs.get("tp_size", [])):
-            if t > t_max:
-                try:
-                    fit(config.model_copy(update={"tp_size": t}))
-                except DoesNotFit as e2:
-                    if e2.phase == "weights_load":
-                        t_max = t
-                        evidence.append(e2.arithmetic)
-                        continue
-                break
-        cond = [Clause(field="weights", op="eq", value=config.weights)]
-        if t_max < (field_domain("tp_size").hi or math.inf):  # "<= the largest TP" is no
-            cond.append(Clause(field="tp_size", op="le", value=t_max))  # family (D2)
-        title = (f"{config.weights} weights of {config.model} do not fit TP<={t_max} "
-                 f"{config.gpu}: the weight shard exceeds GPU memory (out of memory at weight "
-                 "load, by the memory-fit estimate)")
-        fix = (f"use more than {t_max} GPUs per replica (--tp-size) or a checkpoint with fewer "
-               "bytes per parameter")
-        failure_class = "OOM_WEIGHTS"
-    else:
-        # KV-pool and graph-capture shortfalls depend on every knob that sizes memory, so the
-        # family is exactly this memory layout (never a broader one that a later run would
-        # wrongly prune).
-        cond = [Clause(field=f, op="eq", value=getattr(config, f)) for f in MEMORY_FIELDS]
-        if err.phase == "kv_pool":
-            title = (f"{config.weights} TP{config.tp_size} leaves no KV cache at "
-                     f"mem_fraction_static {config.mem_fraction_static or 'default'} "
-                     "(memory-fit estimate)")
-            fix = "raise --mem-fraction-static, raise --tp-size or use a smaller checkpoint"
-            failure_class = "KV_NO_ROOM"
-        else:
-            title = (f"{config.weights} TP{config.tp_size}: too little memory outside the static "
-                     "pool for CUDA-graph capture and prefill activations (memory-fit estimate)")
-            fix = ("lower --mem-fraction-static, --cuda-graph-max-bs-decode or "
-                   "--chunked-prefill-size")
-            failure_class = "GRAPH_CAPTURE_OOM"
-    return Lesson(title=title, scope=scope, condition=cond, outcome="does-not-fit",
-                  failure_class=failure_class,
-                  root_cause=f"memory-fit estimate: {err.arithmetic}", fix=fix,
-                  evidence="\n".join(evidence), source="estimate").with_id()
 
 
 # ServingConfig fields whose effect the engine resolves (a default, ``auto`` or a value clamped
@@ -362,8 +308,9 @@ class Planner:
                      run_id: str) -> Decision:
         """Keep or drop ``plan`` given the research ``outcomes`` (ResearchOutcome dumps).
 
-        Drops it when :func:`research_verdict` finds a source claim whose SM range excludes the
-        GPU (and writes :func:`research_lesson`); otherwise keeps it.
+        Drops it when :func:`domain.research.research_verdict` finds a source claim whose SM
+        range excludes the GPU (and writes :func:`domain.lesson_builders.research_lesson`);
+        otherwise keeps it.
         """
         drop = research_verdict(outcomes, plan.config)
         if drop is not None:
@@ -375,23 +322,14 @@ class Planner:
             f"{plan.config.gpu} found"))
 
 
-# Knobs whose first use in a run is worth a research round before launching, and the SGLang
-# flag (ServerArgs dest) each one sets: a backend choice, a speculative setting, a parallelism
-# layout, a KV cache format or a HiCache size can fail at startup on some architectures.
-RESEARCH_FLAGS = {"attention_backend": "attention_backend", "speculative": "speculative_algorithm",
-                  "speculative_algorithm": "speculative_algorithm", "tp_size": "tp_size",
-                  "kv_cache_dtype": "kv_cache_dtype", "hicache_ratio": "hicache_ratio"}
-_SM_BOUND = re.compile(r"SM\s*(>=|<=|>|<|==)\s*(\d+)", re.IGNORECASE)
-
-
 def research_questions(changed: str, config: ServingConfig, seen_changes: set[str],
                        tool_budget: int = 6) -> list[ResearchQuestion]:
     """The scoped questions to ask before launching a candidate that changes ``changed``.
 
-    None when the knob is not research-worthy (:data:`RESEARCH_FLAGS`) or this ``knob=value``
-    was already researched in the run (``seen_changes``). Otherwise one source question (what
-    the flag changes, where it is refused) and one memory question (what lessons say about the
-    family on this or similar hardware).
+    None when the knob is not research-worthy (:data:`domain.research.RESEARCH_FLAGS`) or
+    this ``knob=value`` was already researched in the run (``seen_changes``). Otherwise one
+    source question (what the flag changes, where it is refused) and one memory question (what
+    lessons say about the family on this or similar hardware).
 
     Args:
         changed: 'knob=value' of the candidate relative to its parent.
@@ -401,7 +339,7 @@ def research_questions(changed: str, config: ServingConfig, seen_changes: set[st
 
     A space brain's candidate changes several knobs (``'a=1, b=2'``, ``agents.brains``): the
     questions are about its first research-worthy change not researched yet
-    (:func:`research_change`).
+    (:func:`domain.research.research_change`).
     """
     part = research_change(changed, seen_changes)
     if part is None:
@@ -424,83 +362,6 @@ def research_questions(changed: str, config: ServingConfig, seen_changes: set[st
                                   f"{config.model} ({config.weights}) on {config.gpu} or "
                                   "similar hardware?"),
     ]
-
-
-def research_change(changed: str, seen_changes: set[str] = frozenset()) -> str | None:
-    """The 'knob=value' part of ``changed`` to research, or None.
-
-    ``changed`` is one 'knob=value' (one-knob brains) or several joined by ', ' (space brains);
-    the first part whose knob is in :data:`RESEARCH_FLAGS` and that no entry of
-    ``seen_changes`` (split the same way) contains is the one.
-    """
-    done = {p for c in seen_changes for p in c.split(", ")}
-    for part in changed.split(", ") if changed else []:
-        if "=" in part and part not in done and part.split("=", 1)[0] in RESEARCH_FLAGS:
-            return part
-    return None
-
-
-def research_verdict(outcomes: list[dict[str, Any]], config: ServingConfig) -> str | None:
-    """Why research says not to launch ``config``, or None to launch it.
-
-    Drops the candidate when an answered source claim about the value it sets states an SM
-    (compute capability) range that excludes this GPU, e.g. "FlashAttention v3 Backend requires
-    SM>=80 and SM<=90" for fa3 on a B200 (SM 100). Lessons that forbid the family already
-    pruned it before research (``Planner.screen``); memory findings inform the report. The
-    reason quotes the claim and its evidence.
-
-    Args:
-        outcomes: ``ResearchOutcome`` dumps (mode="json").
-        config: the candidate.
-    """
-    sm = get_gpu(config.gpu).sm_major * 10
-    for o in outcomes:
-        if o.get("status") != "answered":
-            continue
-        q = o.get("question") or {}
-        value = str(q.get("value") or "")
-        for c in (o.get("findings") or {}).get("claims") or []:
-            text = str(c.get("text", ""))
-            ev = "; ".join(str(e) for e in c.get("evidence", [])[:2])
-            if q.get("kind") == "source" and (not value or value in text):
-                bounds = _SM_BOUND.findall(text)
-                if bounds and not all(_holds(sm, op, int(n)) for op, n in bounds):
-                    return (f"{config.gpu} is SM {sm}, outside what the source requires: "
-                            f"{' '.join(text.split())[:200]} [{ev}]")
-    return None
-
-
-def _holds(sm: int, op: str, n: int) -> bool:
-    return {">=": sm >= n, "<=": sm <= n, ">": sm > n, "<": sm < n, "==": sm == n}[op]
-
-
-def research_lesson(config: ServingConfig, changed: str, reason: str, run_id: str) -> Lesson:
-    """The lesson a research drop writes: this knob value is refused on this GPU's architecture.
-
-    Scope: the GPU and engine version (an architecture check holds for every model); condition:
-    the knob's field equals the candidate's value. Source ``research``: it was read in the
-    engine's code, not seen in a crash.
-
-    Args:
-        config: the dropped candidate.
-        changed: its 'knob=value'.
-        reason: :func:`research_verdict`'s reason (the claim and its file:line evidence).
-        run_id: the run that asked.
-    """
-    knob = (research_change(changed) or changed).split("=", 1)[0]
-    field = knob if knob in ServingConfig.model_fields else RESEARCH_FLAGS.get(knob, knob)
-    value = getattr(config, field)
-    flag = "--" + field.replace("_", "-")
-    return Lesson(title=f"{flag} {value} refused on {config.gpu} "
-                        f"(SM {get_gpu(config.gpu).sm_major * 10}), per the SGLang source",
-                  scope=Scope(gpu=config.gpu, engine_version=config.engine_version),
-                  condition=[Clause(field=field, op="eq", value=value)],
-                  outcome="unsupported", failure_class="UNSUPPORTED_BACKEND"
-                  if field == "attention_backend" else "INVALID_COMBINATION",
-                  root_cause=reason[:4000],
-                  fix=f"leave {flag} unset or choose a value the {config.gpu} architecture "
-                      "supports",
-                  evidence=reason[:20000], source="research", run_id=run_id).with_id()
 
 
 def _history(trials: list[Any]) -> list[dict[str, Any]]:

@@ -17,15 +17,11 @@ from fixtures.planning import forbid_fa3, row
 from mcp import Client
 
 from agents.brains import GridPlanner, TpePlanner, make_planner
-from agents.planner import (
-    NoViableConfig,
-    Planner,
-    research_change,
-    research_lesson,
-    research_questions,
-)
+from agents.planner import NoViableConfig, Planner, research_questions
 from domain.errors import DoesNotFit
 from domain.fit import fit
+from domain.lesson_builders import research_lesson
+from domain.research import research_change
 from domain.study import parse_study
 from domain.trial import Trial
 from mcp_servers.lessons.server import build_server

@@ -21,11 +21,12 @@ from fixtures.planning import drive, forbid_fa3, row
 from mcp import Client
 
 from agents.brains import GridPlanner, GuidedPlanner, make_planner
-from agents.planner import NoViableConfig, TrialPlan, research_lesson, resolved_settings
+from agents.planner import NoViableConfig, TrialPlan, resolved_settings
 from domain.config import ServingConfig
 from domain.errors import ConfigInvalid
 from domain.estimate import Estimate, ReplayProfile
 from domain.fit import fit
+from domain.lesson_builders import research_lesson
 from domain.search import p_meets_slo
 from domain.study import Study, parse_study
 from domain.trial import Trial
