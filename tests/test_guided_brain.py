@@ -1,4 +1,4 @@
-"""The estimate-guided planner brain (agents/brains.py GuidedPlanner, search.brain "guided"):
+"""The estimate-guided planner brain (agents/guided_brain.py GuidedPlanner, search.brain "guided"):
 ranking by the steady-state prior, the residual correction and its optimism (UCB), the SLO
 probability and boundary, the stop rule, lessons ranked last and screening, the memory fit,
 the equivalence skip, and a whole `servetune run` with it."""
@@ -20,8 +20,10 @@ import yaml
 from fixtures.planning import drive, forbid_fa3, row
 from mcp import Client
 
-from agents.brains import GridPlanner, GuidedPlanner, make_planner
+from agents.brains import make_planner
+from agents.guided_brain import GuidedPlanner
 from agents.planner import NoViableConfig, TrialPlan, resolved_settings
+from agents.space_brains import GridPlanner
 from domain.config import ServingConfig
 from domain.errors import ConfigInvalid
 from domain.estimate import Estimate, ReplayProfile
