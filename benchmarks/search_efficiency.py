@@ -2,7 +2,7 @@
 
 Baselines: the TPE brain (Optuna's TPE sampler) and the grid brain (every combination of the
 knob values in a seeded order, i.e. random search without replacement), measured in the same
-run as servetune's brains: ``guided`` (:class:`agents.brains.GuidedPlanner`, the whole space
+run as servetune's brains: ``guided`` (:class:`agents.guided_brain.GuidedPlanner`, the whole space
 ranked by the steady-state estimate of :mod:`domain.estimate` and corrected by each
 measurement) and the one-knob-at-a-time brain (``ovat``, :class:`agents.planner.Planner`).
 

@@ -24,19 +24,14 @@ from agents.analyst import (
     failure_lesson,
     replica_mean,
 )
-from agents.brains import GuidedPlanner, make_planner
+from agents.brains import make_planner
 from agents.claude import AgentFailure, AgentUsage, failure_reason
+from agents.claude_planner import ClaudePlanner
 from agents.deployer import ClaudeDeployer, Deployer
+from agents.guided_brain import GuidedPlanner
 from agents.mcp_tools import call
-from agents.planner import (
-    ClaudePlanner,
-    NoViableConfig,
-    Planner,
-    PlannerFailed,
-    Pruned,
-    TrialPlan,
-    research_questions,
-)
+from agents.planner import NoViableConfig, Planner, PlannerFailed, Pruned, TrialPlan
+from agents.research_questions import research_questions
 from domain.config import ServingConfig
 from domain.faults import bench_failure_class, rule
 from domain.ledger import Ledger

@@ -21,8 +21,9 @@ from test_cli import tiny_study, write
 
 from agents.analyst import ClaudeAnalyst, Verdict, check_verdict
 from agents.claude import AgentOutputInvalid, ClaudeSetup
+from agents.claude_planner import ClaudePlanner
 from agents.deployer import ClaudeDeployer
-from agents.planner import ClaudePlanner, NoViableConfig, PlannerFailed, TrialPlan
+from agents.planner import NoViableConfig, PlannerFailed, TrialPlan
 from domain.ledger import Ledger
 from domain.study import Study
 from graph.run import run_study

@@ -278,7 +278,8 @@ def test_tp_divisibility_and_single_node_refused_like_the_engine():
 def test_estimate_lesson_for_kv_pool_covers_exactly_the_memory_layout():
     import yaml
 
-    from agents.planner import MEMORY_FIELDS, estimate_lesson
+    from domain.fit import MEMORY_FIELDS
+    from domain.lesson_builders import estimate_lesson
     from domain.study import parse_study
 
     study = parse_study(yaml.safe_load(DEFAULT_STUDY.read_text()))
@@ -297,7 +298,7 @@ def test_estimate_lesson_for_kv_pool_covers_exactly_the_memory_layout():
 def test_weights_estimate_lesson_names_the_largest_failing_tp():
     import yaml
 
-    from agents.planner import estimate_lesson
+    from domain.lesson_builders import estimate_lesson
     from domain.study import parse_study
 
     study = parse_study(yaml.safe_load(DEFAULT_STUDY.read_text()))
@@ -315,7 +316,7 @@ def test_weights_estimate_lesson_at_the_largest_tp_names_the_weights_alone(monke
     be true for every config and is refused (issue 16, D2), so the family is the checkpoint."""
     import yaml
 
-    import agents.planner as planner
+    import domain.lesson_builders as planner
     from domain.study import parse_study
 
     study = parse_study(yaml.safe_load(DEFAULT_STUDY.read_text()))
