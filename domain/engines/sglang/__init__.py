@@ -1,0 +1,67 @@
+"""SGLang behind the :class:`~domain.engines.Engine` interface.
+
+Where each SGLang rule lives: flag inventory, versions, argv, launch command and image in
+:mod:`domain.engines.sglang.flags`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from domain.config import flag_for, flag_inventory
+
+if TYPE_CHECKING:
+    from domain.config import ServingConfig
+    from domain.twin.startup import Startup
+
+VERSIONS = ("0.5.23",)
+
+
+class SglangEngine:
+    """SGLang ``version`` (one of :data:`VERSIONS`)."""
+
+    name = "sglang"
+    label = "SGLang"
+    versions = VERSIONS
+
+    def __init__(self, version: str) -> None:
+        """SGLang ``version``; the version is checked by :func:`make`."""
+        self.version = version
+        self.image = f"lmsysorg/sglang:v{version}"
+        self.program = ("sglang", "serve")
+
+    def flag_inventory(self) -> dict[str, dict[str, Any]]:
+        """The CLI flags of this version keyed by argparse dest."""
+        return flag_inventory(self.version)
+
+    def flag_for(self, dest: str, value: Any = None) -> str:
+        """The canonical flag of ``dest``; checks ``value`` against the flag's choices."""
+        return flag_for(dest, self.version, value)
+
+    def argv(self, config: ServingConfig) -> list[str]:
+        """The argv of ``sglang serve`` for ONE replica of ``config``."""
+        return config.to_sglang_args(self.version)
+
+    def start(self, config: ServingConfig) -> Startup:
+        """The twin's start of one replica of ``config``."""
+        from domain.twin.startup import start
+
+        return start(config)
+
+    def classify(self, log: Sequence[str]) -> tuple[str, str]:  # pragma: no cover - next step
+        """Failure class and evidence line of a failed startup log."""
+        raise NotImplementedError
+
+
+def make(version: str | None = None) -> SglangEngine:
+    """SGLang at ``version`` (None: the newest shipped).
+
+    Raises:
+        ValueError: a version without a flag inventory, naming the supported ones.
+    """
+    v = version or VERSIONS[-1]
+    if v not in VERSIONS:
+        raise ValueError(f"SGLang {v} has no flag inventory here; supported: "
+                         f"{', '.join(VERSIONS)}")
+    return SglangEngine(v)
