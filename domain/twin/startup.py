@@ -33,6 +33,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from domain.config import ServingConfig
+from domain.engines import engine_for
 from domain.errors import DoesNotFit, InvalidCombination, UnknownFlag
 from domain.fit import CONTEXT_OVERHEAD_BYTES, FitReport, fit, host_pool_shortfall
 from domain.hardware import get_gpu
@@ -206,7 +207,7 @@ def start(config: ServingConfig) -> Startup:
     loading at ``LOAD_BYTES_PER_S`` per GPU plus ``FIXED_STARTUP_S``.
     """
     try:
-        argv = config.to_sglang_args()
+        argv = engine_for(config).argv(config)
     except UnknownFlag as e:
         msg = e.violations[0]
         return Startup(ready=False, phase="parse", exit_code=2,

@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from domain.config import flag_for, flag_inventory
+from domain.engines.sglang import flags
 
 if TYPE_CHECKING:
     from domain.config import ServingConfig
     from domain.twin.startup import Startup
 
-VERSIONS = ("0.5.23",)
+VERSIONS = flags.VERSIONS
 
 
 class SglangEngine:
@@ -28,20 +28,20 @@ class SglangEngine:
     def __init__(self, version: str) -> None:
         """SGLang ``version``; the version is checked by :func:`make`."""
         self.version = version
-        self.image = f"lmsysorg/sglang:v{version}"
-        self.program = ("sglang", "serve")
+        self.image = flags.image(version)
+        self.program = flags.PROGRAM
 
     def flag_inventory(self) -> dict[str, dict[str, Any]]:
         """The CLI flags of this version keyed by argparse dest."""
-        return flag_inventory(self.version)
+        return flags.flag_inventory(self.version)
 
     def flag_for(self, dest: str, value: Any = None) -> str:
         """The canonical flag of ``dest``; checks ``value`` against the flag's choices."""
-        return flag_for(dest, self.version, value)
+        return flags.flag_for(dest, self.version, value)
 
     def argv(self, config: ServingConfig) -> list[str]:
         """The argv of ``sglang serve`` for ONE replica of ``config``."""
-        return config.to_sglang_args(self.version)
+        return flags.argv(config, self.version)
 
     def start(self, config: ServingConfig) -> Startup:
         """The twin's start of one replica of ``config``."""
