@@ -21,8 +21,9 @@ from fixtures.planning import drive, forbid_fa3, row
 from mcp import Client
 
 from agents.brains import GridPlanner, GuidedPlanner, best_threshold, make_planner
-from agents.planner import NoViableConfig, TrialPlan, research_lesson, resolved_settings
+from agents.planner import NoViableConfig, TrialPlan, research_lesson
 from domain.config import ServingConfig
+from domain.engines import resolved_settings
 from domain.errors import ConfigInvalid
 from domain.estimate import Estimate, ReplayProfile
 from domain.fit import fit

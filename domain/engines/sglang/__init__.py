@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from domain.engines.sglang import flags
+from domain.engines.sglang import defaults, flags
 
 if TYPE_CHECKING:
     from domain.config import ServingConfig
@@ -42,6 +42,10 @@ class SglangEngine:
     def argv(self, config: ServingConfig) -> list[str]:
         """The argv of ``sglang serve`` for ONE replica of ``config``."""
         return flags.argv(config, self.version)
+
+    def resolved_settings(self, config: ServingConfig) -> tuple[Any, ...] | None:
+        """What SGLang actually runs ``config`` with (:func:`defaults.resolved_settings`)."""
+        return defaults.resolved_settings(config)
 
     def start(self, config: ServingConfig) -> Startup:
         """The twin's start of one replica of ``config``."""
