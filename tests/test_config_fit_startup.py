@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agents.deployer import classify
 from domain.config import ServingConfig
 from domain.engines import engine
+from domain.engines.sglang.failures import classify
 from domain.engines.sglang.flags import flag_inventory
 from domain.errors import ConfigInvalid, DoesNotFit, InvalidCombination
 from domain.fit import (

@@ -266,7 +266,7 @@ def test_forbidding_lesson_needs_a_condition():
 
 
 def test_tp_divisibility_and_single_node_refused_like_the_engine():
-    from agents.deployer import classify
+    from domain.engines.sglang.failures import classify
 
     s = start(cfg(weights="nvfp4", tp_size=3, replicas=2))
     assert (s.phase, classify(s.log)[0]) == ("model_init", "TP_DIVISIBILITY")

@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from domain.engines.sglang import defaults, flags
+from domain.engines.sglang import defaults, failures, flags, lessons
 
 if TYPE_CHECKING:
     from domain.config import ServingConfig
+    from domain.lesson import Lesson
     from domain.twin.startup import Startup
 
 VERSIONS = flags.VERSIONS
@@ -24,6 +25,7 @@ class SglangEngine:
     name = "sglang"
     label = "SGLang"
     versions = VERSIONS
+    failure_classes = failures.FAILURE_CLASSES
 
     def __init__(self, version: str) -> None:
         """SGLang ``version``; the version is checked by :func:`make`."""
@@ -53,9 +55,16 @@ class SglangEngine:
 
         return start(config)
 
-    def classify(self, log: Sequence[str]) -> tuple[str, str]:  # pragma: no cover - next step
-        """Failure class and evidence line of a failed startup log."""
-        raise NotImplementedError
+    def classify(self, log: Sequence[str]) -> tuple[str, str]:
+        """Failure class and evidence line of a failed startup log (:func:`failures.classify`)."""
+        return failures.classify(log)
+
+    def failure_lesson(self, config: ServingConfig, failure_class: str | None, stage: str | None,
+                       evidence: str, log_tail: Sequence[str], run_id: str,
+                       trial_key: str) -> Lesson:
+        """The lesson of a failed launch (:func:`lessons.failure_lesson`)."""
+        return lessons.failure_lesson(config, failure_class, stage, evidence, log_tail, run_id,
+                                      trial_key)
 
 
 def make(version: str | None = None) -> SglangEngine:
