@@ -37,9 +37,11 @@ class Engine(Protocol):
     version: str  # e.g. "0.5.23"
     versions: tuple[str, ...]  # versions whose flag inventory ships with servetune
     image: str  # the engine's container image of this version
+    image_allow: str  # the image prefix the sandbox policy allows by default, every version
     program: tuple[str, ...]  # the command that starts one server, e.g. ("sglang", "serve")
     failure_classes: tuple[str, ...]  # every class :meth:`classify` returns, UNKNOWN last
     metrics: dict[str, str]  # servetune's name of a counter -> the engine's Prometheus name
+    metric_prefix: str  # the prefix of every Prometheus metric the engine serves
 
     def flag_inventory(self) -> dict[str, dict[str, Any]]:
         """The CLI flags of this version keyed by argparse dest."""

@@ -1,7 +1,15 @@
 """SGLang behind the :class:`~domain.engines.Engine` interface.
 
-Where each SGLang rule lives: flag inventory, versions, argv, launch command and image in
-:mod:`domain.engines.sglang.flags`.
+Where each SGLang rule lives:
+
+- flag inventory per version, argv of a config, launch program and image:
+  :mod:`domain.engines.sglang.flags`;
+- resolved defaults (what SGLang runs a config with): :mod:`domain.engines.sglang.defaults`
+  (the memory-fit rules themselves: :mod:`domain.fit`, :mod:`domain.speculative`);
+- startup log phases, log lines and refusals the twin prints: :mod:`domain.engines.sglang.startup`;
+- failure classification of a log: :mod:`domain.engines.sglang.failures`;
+- the lesson each failure teaches (family, fix, outcome): :mod:`domain.engines.sglang.lessons`;
+- Prometheus metric names: :mod:`domain.engines.sglang.metrics`.
 """
 
 from __future__ import annotations
@@ -9,10 +17,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from domain.engines.sglang import defaults, failures, flags, lessons
+from domain.engines.sglang import defaults, failures, flags, lessons, startup
+from domain.engines.sglang.metrics import METRICS, PREFIX
 
 if TYPE_CHECKING:
     from domain.config import ServingConfig
+    from domain.engines import Engine
     from domain.lesson import Lesson
     from domain.twin.startup import Startup
 
@@ -22,16 +32,19 @@ VERSIONS = flags.VERSIONS
 class SglangEngine:
     """SGLang ``version`` (one of :data:`VERSIONS`)."""
 
-    name = "sglang"
-    label = "SGLang"
-    versions = VERSIONS
-    failure_classes = failures.FAILURE_CLASSES
+    name: str = "sglang"
+    label: str = "SGLang"
+    versions: tuple[str, ...] = VERSIONS
+    failure_classes: tuple[str, ...] = failures.FAILURE_CLASSES
+    image_allow: str = flags.IMAGE_REPOSITORY
+    metrics: dict[str, str] = METRICS
+    metric_prefix: str = PREFIX
+    program: tuple[str, ...] = flags.PROGRAM
 
     def __init__(self, version: str) -> None:
         """SGLang ``version``; the version is checked by :func:`make`."""
         self.version = version
         self.image = flags.image(version)
-        self.program = flags.PROGRAM
 
     def flag_inventory(self) -> dict[str, dict[str, Any]]:
         """The CLI flags of this version keyed by argparse dest."""
@@ -50,10 +63,8 @@ class SglangEngine:
         return defaults.resolved_settings(config)
 
     def start(self, config: ServingConfig) -> Startup:
-        """The twin's start of one replica of ``config``."""
-        from domain.twin.startup import start
-
-        return start(config)
+        """The twin's start of one replica of ``config`` (:func:`startup.start`)."""
+        return startup.start(config)
 
     def classify(self, log: Sequence[str]) -> tuple[str, str]:
         """Failure class and evidence line of a failed startup log (:func:`failures.classify`)."""
@@ -67,7 +78,7 @@ class SglangEngine:
                                       trial_key)
 
 
-def make(version: str | None = None) -> SglangEngine:
+def make(version: str | None = None) -> Engine:
     """SGLang at ``version`` (None: the newest shipped).
 
     Raises:

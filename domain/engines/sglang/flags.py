@@ -21,9 +21,12 @@ VERSIONS = ("0.5.23",)  # SGLang releases whose flag inventory ships here
 PROGRAM = ("sglang", "serve")  # the command that starts one server
 
 
+IMAGE_REPOSITORY = "lmsysorg/sglang:"  # every SGLang image tag the sandbox allows by default
+
+
 def image(version: str) -> str:
     """The engine image of SGLang ``version``, tagged as lmsysorg/sglang publishes it."""
-    return f"lmsysorg/sglang:v{version}"
+    return f"{IMAGE_REPOSITORY}v{version}"
 
 
 @cache
