@@ -10,6 +10,9 @@ Where each SGLang rule lives:
 - failure classification of a log: :mod:`domain.engines.sglang.failures`;
 - the lesson each failure teaches (family, fix, outcome): :mod:`domain.engines.sglang.lessons`;
 - Prometheus metric names: :mod:`domain.engines.sglang.metrics`.
+
+The modules that need the memory-fit estimate or the lesson model are imported when first used,
+so the registry can build this engine while any domain module is still being imported.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from domain.engines.sglang import defaults, failures, flags, lessons, startup
+from domain.engines.sglang import failures, flags
 from domain.engines.sglang.metrics import METRICS, PREFIX
 
 if TYPE_CHECKING:
@@ -60,10 +63,14 @@ class SglangEngine:
 
     def resolved_settings(self, config: ServingConfig) -> tuple[Any, ...] | None:
         """What SGLang actually runs ``config`` with (:func:`defaults.resolved_settings`)."""
+        from domain.engines.sglang import defaults
+
         return defaults.resolved_settings(config)
 
     def start(self, config: ServingConfig) -> Startup:
         """The twin's start of one replica of ``config`` (:func:`startup.start`)."""
+        from domain.engines.sglang import startup
+
         return startup.start(config)
 
     def classify(self, log: Sequence[str]) -> tuple[str, str]:
@@ -74,6 +81,8 @@ class SglangEngine:
                        evidence: str, log_tail: Sequence[str], run_id: str,
                        trial_key: str) -> Lesson:
         """The lesson of a failed launch (:func:`lessons.failure_lesson`)."""
+        from domain.engines.sglang import lessons
+
         return lessons.failure_lesson(config, failure_class, stage, evidence, log_tail, run_id,
                                       trial_key)
 
