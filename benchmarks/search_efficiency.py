@@ -81,10 +81,11 @@ from mcp import Client  # noqa: E402
 from scipy.stats import spearmanr  # noqa: E402
 
 from agents.analyst import failure_lesson  # noqa: E402
-from agents.deployer import DeployOutcome, classify  # noqa: E402
+from agents.deployer import DeployOutcome  # noqa: E402
 from agents.mcp_tools import call  # noqa: E402
 from agents.planner import NoViableConfig, Planner, PlannerFailed, Pruned, TrialPlan  # noqa: E402
 from domain.config import ServingConfig  # noqa: E402
+from domain.engines.sglang.failures import classify  # noqa: E402
 from domain.errors import ConfigInvalid  # noqa: E402
 from domain.estimate import Estimate, ReplayProfile, safe_estimate  # noqa: E402
 from domain.knobs import apply_knob  # noqa: E402

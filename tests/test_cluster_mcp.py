@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from mcp import Client, StdioServerParameters
 
-from agents.deployer import classify
 from domain.config import ServingConfig
+from domain.engines.sglang.failures import classify
 from mcp_servers.cluster import ops
 from mcp_servers.cluster.backend import (
     BackendError,

@@ -7,7 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from domain.config import ServingConfig, flag_inventory
+from domain.config import ServingConfig
+from domain.engines import engine
+from domain.engines.sglang.flags import flag_inventory
 from domain.errors import ConfigInvalid, DoesNotFit, UnknownFlag
 from domain.fit import default_max_running_requests, fit
 from domain.knobs import apply_knob
@@ -95,7 +97,7 @@ def test_fp8_kv_roughly_doubles_capacity():
 def test_to_sglang_args_exact_flags():
     c = cfg(weights="nvfp4", kv_cache_dtype="fp8_e4m3", mem_fraction_static=0.9,
             max_running_requests=256)
-    assert c.to_sglang_args() == [
+    assert engine("sglang").argv(c) == [
         "sglang", "serve", "--model-path", "nvidia/GLM-5-NVFP4", "--tp-size", "8",
         "--quantization", "modelopt_fp4", "--kv-cache-dtype", "fp8_e4m3",
         "--mem-fraction-static", "0.9", "--max-running-requests", "256"]
@@ -109,7 +111,7 @@ def test_unknown_attention_backend_and_version_are_refused():
     with pytest.raises(ValueError, match="no flag inventory"):
         cfg(engine_version="0.4.0")
     with pytest.raises(UnknownFlag):
-        from domain.config import flag_for
+        from domain.engines.sglang.flags import flag_for
         flag_for("no_such_flag", "0.5.23")
 
 
@@ -264,7 +266,7 @@ def test_forbidding_lesson_needs_a_condition():
 
 
 def test_tp_divisibility_and_single_node_refused_like_the_engine():
-    from agents.deployer import classify
+    from domain.engines.sglang.failures import classify
 
     s = start(cfg(weights="nvfp4", tp_size=3, replicas=2))
     assert (s.phase, classify(s.log)[0]) == ("model_init", "TP_DIVISIBILITY")

@@ -18,9 +18,9 @@ import pytest
 from mcp import Client
 from test_cli import tiny_study, write
 
-from agents.deployer import FAILURE_PATTERNS, classify
 from agents.mcp_tools import TRANSIENT_RETRIES, call
 from domain.config import ServingConfig
+from domain.engines.sglang.failures import FAILURE_PATTERNS, classify
 from domain.faults import (
     BENCH_FAULTS,
     DEPLOY_FAULTS,

@@ -22,9 +22,10 @@ from mcp import Client
 
 from agents.brains import make_planner
 from agents.guided_brain import GuidedPlanner
-from agents.planner import NoViableConfig, TrialPlan, resolved_settings
+from agents.planner import NoViableConfig, TrialPlan
 from agents.space_brains import GridPlanner
 from domain.config import ServingConfig
+from domain.engines import resolved_settings
 from domain.errors import ConfigInvalid
 from domain.estimate import Estimate, ReplayProfile
 from domain.fit import fit

@@ -6,10 +6,10 @@ Backends: ``twin`` (here: simulated SGLang servers that answer at once), ``local
 (:mod:`mcp_servers.cluster.kubernetes`). The protocol is shaped so that the Kubernetes backend
 maps onto it directly:
 
-- ``deploy``: server-side apply of a Deployment (``replicas``, the SGLang argv from
-  ``config.to_sglang_args()``) and its Service, named ``name``, carrying ``labels`` (at least
-  ``app.kubernetes.io/managed-by=servetune``), after the manifest policy accepted them; returns
-  Pending, and with ``wait_s`` polls until Ready/Failed like :func:`settle`.
+- ``deploy``: server-side apply of a Deployment (``replicas``, the engine's argv,
+  ``engine_for(config).argv(config)``) and its Service, named ``name``, carrying ``labels``
+  (at least ``app.kubernetes.io/managed-by=servetune``), after the manifest policy accepted
+  them; returns Pending, and with ``wait_s`` polls until Ready/Failed like :func:`settle`.
 - ``status``: the Deployment's and its pods' conditions: Pending until every pod is Ready;
   Failed when a container terminated or is in CrashLoopBackOff (``exit_code`` from its last
   termination state, ``failed_stage`` ``startup`` if the pod was never Ready, else
