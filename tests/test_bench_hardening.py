@@ -27,9 +27,9 @@ import yaml
 from mcp import Client
 
 from domain.config import ServingConfig
-from mcp_servers.bench import ops
 from mcp_servers.bench.ops import BenchService
 from mcp_servers.bench.server import build_server as bench_server
+from mcp_servers.bench.targets import twin as ops  # the twin target runs the estimates
 from mcp_servers.cluster.backend import BackendError, TwinBackend
 
 pytestmark = pytest.mark.anyio

@@ -21,7 +21,7 @@ from mcp import Client
 from domain.config import ServingConfig
 from domain.workload import Request, load_mooncake
 from mcp_servers.bench.http_runner import HttpRunner, arrival_schedule
-from mcp_servers.bench.ops import BenchService, Quality
+from mcp_servers.bench.ops import BenchService
 from mcp_servers.bench.prompts import (
     SHIPPED_WORDPIECE,
     BlockPrompts,
@@ -33,6 +33,7 @@ from mcp_servers.bench.prompts import (
     rate_plan,
     replay_plan,
 )
+from mcp_servers.bench.results import Quality
 from mcp_servers.bench.server import build_server as bench_server
 from mcp_servers.cluster.backend import TwinBackend
 
