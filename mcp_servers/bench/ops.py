@@ -5,7 +5,8 @@ HTTP). A run's target is a deployment of the injected cluster backend XOR an exp
 URL on the allow-list; :meth:`BenchService.target` picks it once per call, as one
 :class:`~mcp_servers.bench.targets.base.BenchTarget`: a twin deployment (no endpoints in its
 status) is simulated in a worker
-thread (:mod:`~mcp_servers.bench.targets.twin`); a deployment whose status lists endpoints
+thread (:mod:`~mcp_servers.bench.targets.twin`, a deployment of a
+:class:`~mcp_servers.cluster.backend.SimulatedBackend`); a deployment whose status lists endpoints
 (local processes, Kubernetes) and an explicit endpoint are loaded over HTTP by the built-in
 runner (:mod:`~mcp_servers.bench.targets.http`) or aiperf
 (:mod:`~mcp_servers.bench.targets.aiperf`). Per-request records are stored under the injected
@@ -56,7 +57,7 @@ from mcp_servers.bench.targets.base import (
 )
 from mcp_servers.bench.targets.http import HttpTarget
 from mcp_servers.bench.targets.twin import TwinTarget
-from mcp_servers.cluster.backend import BackendError, ClusterBackend
+from mcp_servers.cluster.backend import BackendError, ClusterBackend, SimulatedBackend
 
 # An HTTP run sends at most this many requests; a replay window must not hold more.
 MAX_HTTP_REQUESTS = 100_000
@@ -177,7 +178,7 @@ class BenchService:
                                "benchmark only Ready deployments (poll get_status first)")
         if urls:
             return HttpTarget(self, deployment, None, urls, st.config, st.config.gpus)
-        if not hasattr(self.backend, "ready_fit"):
+        if not isinstance(self.backend, SimulatedBackend):
             raise BackendError(f"deployment {deployment!r} is Ready but its status lists no "
                                "endpoints yet; poll get_status and retry")
         config, fit = self.backend.ready_fit(deployment)

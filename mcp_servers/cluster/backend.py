@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -231,6 +231,23 @@ class ClusterBackend(Protocol):
         ...
 
 
+
+@runtime_checkable
+class SimulatedBackend(ClusterBackend, Protocol):
+    """A cluster backend whose Ready deployments are simulated, not served (the twin's).
+
+    Their statuses list no endpoints; the bench server simulates them from the config and
+    memory fit this returns (:class:`~mcp_servers.bench.targets.twin.TwinTarget`).
+    """
+
+    def ready_fit(self, name: str) -> tuple[ServingConfig, FitReport]:
+        """Config and resolved memory layout of Ready deployment ``name``.
+
+        Raises:
+            BackendError: it is not Ready.
+        """
+        ...
+
 def check_name(name: str, namespace: str) -> None:
     """Refuse a deployment name that is not a DNS-1123 label (so never a flag or a path).
 
@@ -289,6 +306,9 @@ class _TwinRecord(BaseModel):
 
 class TwinBackend:
     """Simulated SGLang deployments: startup fails or succeeds exactly as :func:`start` says.
+
+    A :class:`SimulatedBackend`: the bench server simulates its Ready deployments
+    (:meth:`ready_fit`).
 
     Without ``state_dir`` the records live in memory (the headless study uses this). With it,
     each record is a JSON file under ``state_dir/twin/<namespace>/``, re-read on every call, so
