@@ -85,6 +85,7 @@ from agents.analyst import failure_lesson  # noqa: E402
 from agents.deployer import DeployOutcome, classify  # noqa: E402
 from agents.mcp_tools import call  # noqa: E402
 from agents.planner import NoViableConfig, Planner, PlannerFailed, Pruned, TrialPlan  # noqa: E402
+from domain.bench import MAX_ERROR_SHARE  # noqa: E402
 from domain.config import ServingConfig  # noqa: E402
 from domain.errors import ConfigInvalid  # noqa: E402
 from domain.estimate import Estimate, ReplayProfile, safe_estimate  # noqa: E402
@@ -97,7 +98,6 @@ from domain.twin.cluster import simulate_closed_loop, simulate_open_loop  # noqa
 from domain.twin.startup import start  # noqa: E402
 from domain.workload import Trace, load_trace  # noqa: E402
 from graph.supervisor import _losers  # noqa: E402  (the product's no-retry rule)
-from mcp_servers.bench.results import MAX_ERROR_SHARE  # noqa: E402
 from mcp_servers.bench.targets.twin import MAX_SATURATION_REQUESTS  # noqa: E402
 from mcp_servers.lessons.server import build_server as lessons_server  # noqa: E402
 from memory.store import LessonStore  # noqa: E402

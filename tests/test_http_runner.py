@@ -18,6 +18,7 @@ import pytest
 from fixtures.stub_process import running_stub
 from mcp import Client
 
+from domain.bench import Quality
 from domain.config import ServingConfig
 from domain.workload import Request, load_mooncake
 from mcp_servers.bench.http_runner import HttpRunner, arrival_schedule
@@ -33,7 +34,6 @@ from mcp_servers.bench.prompts import (
     rate_plan,
     replay_plan,
 )
-from mcp_servers.bench.results import Quality
 from mcp_servers.bench.server import build_server as bench_server
 from mcp_servers.cluster.backend import TwinBackend
 

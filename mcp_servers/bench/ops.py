@@ -13,7 +13,7 @@ runner (:mod:`~mcp_servers.bench.targets.http`) or aiperf
 artifacts directory (:mod:`mcp_servers.bench.records`); results carry their path and id, never
 the records themselves.
 
-Every result says whether it can be used (:class:`~mcp_servers.bench.results.BenchResult`):
+Every result says whether it can be used (:class:`~domain.bench.BenchResult`):
 failed requests are counted per error class (:class:`~mcp_servers.bench.http_runner.ErrorClass`;
 ``engine`` for the twin) and a run whose failed share exceeds ``max_error_share`` (default 5 %)
 is ``valid: false`` with the reason -- its numbers are reported but must not be scored. Open-loop
@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from domain.bench import BenchResult, Quality, SweepPoint, WorkloadInfo
 from domain.errors import TraceInvalid
 from domain.faults import FaultSpec
 from domain.twin.budget import DEFAULT_COMPUTE_BUDGET_S, ComputeBudget
@@ -46,7 +47,6 @@ from mcp_servers.bench.http_runner import (
 )
 from mcp_servers.bench.prompts import PromptTokenizer, WordTokenizer
 from mcp_servers.bench.quality import DEFAULT_MAX_TOKENS, GreedyOutputs
-from mcp_servers.bench.results import BenchResult, Quality, SweepPoint, WorkloadInfo
 from mcp_servers.bench.targets.base import (
     ArrivalProcess,
     BenchTarget,

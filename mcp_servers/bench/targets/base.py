@@ -7,7 +7,7 @@ over HTTP by the built-in runner (:class:`~mcp_servers.bench.targets.http.HttpTa
 same servers loaded by aiperf (:class:`~mcp_servers.bench.targets.aiperf.AiperfTarget`). Each
 implements the saturation, rate, replay, sweep-budget and greedy operations of
 :class:`BenchTarget`; :meth:`BenchTarget.finish` turns any run's records into a
-:class:`~mcp_servers.bench.results.BenchResult` (error classes, validity, flags) and stores them
+:class:`~domain.bench.BenchResult` (error classes, validity, flags) and stores them
 (:mod:`mcp_servers.bench.records`).
 """
 
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from domain.acceptance import block_rates
+from domain.bench import BenchResult, PrefixCacheCheck, Quality, WorkloadInfo
 from domain.config import ServingConfig
 from domain.metrics import Percentiles, RequestRecord, summarize
 from domain.twin.budget import ComputeBudget
@@ -30,7 +31,6 @@ from mcp_servers.bench import records as store
 from mcp_servers.bench.aiperf import AiperfRun
 from mcp_servers.bench.http_runner import HttpRun, Snapshot, TickFn
 from mcp_servers.bench.quality import GreedyOutputs
-from mcp_servers.bench.results import BenchResult, PrefixCacheCheck, Quality, WorkloadInfo
 
 if TYPE_CHECKING:
     from mcp_servers.bench.ops import BenchService

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import numpy as np
 
+from domain.bench import BenchResult, PrefixCacheCheck, Quality, WorkloadInfo
 from domain.twin.budget import ComputeBudget
 from domain.workload import Request, Trace
 from mcp_servers.bench.aiperf import AiperfError, AiperfRun, find_aiperf
@@ -40,7 +41,6 @@ from mcp_servers.bench.prompts import (
     replay_plan,
 )
 from mcp_servers.bench.quality import PROMPTS, GreedyOutputs, greedy_outputs
-from mcp_servers.bench.results import BenchResult, PrefixCacheCheck, Quality, WorkloadInfo
 from mcp_servers.bench.targets.base import (
     ArrivalProcess,
     BenchTarget,

@@ -19,6 +19,7 @@ import anyio.from_thread
 import anyio.to_thread
 import numpy as np
 
+from domain.bench import BenchResult, Quality, WorkloadInfo
 from domain.config import ServingConfig
 from domain.fit import FitReport
 from domain.metrics import RequestRecord
@@ -34,7 +35,6 @@ from domain.twin.noise import noise_factor, scale_records
 from domain.workload import Trace
 from mcp_servers.bench.http_runner import TickFn
 from mcp_servers.bench.quality import GreedyOutputs
-from mcp_servers.bench.results import BenchResult, Quality, WorkloadInfo
 from mcp_servers.bench.targets.base import (
     ArrivalProcess,
     BenchTarget,

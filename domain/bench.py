@@ -1,7 +1,8 @@
 """Benchmark results: what one run measured, and the thresholds that decide whether it counts.
 
-:class:`BenchResult` is what the bench server's ``run_saturation``, ``run_replay`` and
-``run_rate`` return (and what is stored beside each run's records); ``sweep`` returns
+The one benchmark result model: :class:`BenchResult` is what the bench server's
+``run_saturation``, ``run_replay`` and ``run_rate`` return (and what is stored beside each run's
+records), and what the analyst and the graph parse that tool output into; ``sweep`` returns
 :class:`SweepPoint` s. :class:`Quality` holds the thresholds of ``valid`` and ``flags``: a run
 whose failed share exceeds ``max_error_share`` (default 5 %) is ``valid: false``; an open-loop
 HTTP run whose dispatch lag p99 exceeds ``max_dispatch_lag_p99_ms`` (default 10 ms), or a replay
