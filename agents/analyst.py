@@ -21,7 +21,8 @@ decides, as without the gate.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Literal
 
 from mcp import Client
 from pydantic import BaseModel
@@ -30,11 +31,13 @@ from agents.claude import AgentFailure, AgentUsage, ClaudeAgent, ClaudeSetup, co
 from agents.deployer import DeployOutcome
 from agents.mcp_tools import call
 from domain.acceptance import AcceptDecision, decide, pick_samples
+from domain.bench import BenchResult
 from domain.config import ServingConfig
 from domain.engines import engine_for
 from domain.lesson import Lesson
 from domain.metrics import MetricsSummary
 from domain.study import Study
+from domain.twin.cluster import ReplicaStats
 
 
 class Verdict(BaseModel):
@@ -43,22 +46,6 @@ class Verdict(BaseModel):
     status: Literal["baseline", "keep", "discard", "crash"]
     objective: float | None
     reason: str
-
-
-class BenchOutcome(BaseModel):
-    """One benchmark's summary and where its records are."""
-
-    bench_id: str
-    summary: MetricsSummary
-    records_path: str
-    workload: dict[str, Any]
-    replicas: list[dict[str, Any]]
-    first_error: str | None = None
-    valid: bool = True
-    invalid_reason: str | None = None
-    errors_by_class: dict[str, int] = {}
-    flags: list[str] = []
-    block_tok_s_per_gpu: list[float] = []
 
 
 def acceptance(candidate_runs: list[float], candidate_blocks: list[float],
@@ -81,12 +68,12 @@ def gates(gate: AcceptDecision | None) -> bool:
     return gate is not None and gate.samples == "runs"
 
 
-def replica_mean(replicas: list[dict[str, Any]], key: str) -> float | None:
+def replica_mean(replicas: Sequence[ReplicaStats], key: str) -> float | None:
     """Mean of one per-replica engine counter (e.g. ``decode_roofline_share``) over replicas.
 
-    Returns None when no replica reports it (backends without engine counters).
+    Returns None when no replica reports it (backends without engine counters: no replicas).
     """
-    values = [float(r[key]) for r in replicas if r.get(key) is not None]
+    values = [float(v) for r in replicas if (v := getattr(r, key, None)) is not None]
     return sum(values) / len(values) if values else None
 
 
@@ -109,7 +96,7 @@ class Analyst:
         self.bench, self.study = bench, study
 
     async def saturation(self, deployment: str, concurrency: int | None = None,
-                         duration_s: float | None = None, repeat: int = 0) -> BenchOutcome:
+                         duration_s: float | None = None, repeat: int = 0) -> BenchResult:
         """The study's synthetic saturation run on ``deployment``.
 
         ``repeat`` numbers it among repeated runs of the same candidate (0 = the first).
@@ -119,23 +106,23 @@ class Analyst:
             "deployment": deployment, "isl": s.isl, "osl": s.osl,
             "concurrency": concurrency or s.concurrency,
             "duration_s": duration_s or s.duration_s, **({"repeat": repeat} if repeat else {})})
-        return BenchOutcome.model_validate(r)
+        return BenchResult.model_validate(r)
 
-    async def replay(self, deployment: str) -> BenchOutcome:
+    async def replay(self, deployment: str) -> BenchResult:
         """The study's trace replay on ``deployment`` (goodput under the TTFT SLO)."""
         rp = self.study.replay
         r = await call(self.bench, "run_replay", {
             "deployment": deployment, "trace": rp.trace, "format": rp.format,
             "start_s": rp.start_s, "duration_s": rp.duration_s, "time_scale": rp.time_scale,
             "slo_ttft_ms": self.study.slo.ttft_p99_ms})
-        return BenchOutcome.model_validate(r)
+        return BenchResult.model_validate(r)
 
-    async def saturation_runs(self, deployment: str, repeats: int) -> list[BenchOutcome]:
+    async def saturation_runs(self, deployment: str, repeats: int) -> list[BenchResult]:
         """``repeats`` saturation runs of ``deployment`` (``repeat`` 0, 1, ...).
 
         Stops at the first invalid run: an invalid run is never scored, so more would not help.
         """
-        out: list[BenchOutcome] = []
+        out: list[BenchResult] = []
         for r in range(repeats):
             out.append(await self.saturation(deployment, repeat=r))
             if not out[-1].valid:
@@ -175,7 +162,7 @@ class Analyst:
                        reason=f"{obj:,.0f} tok/s/GPU, {gain:+.1%} vs best {best:,.0f} "
                               f"(needs > {self.study.min_improvement:.0%}){note}")
 
-    async def verdict(self, bench: BenchOutcome, best: float | None, is_baseline: bool,
+    async def verdict(self, bench: BenchResult, best: float | None, is_baseline: bool,
                       config: ServingConfig, changed: str, gate: AcceptDecision | None = None,
                       objective: float | None = None) -> Verdict:
         """The verdict on a saturation run: :meth:`judge` of its summary and the gate.
@@ -188,7 +175,7 @@ class Analyst:
         return self.judge(bench.summary, best, is_baseline, gate, objective)
 
 
-def invalid_verdict(bench: BenchOutcome) -> Verdict:
+def invalid_verdict(bench: BenchResult) -> Verdict:
     """The verdict on a run the bench server marked invalid: never scored."""
     status = "crash" if bench.summary.completed == 0 else "discard"
     return Verdict(status=status, objective=None,
@@ -245,7 +232,7 @@ class ClaudeAnalyst(Analyst):
         self.lessons, self.claude = lessons, claude
         self.usage = AgentUsage()
 
-    async def verdict(self, bench: BenchOutcome, best: float | None, is_baseline: bool,
+    async def verdict(self, bench: BenchResult, best: float | None, is_baseline: bool,
                       config: ServingConfig, changed: str, gate: AcceptDecision | None = None,
                       objective: float | None = None) -> Verdict:
         """Claude's verdict on ``bench`` (an invalid run is not scored and asks no model).

@@ -18,7 +18,6 @@ from langgraph.runtime import Runtime
 
 from agents.analyst import (
     Analyst,
-    BenchOutcome,
     ClaudeAnalyst,
     acceptance,
     failure_lesson,
@@ -32,6 +31,7 @@ from agents.guided_brain import GuidedPlanner
 from agents.mcp_tools import call
 from agents.planner import NoViableConfig, Planner, PlannerFailed, Pruned, TrialPlan
 from agents.research_questions import research_questions
+from domain.bench import BenchResult
 from domain.config import ServingConfig
 from domain.faults import bench_failure_class, rule
 from domain.ledger import Ledger
@@ -580,7 +580,7 @@ async def frontier(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
                 retried: list[dict[str, Any]] = launch_retries
                 launch_retries = []
 
-                async def one(c: int = c) -> list[BenchOutcome]:
+                async def one(c: int = c) -> list[BenchResult]:
                     return [await analyst.saturation(name, concurrency=c)]
 
                 b = (await measure(ctx, deployer, name, config, labels,
