@@ -33,7 +33,6 @@ import numpy as np
 import optuna
 from mcp import Client
 from optuna.distributions import BaseDistribution, CategoricalDistribution
-from scipy.stats import norm
 
 from agents.mcp_tools import ToolCallFailed, call
 from agents.planner import NoViableConfig, Planner, PlanStep, Pruned, TrialPlan, _fmt
@@ -478,6 +477,8 @@ class GuidedPlanner(SpacePlanner):
             return 1.0
         if not math.isfinite(ratio):
             return 0.0
+        from scipy.stats import norm  # here: scipy.stats takes about 1 s to import
+
         return float(norm.cdf((math.log(self.theta) - math.log(ratio)) / SIGMA_TTFT))
 
     def candidates(self, best: ServingConfig | None = None) -> list[Point]:
