@@ -10,53 +10,11 @@ import sqlite3
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import yaml
-
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT = REPO / "studies" / "default.yaml"
-TRACE = REPO / "data" / "traces" / "mooncake_fast25_conversation_trace.jsonl"
-
-
-def tiny_study(**over) -> dict:
-    s = yaml.safe_load(DEFAULT.read_text())
-    s.update(name="tiny", knobs={"attention_backend": ["unset", "fa3"], "tp_size": [4, 8],
-                                 "weights": ["fp8", "nvfp4"],
-                                 "kv_cache_dtype": ["bf16", "fp8_e4m3"]},
-             saturation={"isl": 1024, "osl": 128, "concurrency": 256, "duration_s": 10},
-             replay={"trace": str(TRACE), "format": "mooncake", "start_s": 600,
-                     "duration_s": 120, "time_scale": 0.5},
-             finalists=2, sweep_concurrency=[8, 64], budget={"max_trials": 8, "patience": 4})
-    s.update(over)
-    return s
-
-
-def write(tmp: Path, name: str, data) -> Path:
-    p = tmp / name
-    p.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
-    return p
-
-
-def servetune(*args, tmp: Path, env=None, check=False) -> subprocess.CompletedProcess:
-    # no SGLang source unless a test gives one: a tree fetched on this machine would change
-    # what the research step finds
-    e = dict(os.environ, SERVETUNE_LESSONS_DIR=str(tmp / "lessons"), COLUMNS="200",
-             SERVETUNE_SOURCE_CACHE=str(tmp / "no-source"))
-    e.pop("SERVETUNE_SGLANG_SOURCE", None)
-    e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "servetune.cli", *args], cwd=tmp, env=e,
-                          capture_output=True, text=True, timeout=300, check=check)
-
-
-def ledger_rows(path: Path) -> list[tuple]:
-    db = sqlite3.connect(path)
-    try:
-        return db.execute("SELECT seq, key, status, changed, body FROM trials ORDER BY seq"
-                          ).fetchall()
-    finally:
-        db.close()
+from fixtures.cli import DEFAULT, ledger_rows, servetune, tiny_study, write
+from fixtures.paths import REPO
 
 
 @pytest.fixture(scope="module")
@@ -298,7 +256,7 @@ def test_unrunnable_neighbourhood_widens_until_something_runs(tmp_path):
 
 
 def test_mcp_bench_tokenizer_and_client_options(tmp_path):
-    vocab = Path(__file__).resolve().parent.parent / "memory" / "vocab.txt"
+    vocab = REPO / "memory" / "vocab.txt"
     ok = subprocess.run([sys.executable, "-m", "servetune.cli", "mcp", "bench", "--tokenizer",
                          str(vocab), "--state-dir", str(tmp_path / "state")], cwd=tmp_path,
                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
