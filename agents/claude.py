@@ -17,18 +17,20 @@ import json
 import logging
 import os
 import re
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-import anthropic
-from anthropic import AsyncAnthropic
 from mcp import Client, MCPError
 from pydantic import BaseModel, ValidationError
 
 from domain.errors import BudgetExceeded, ServetuneError
+
+if TYPE_CHECKING:  # the SDK (about 1 s to import) loads only when a client is made
+    from anthropic import AsyncAnthropic
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +39,18 @@ SUBMIT_TOOL = "submit_result"
 API_RETRIES = 4  # SDK retries of one Messages API call (its default is 2)
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 
-# Errors of the Messages API itself (after the SDK's retries): the run stops on them, and
-# resumes later, rather than recording a trial or a research branch as failed.
-API_ERRORS: tuple[type[Exception], ...] = (anthropic.APIError,)
+
+
+def api_errors() -> tuple[type[Exception], ...]:
+    """Errors of the Messages API itself (after the SDK's retries), for an ``except`` clause.
+
+    The run stops on them, and resumes later, rather than recording a trial or a research
+    branch as failed. Empty while the ``anthropic`` SDK is not imported: then no client was
+    made and none of its errors can be raised (deterministic runs never load the SDK).
+    """
+    sdk = sys.modules.get("anthropic")
+    return (sdk.APIError,) if sdk is not None else ()
+
 
 T = TypeVar("T", bound=BaseModel)
 Check = Callable[[T], Awaitable[str | None]]
@@ -192,6 +203,7 @@ def anthropic_client_from_env(env: Mapping[str, str] | None = None,
         log.info("ANTHROPIC_API_KEY is not set: deterministic brains")
         return None
     kwargs.setdefault("max_retries", API_RETRIES)
+    from anthropic import AsyncAnthropic
     return AsyncAnthropic(api_key=key, **kwargs)
 
 

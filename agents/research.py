@@ -20,9 +20,8 @@ import dataclasses
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from anthropic import AsyncAnthropic
 from mcp import Client
 
 from agents.claude import AgentBudget, AgentUsage, ClaudeAgent, Meter
@@ -30,6 +29,9 @@ from agents.mcp_tools import ToolCallFailed, call
 from agents.outputs import Claim, ResearchFindings, ResearchQuestion
 from domain.lesson import STORED, Lesson
 from mcp_servers.source.analysis import mentions_value
+
+if TYPE_CHECKING:  # the SDK loads only when a client is made (agents.claude)
+    from anthropic import AsyncAnthropic
 
 MAX_CONSTRAINT_CLAIMS = 6
 MAX_DEFAULT_CLAIMS = 3

@@ -30,7 +30,6 @@ from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, Field
-from scipy import stats
 
 from domain.metrics import RequestRecord
 
@@ -149,6 +148,8 @@ def decide(candidate: Sequence[float], incumbent: Sequence[float], min_improveme
     method = "exact"
     if min(c.size, i.size) >= 2 and (np.ptp(c) > 0 or np.ptp(i) > 0):
         lo, hi, method = math.nan, math.nan, "BCa"
+        from scipy import stats  # here: scipy.stats takes about 1 s to import
+
         for method in ("BCa", "percentile"):  # BCa is undefined on some tiny samples
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore", stats.DegenerateDataWarning)

@@ -31,7 +31,6 @@ from collections.abc import Sequence
 
 import numpy as np
 from pydantic import BaseModel, Field
-from scipy import stats
 
 BINS = 12  # bins over the offered period
 STEADY_FROM = 0.5  # the verdict reads the bins from this share of the period on
@@ -120,6 +119,8 @@ def time_series(arrival_s: Sequence[float] | np.ndarray, ttft_s: Sequence[float]
 def _tau(values: Sequence[float]) -> float:
     if len(values) < 3 or len(set(values)) < 2:
         return 0.0
+    from scipy import stats  # here: scipy.stats takes about 1 s to import
+
     tau = stats.kendalltau(np.arange(len(values)), np.asarray(values)).statistic
     return 0.0 if math.isnan(tau) else float(tau)
 

@@ -56,7 +56,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import norm
 
 from domain.config import ServingConfig
 from domain.costmodel import StepCostModel, build_cost_model
@@ -235,6 +234,8 @@ def _p99_slot_wait(rho: float, slots: float, e2e_s: float) -> float:
     beta = (1 - rho) * math.sqrt(c)
     if beta > 6:  # P(wait) < 1e-8
         return 0.0
+    from scipy.stats import norm  # here: scipy.stats takes about 1 s to import
+
     p_wait = 1.0 / (1.0 + beta * float(norm.cdf(beta)) / float(norm.pdf(beta)))
     if p_wait <= 0.01:
         return 0.0

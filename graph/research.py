@@ -22,7 +22,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send
 from pydantic import BaseModel, Field
 
-from agents.claude import API_ERRORS, AgentUsage
+from agents.claude import AgentUsage, api_errors
 from agents.outputs import ResearchFindings, ResearchQuestion
 
 
@@ -78,7 +78,7 @@ def build_research_graph(researchers: Mapping[str, Researcher],
                 findings, usage = await researcher.answer(q)
             out = ResearchOutcome(question=q, status="answered", findings=findings,
                                   started_s=t0, finished_s=time.time(), usage=usage)
-        except API_ERRORS:
+        except api_errors():
             raise  # the API itself failed: the run stops and its resume asks again
         except Exception as e:  # noqa: BLE001 - a failed branch is an outcome, not a crash
             reason = f"timed out after {timeout_s:g} s" if isinstance(e, TimeoutError) else \

@@ -333,7 +333,7 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
     again = (f" --brains claude --model {claude.model}" if claude is not None else
              " --brains deterministic" if settings.brains == "deterministic" else "")
     again += cluster_flags
-    import anthropic
+    from agents.claude import api_errors  # the SDK's errors, without importing it (1 s)
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                   TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
@@ -367,11 +367,11 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
                 logging.getLogger("servetune.run").debug("run %s interrupted", rid, exc_info=e)
                 stop.signum = stop.signum or signal.SIGINT
         except BaseExceptionGroup as group:  # raised inside the MCP clients' task groups
-            known = _first_leaf(group, (anthropic.APIError, ServetuneError))
+            known = _first_leaf(group, (*api_errors(), ServetuneError))
             if known is None:
                 raise
             err = known
-        except (anthropic.APIError, ServetuneError) as e:
+        except (*api_errors(), ServetuneError) as e:
             err = e
         finally:
             store.close()

@@ -1,10 +1,30 @@
-"""Fixtures shared by the test modules."""
+"""Fixtures shared by the test modules, and the grouping of tests for pytest-xdist."""
 
 from __future__ import annotations
 
 import pytest
 
 from memory.store import LessonStore
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the marks into node ids
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Keep the tests that share a module's module- or session-scoped fixture on one worker.
+
+    Such a fixture (a study run several tests only read) is made once per worker that runs one
+    of its tests; ``--dist loadgroup`` sends every test of an ``xdist_group`` to one worker.
+    """
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        module = item.nodeid.split("::", 1)[0]
+        for name in info.names_closure:
+            defs = info.name2fixturedefs.get(name)
+            if defs and defs[-1].scope in ("module", "session") \
+                    and defs[-1].baseid.split("::", 1)[0] == module:
+                item.add_marker(pytest.mark.xdist_group(module))
+                break
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from fixtures.cli import tiny_study, write
 from mcp import Client
-from test_cli import tiny_study, write
 
 from agents.analyst import Analyst, Verdict, acceptance, check_verdict, gates
 from domain.acceptance import BLOCKS, AcceptDecision, block_rates, decide, pick_samples

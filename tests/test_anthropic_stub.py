@@ -3,23 +3,18 @@ over real HTTP on 127.0.0.1: role detection, offered tools only, ``--malformed-o
 one servetune agent (the deployer over the twin) run against it end to end.
 
 ``running_stub`` starts the stub as a subprocess (bound port read from its ``--port-file``) and
-stops it by its PID; the Claude-study tests reuse it.
+stops it by its PID (``tests/fixtures/anthropic_process.py``, shared with the Claude-study tests).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
 import httpx
 import pytest
+from fixtures.anthropic_process import log_lines, running_stub
 from mcp import Client
 
 from agents.analyst import Verdict
@@ -30,42 +25,7 @@ from mcp_servers.cluster.server import build_server as cluster_server
 from mcp_servers.cluster.twin import TwinBackend
 
 pytestmark = pytest.mark.anyio
-REPO = Path(__file__).resolve().parent.parent
-STUB = REPO / "tests" / "fixtures" / "anthropic_stub.py"
 MODEL = "claude-stub-test"
-
-
-@contextlib.contextmanager
-def running_stub(tmp: Path, *flags: str, log: Path | None = None) -> Iterator[str]:
-    """Base URL of a running stub started with ``flags``; stopped by its PID afterwards."""
-    tmp.mkdir(parents=True, exist_ok=True)
-    port_file = tmp / f"stub-port-{time.monotonic_ns()}"
-    argv = [sys.executable, str(STUB), "--port", "0", "--port-file", str(port_file), *flags]
-    if log is not None:
-        argv += ["--log", str(log)]
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 15
-        while not port_file.exists():
-            if proc.poll() is not None:
-                raise AssertionError(f"the stub exited: {proc.stderr.read().decode()[-2000:]}")
-            assert time.monotonic() < deadline, "the stub did not write its port"
-            time.sleep(0.02)
-        yield f"http://127.0.0.1:{int(port_file.read_text())}"
-    finally:
-        proc.terminate()  # Popen signals its own PID
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stderr:
-            proc.stderr.close()
-
-
-def log_lines(path: Path) -> list[dict[str, Any]]:
-    """The stub's request log, one dict per request."""
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixtures.configs import config
 from fixtures.stub_process import free_port, running_stub
 from mcp import Client, StdioServerParameters
 
@@ -41,11 +42,6 @@ SLACK_MS = 40.0
 
 
 
-def config(**kw):
-    c = dict(model="glm-5", gpu="B200", tp_size=8, replicas=1, weights="nvfp4",
-             kv_cache_dtype="fp8_e4m3")
-    c.update(kw)
-    return c
 
 
 

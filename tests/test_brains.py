@@ -5,14 +5,12 @@ study key search.brain."""
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from fixtures.cli import run_deterministic as servetune
 from fixtures.planning import drive as drive_with
 from fixtures.planning import forbid_fa3, row
 from mcp import Client
@@ -179,14 +177,6 @@ def test_research_asks_about_one_research_worthy_change_of_a_multi_knob_candidat
 
 # -- through the graph, as a user runs it ---------------------------------------------------
 
-def servetune(tmp: Path, study_path: Path, run_id: str) -> subprocess.CompletedProcess:
-    e = dict(os.environ, SERVETUNE_LESSONS_DIR=str(tmp / "lessons"), COLUMNS="200",
-             SERVETUNE_SOURCE_CACHE=str(tmp / "no-source"), SERVETUNE_BRAINS="deterministic")
-    e.pop("SERVETUNE_SGLANG_SOURCE", None)
-    e.pop("ANTHROPIC_API_KEY", None)
-    return subprocess.run([sys.executable, "-m", "servetune.cli", "run", str(study_path),
-                           "--run-id", run_id], cwd=tmp, env=e, capture_output=True, text=True,
-                          timeout=300)
 
 
 @pytest.mark.slow

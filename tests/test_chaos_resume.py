@@ -6,7 +6,6 @@ persistent state (the local backend) are found by their labels and torn down on 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fixtures.benchmarks import load_benchmark
 from mcp import Client
 
 from graph.run import tear_down_leftovers
@@ -29,17 +29,7 @@ STUB = str(REPO / "tests" / "fixtures" / "openai_stub.py")
 NS = "chaos-test"
 
 
-def _load_bench():
-    spec = importlib.util.spec_from_file_location(
-        "chaos_resume", REPO / "benchmarks" / "chaos_resume.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["chaos_resume"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-cr = _load_bench()
+cr = load_benchmark("chaos_resume")
 
 
 @pytest.mark.slow
@@ -130,7 +120,7 @@ async def test_resume_tears_down_what_a_killed_run_left_on_the_local_backend(tmp
 async def test_resume_tears_down_leftovers_on_kubernetes_by_label():
     """The same on the kubernetes backend (fake API at its seam): a resumed process's backend
     finds the killed run's Deployments by label, Ready or still Pending, and deletes only those."""
-    from fakes_k8s import Clock, FakeKubeApi, Fate
+    from fixtures.fakes_k8s import Clock, FakeKubeApi, Fate
 
     from domain.config import ServingConfig
     from mcp_servers.cluster import ops

@@ -10,7 +10,7 @@ from typing import Any
 
 import anthropic
 import pytest
-from anthropic_script import Scripted, msg, text, tool_use
+from fixtures.anthropic_script import Scripted, msg, text, tool_use
 from mcp import Client
 from pydantic import BaseModel
 

@@ -14,10 +14,10 @@ from typing import Any
 import anthropic
 import httpx2
 import pytest
-from anthropic_script import Scripted, msg, tool_use
+from fixtures.anthropic_script import Scripted, msg, tool_use
 from fixtures.anthropic_stub import State, answer
+from fixtures.cli import tiny_study, write
 from mcp import Client
-from test_cli import tiny_study, write
 
 from agents.analyst import ClaudeAnalyst, Verdict, check_verdict
 from agents.claude import AgentOutputInvalid, ClaudeSetup
@@ -325,7 +325,7 @@ async def test_analyst_invalid_twice_marks_the_trial_failed_and_the_study_goes_o
 
 
 async def test_planner_modify_after_research_launches_the_alternative(study, store, tmp_path):
-    from test_research_agents import build_tree
+    from fixtures.research_tree import build_tree
 
     from mcp_servers.source.tree import SourceTree
 

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_anthropic_stub import log_lines, running_stub
-from test_cli import ledger_rows, servetune, tiny_study, write
-from test_research_agents import build_tree
+from fixtures.anthropic_process import log_lines, running_stub
+from fixtures.cli import ledger_rows, servetune, tiny_study, write
+from fixtures.research_tree import build_tree
 
 MODEL = "claude-stub-e2e-1"
 KEY = "test-key-servetune-e2e-7f3c"  # not an sk-ant shape: redaction by pattern cannot hide it

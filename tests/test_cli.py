@@ -10,53 +10,10 @@ import sqlite3
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-import yaml
-
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT = REPO / "studies" / "default.yaml"
-TRACE = REPO / "data" / "traces" / "mooncake_fast25_conversation_trace.jsonl"
-
-
-def tiny_study(**over) -> dict:
-    s = yaml.safe_load(DEFAULT.read_text())
-    s.update(name="tiny", knobs={"attention_backend": ["unset", "fa3"], "tp_size": [4, 8],
-                                 "weights": ["fp8", "nvfp4"],
-                                 "kv_cache_dtype": ["bf16", "fp8_e4m3"]},
-             saturation={"isl": 1024, "osl": 128, "concurrency": 256, "duration_s": 10},
-             replay={"trace": str(TRACE), "format": "mooncake", "start_s": 600,
-                     "duration_s": 120, "time_scale": 0.5},
-             finalists=2, sweep_concurrency=[8, 64], budget={"max_trials": 8, "patience": 4})
-    s.update(over)
-    return s
-
-
-def write(tmp: Path, name: str, data) -> Path:
-    p = tmp / name
-    p.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
-    return p
-
-
-def servetune(*args, tmp: Path, env=None, check=False) -> subprocess.CompletedProcess:
-    # no SGLang source unless a test gives one: a tree fetched on this machine would change
-    # what the research step finds
-    e = dict(os.environ, SERVETUNE_LESSONS_DIR=str(tmp / "lessons"), COLUMNS="200",
-             SERVETUNE_SOURCE_CACHE=str(tmp / "no-source"))
-    e.pop("SERVETUNE_SGLANG_SOURCE", None)
-    e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "servetune.cli", *args], cwd=tmp, env=e,
-                          capture_output=True, text=True, timeout=300, check=check)
-
-
-def ledger_rows(path: Path) -> list[tuple]:
-    db = sqlite3.connect(path)
-    try:
-        return db.execute("SELECT seq, key, status, changed, body FROM trials ORDER BY seq"
-                          ).fetchall()
-    finally:
-        db.close()
+from fixtures.cli import ledger_rows, servetune, tiny_study, write
+from fixtures.paths import REPO
 
 
 @pytest.fixture(scope="module")
@@ -176,9 +133,9 @@ def test_missing_study_and_bad_yaml(tmp_path):
 
 @pytest.mark.slow
 def test_sigkill_mid_study_then_resume(tmp_path):
-    slow = yaml.safe_load(DEFAULT.read_text())
-    slow["saturation"]["duration_s"] = 240  # about 4x the work per trial: time to kill it
-    study = write(tmp_path, "study.yaml", slow)
+    # the tiny study: 19 ledger rows (rows 0-10 the search, then validation and the sweep);
+    # each trial takes long enough against a 20 ms poll to be killed at a chosen row count
+    study = write(tmp_path, "study.yaml", tiny_study())
     env = dict(os.environ, SERVETUNE_LESSONS_DIR=str(tmp_path / "lessons"),
                SERVETUNE_EMBEDDING="hashing")
     cmd = [sys.executable, "-m", "servetune.cli", "run", str(study), "--run-id", "k1"]
@@ -186,7 +143,7 @@ def test_sigkill_mid_study_then_resume(tmp_path):
     events = tmp_path / "runs" / "k1" / "events.jsonl"
     finished_keys: set[str] = set()
     before: list[tuple] = []
-    for threshold in (5, 14):  # two kills: early in the search and later in it
+    for threshold in (5, 9):  # two kills: early in the search and later in it
         proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         n_events = len(events.read_text().splitlines()) if events.exists() else 0
@@ -298,7 +255,7 @@ def test_unrunnable_neighbourhood_widens_until_something_runs(tmp_path):
 
 
 def test_mcp_bench_tokenizer_and_client_options(tmp_path):
-    vocab = Path(__file__).resolve().parent.parent / "memory" / "vocab.txt"
+    vocab = REPO / "memory" / "vocab.txt"
     ok = subprocess.run([sys.executable, "-m", "servetune.cli", "mcp", "bench", "--tokenizer",
                          str(vocab), "--state-dir", str(tmp_path / "state")], cwd=tmp_path,
                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)

@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 
 import pytest
+from fixtures.cli import servetune, tiny_study, write
 from typer.testing import CliRunner
 
 from servetune.cli import app
-from tests.test_cli import servetune, tiny_study, write
 
 ENV = {"SERVETUNE_EMBEDDING": "hashing"}
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fixtures.configs import config
 from mcp import Client, StdioServerParameters
 
 from domain.config import ServingConfig
@@ -30,11 +31,6 @@ TOOLS = {"deploy", "get_status", "get_logs", "get_events", "tear_down", "list_de
 
 
 
-def config(**kw):
-    c = dict(model="glm-5", gpu="B200", tp_size=8, replicas=1, weights="nvfp4",
-             kv_cache_dtype="fp8_e4m3")
-    c.update(kw)
-    return c
 
 
 async def test_cluster_tools_deploy_status_logs_events_teardown():

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import pytest
+from fixtures.configs import config
 from mcp import Client
 
 from mcp_servers.cluster.server import build_server as cluster_server
 from mcp_servers.cluster.twin import TwinBackend
-from tests.test_cluster_mcp import config
 
 pytestmark = pytest.mark.anyio
 

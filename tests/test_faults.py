@@ -15,8 +15,8 @@ import logging
 from pathlib import Path
 
 import pytest
+from fixtures.cli import tiny_study, write
 from mcp import Client
-from test_cli import tiny_study, write
 
 from agents.mcp_tools import TRANSIENT_RETRIES, call
 from domain.config import ServingConfig

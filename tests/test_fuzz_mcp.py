@@ -14,13 +14,13 @@ import copy
 import json
 import math
 import re
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio.from_thread
 import pytest
+from fixtures.fuzz_sources import build_tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp import Client
@@ -33,9 +33,6 @@ from mcp_servers.lessons.server import build_server as lessons_server
 from mcp_servers.source.server import build_server as source_server
 from mcp_servers.source.tree import SourceTree
 from memory.store import LessonStore
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fuzz_sources import build_tree  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 CORPUS = TESTS / "fuzz" / "mcp"

@@ -7,11 +7,11 @@ text in the flag-declaring file).
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+from fixtures.fuzz_sources import FIELDS, HOOK, ODD, build_tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,9 +20,6 @@ from mcp_servers.source import files as file_ops
 from mcp_servers.source import outline as outline_ops
 from mcp_servers.source.flags import extract_flags
 from mcp_servers.source.tree import SourceError, SourceTree
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fuzz_sources import FIELDS, HOOK, ODD, build_tree  # noqa: E402
 
 
 @pytest.fixture(scope="module")

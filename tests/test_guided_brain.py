@@ -8,15 +8,13 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import sqlite3
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
+from fixtures.cli import run_deterministic as servetune
 from fixtures.planning import drive, forbid_fa3, row
 from mcp import Client
 
@@ -417,14 +415,6 @@ async def test_a_point_the_engine_runs_like_a_measured_config_is_not_launched(le
 
 # -- through the graph, as a user runs it ---------------------------------------------------
 
-def servetune(tmp: Path, study_path: Path, run_id: str) -> subprocess.CompletedProcess:
-    e = dict(os.environ, SERVETUNE_LESSONS_DIR=str(tmp / "lessons"), COLUMNS="200",
-             SERVETUNE_SOURCE_CACHE=str(tmp / "no-source"), SERVETUNE_BRAINS="deterministic")
-    e.pop("SERVETUNE_SGLANG_SOURCE", None)
-    e.pop("ANTHROPIC_API_KEY", None)
-    return subprocess.run([sys.executable, "-m", "servetune.cli", "run", str(study_path),
-                           "--run-id", run_id], cwd=tmp, env=e, capture_output=True, text=True,
-                          timeout=300)
 
 
 @pytest.mark.slow

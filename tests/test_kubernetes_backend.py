@@ -9,7 +9,7 @@ deployer's failure classifier. The real client is only checked to contact nothin
 from __future__ import annotations
 
 import pytest
-from fakes_k8s import Clock, FakeKubeApi, Fate
+from fixtures.fakes_k8s import Clock, FakeKubeApi, Fate
 from mcp import Client
 from typer.testing import CliRunner
 

@@ -22,12 +22,13 @@ from typing import Any
 
 import pytest
 import yaml
-from test_chaos_resume import cr
+from fixtures.benchmarks import load_benchmark
 
 from mcp_servers.cluster.local import gpu_present
 from mcp_servers.cluster.procs import proc_stat, running
 
 REPO = Path(__file__).resolve().parent.parent
+cr = load_benchmark("chaos_resume")
 twin_servers = pytest.mark.skipif(gpu_present(), reason="trial servers are twin servers only "
                                   "without a GPU")
 
@@ -204,7 +205,7 @@ def test_local_run_without_a_gpu_says_it_runs_in_real_time(runs):
 
 def test_stop_run_tears_down_only_this_runs_deployments_on_kubernetes():
     """What the CLI does after SIGTERM, on the kubernetes backend (fake API at its seam)."""
-    from fakes_k8s import Clock, FakeKubeApi
+    from fixtures.fakes_k8s import Clock, FakeKubeApi
 
     from domain.config import ServingConfig
     from graph.run import stop_run

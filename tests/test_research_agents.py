@@ -5,11 +5,11 @@ recorded Messages-API conversation, and the real SGLang 0.5.23 tree when it is o
 from __future__ import annotations
 
 import re
-import textwrap
 from pathlib import Path
 
 import pytest
-from anthropic_script import Scripted, msg, text, tool_use
+from fixtures.anthropic_script import Scripted, msg, text, tool_use
+from fixtures.research_tree import build_tree
 from mcp import Client
 
 from agents.claude import SUBMIT_TOOL, AgentBudget, load_prompt
@@ -33,64 +33,6 @@ pytestmark = pytest.mark.anyio
 REAL_TREE = Path("/tmp/stcache/sglang-0.5.23")
 FETCH_HINT = "servetune source fetch --version 0.5.23"
 CITE = re.compile(r"^(sglang/\S+\.py):(\d+)\b")
-
-FILES = {
-    "sglang/__init__.py": "",
-    "sglang/_version.py": "__version__ = version = '0.0.1'\n",
-    "sglang/srt/__init__.py": "",
-    "sglang/srt/arg_groups/__init__.py": "",
-    "sglang/srt/arg_groups/fields/__init__.py": "",
-    "sglang/srt/arg_groups/fields/kernel.py": """\
-        from typing import Optional
-
-        import msgspec
-
-        from sglang.srt.arg_groups.arg_utils import A, Arg
-
-
-        class ExecKernel(msgspec.Struct):
-            \"\"\"Namespace exec kernel.\"\"\"
-
-            _NS_PATH = "exec.kernel"
-            attention_backend: A[
-                Optional[str],
-                Arg(help="Choose the kernels for attention layers.",
-                    choices=["fa3", "flashinfer", "triton", "trtllm_mha"], resolvable=True),
-            ] = None
-            page_size: A[Optional[int], "Tokens per KV page."] = None
-        """,
-    "sglang/srt/arg_groups/attention_hook.py": """\
-        import logging
-
-        logger = logging.getLogger(__name__)
-
-
-        def handle_attention_backend(server_args, platform):
-            cfg = server_args
-            if cfg.attention_backend is None:
-                if platform.is_sm100:
-                    cfg.attention_backend = "trtllm_mha"
-                else:
-                    cfg.attention_backend = "flashinfer"
-            if cfg.attention_backend == "fa3":
-                assert is_sm90_or_lower(), "FlashAttention v3 Backend requires SM>=80 and SM<=90"
-            if cfg.attention_backend == "trtllm_mha" and cfg.page_size not in (16, 32, 64):
-                logger.warning("trtllm_mha needs page_size 16, 32 or 64; changing it")
-            if cfg.attention_backend == "triton" and cfg.page_size == 1:
-                raise ValueError("triton attention needs --page-size > 1 here")
-        """,
-    "sglang-0.0.1.dist-info/METADATA": "Name: sglang\nVersion: 0.0.1\n",
-}
-
-
-def build_tree(root: Path) -> Path:
-    tree = root / "tree"
-    for rel, body in FILES.items():
-        p = tree / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(textwrap.dedent(body))
-    return tree
-
 
 def cited_line(tree: Path, evidence: str) -> str:
     """The source line an evidence string cites (asserts that it exists)."""

@@ -8,8 +8,8 @@ import json
 import re
 import sqlite3
 
-from test_cli import servetune, tiny_study, write
-from test_research_agents import build_tree
+from fixtures.cli import servetune, tiny_study, write
+from fixtures.research_tree import build_tree
 
 
 def test_research_drops_fa3_on_b200_before_launch_and_the_report_says_why(tmp_path):

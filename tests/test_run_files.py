@@ -11,8 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from tests.test_cli import servetune, tiny_study, write
+from fixtures.cli import servetune, tiny_study, write
 
 ENV = {"SERVETUNE_EMBEDDING": "hashing"}
 

@@ -6,27 +6,16 @@ memory, the planner brains of agents.planner / agents.brains.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import anyio
 import pytest
+from fixtures.benchmarks import load_benchmark
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _load_bench():
-    spec = importlib.util.spec_from_file_location(
-        "search_efficiency", ROOT / "benchmarks" / "search_efficiency.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["search_efficiency"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-se = _load_bench()
+se = load_benchmark("search_efficiency")
 
 # Llama-3.1-8B on 2x B200: fa3 (refused on Blackwell, forbidden by the seed lesson) x TP1/TP2
 # x KV dtype = 8 configs, 4 of them never launchable; the SLO is loose, so every config that

@@ -11,12 +11,12 @@ import time
 
 import pytest
 import yaml
+from fixtures.cli import servetune, tiny_study, write
 from typer.testing import CliRunner
 
 from domain.errors import ConfigInvalid
 from servetune.cli import app
 from servetune.study_file import load_study
-from tests.test_cli import servetune, tiny_study, write
 
 
 def _bomb(levels: int = 9, width: int = 10) -> str:
