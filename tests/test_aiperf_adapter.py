@@ -397,7 +397,7 @@ def test_error_classes(err, cls):
 
 
 def test_error_classes_match_the_http_runner():
-    runner = pytest.importorskip("mcp_servers.bench.http_runner")
+    runner = pytest.importorskip("mcp_servers.bench.http")
     if not hasattr(runner, "ErrorClass"):
         pytest.skip("the HTTP runner has no ErrorClass")
     assert {ap.HTTP_STATUS, ap.TIMEOUT, ap.CONNECT, ap.DISCONNECT, ap.STREAM,
