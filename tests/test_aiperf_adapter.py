@@ -25,7 +25,8 @@ import pytest
 from fixtures.stub_process import running_stub
 
 from domain.metrics import summarize
-from domain.workload import Request, load_trace
+from domain.traces import load_trace
+from domain.workload import Request
 from mcp_servers.bench import aiperf as ap
 from mcp_servers.bench.aiperf import (
     AIPERF_VERSION,

@@ -21,7 +21,7 @@ from fixtures.stub_process import free_port, running_stub
 from mcp import Client, StdioServerParameters
 
 from domain.config import ServingConfig
-from domain.workload import load_mooncake
+from domain.traces import load_mooncake
 from mcp_servers.bench.http import HttpRunner, PlannedRequest
 from mcp_servers.bench.ops import BenchService
 from mcp_servers.bench.prompts import replay_plan

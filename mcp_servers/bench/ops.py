@@ -34,8 +34,10 @@ from typing import Any, Literal
 from domain.bench import BenchResult, Quality, SweepPoint, WorkloadInfo
 from domain.errors import TraceInvalid
 from domain.faults import FaultSpec
+from domain.trace_paths import check_trace_path
+from domain.traces import load_trace
 from domain.twin.budget import DEFAULT_COMPUTE_BUDGET_S, ComputeBudget
-from domain.workload import Trace, check_trace_path, load_trace
+from domain.workload import Trace
 from mcp_servers.bench import records as store
 from mcp_servers.bench.endpoints import check_endpoint
 from mcp_servers.bench.http import (
