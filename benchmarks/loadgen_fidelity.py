@@ -11,7 +11,7 @@ The server (``--server``, on 127.0.0.1, server-side timing recorded with CLOCK_M
   100 req/s x 64 tokens).
 
 Load: open-loop constant-rate requests of ISL/OSL ``--isl``/``--osl`` tokens, the runner of
-``mcp_servers/bench/http_runner.py`` with each client variant:
+``mcp_servers/bench/http/`` with each client variant:
 
 - ``httpx/asyncio`` -- **the baseline**: the runner as issue 5 shipped it (httpx on asyncio's
   default event loop);
@@ -74,7 +74,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from fixtures.stub_process import free_port, stop, wait_healthy  # noqa: E402
 
-from mcp_servers.bench.http_runner import HttpRunner, arrival_schedule  # noqa: E402
+from mcp_servers.bench.http import HttpRunner, arrival_schedule  # noqa: E402
 from mcp_servers.bench.prompts import SyntheticPrompts, rate_plan  # noqa: E402
 
 STUB = ROOT / "tests" / "fixtures" / "openai_stub.py"
@@ -212,7 +212,7 @@ async def _raw_open_loop(url: str, plan: list[Any]) -> Any:
     from urllib.parse import urlsplit
 
     from domain.metrics import RequestRecord
-    from mcp_servers.bench.http_runner import HttpRun
+    from mcp_servers.bench.http import HttpRun
 
     u = urlsplit(url)
     host, port = u.hostname, u.port

@@ -94,10 +94,11 @@ from domain.knobs import apply_knob  # noqa: E402
 from domain.lesson import Clause, Lesson, Scope  # noqa: E402
 from domain.metrics import summarize  # noqa: E402
 from domain.study import Study, parse_study  # noqa: E402
+from domain.traces import load_trace  # noqa: E402
 from domain.trial import Trial  # noqa: E402
 from domain.twin.cluster import simulate_closed_loop, simulate_open_loop  # noqa: E402
 from domain.twin.startup import start  # noqa: E402
-from domain.workload import Trace, load_trace  # noqa: E402
+from domain.workload import Trace  # noqa: E402
 from graph.supervisor import _losers  # noqa: E402  (the product's no-retry rule)
 from mcp_servers.bench.targets.twin import MAX_SATURATION_REQUESTS  # noqa: E402
 from mcp_servers.lessons.server import build_server as lessons_server  # noqa: E402
@@ -124,7 +125,7 @@ SPEEDUP_TARGET = 2.0  # the headline brain needs at least 2x fewer launches than
 TWIN_SOURCES = ("domain/twin/*.py", "domain/costmodel.py", "domain/calibration.py",
                 "domain/fit.py", "domain/speculative.py", "domain/metrics.py", "domain/models.py",
                 "domain/hardware.py", "domain/config.py", "domain/knobs.py", "domain/workload.py",
-                "domain/data/*.json", "data/models/*.json")
+                "domain/traces.py", "domain/data/*.json", "data/models/*.json")
 
 
 # -- scenarios ------------------------------------------------------------------------------------

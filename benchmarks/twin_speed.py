@@ -19,8 +19,8 @@ from pathlib import Path
 from domain.config import ServingConfig
 from domain.fit import fit
 from domain.metrics import summarize
+from domain.traces import load_trace
 from domain.twin.cluster import simulate_closed_loop, simulate_open_loop
-from domain.workload import load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "data" / "traces" / "mooncake_fast25_conversation_trace.jsonl"

@@ -9,13 +9,9 @@ import yaml
 
 from domain.errors import ConfigInvalid, TraceInvalid
 from domain.study import Study, parse_study
-from domain.workload import (
-    Trace,
-    check_trace_path,
-    load_trace,
-    long_name_bytes,
-    long_name_message,
-)
+from domain.trace_paths import check_trace_path, long_name_bytes, long_name_message
+from domain.traces import load_trace
+from domain.workload import Trace
 from servetune.settings import REPO_ROOT
 
 # Nodes that YAML aliases may add to a document once expanded. A 1.4 KB study of nested

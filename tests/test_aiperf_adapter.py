@@ -25,7 +25,8 @@ import pytest
 from fixtures.stub_process import running_stub
 
 from domain.metrics import summarize
-from domain.workload import Request, load_trace
+from domain.traces import load_trace
+from domain.workload import Request
 from mcp_servers.bench import aiperf as ap
 from mcp_servers.bench.aiperf import (
     AIPERF_VERSION,
@@ -397,7 +398,7 @@ def test_error_classes(err, cls):
 
 
 def test_error_classes_match_the_http_runner():
-    runner = pytest.importorskip("mcp_servers.bench.http_runner")
+    runner = pytest.importorskip("mcp_servers.bench.http")
     if not hasattr(runner, "ErrorClass"):
         pytest.skip("the HTTP runner has no ErrorClass")
     assert {ap.HTTP_STATUS, ap.TIMEOUT, ap.CONNECT, ap.DISCONNECT, ap.STREAM,

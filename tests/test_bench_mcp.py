@@ -22,8 +22,8 @@ from fixtures.stub_process import free_port, running_stub
 from mcp import Client, StdioServerParameters
 
 from domain.config import ServingConfig
-from domain.workload import load_mooncake
-from mcp_servers.bench.http_runner import HttpRunner, PlannedRequest
+from domain.traces import load_mooncake
+from mcp_servers.bench.http import HttpRunner, PlannedRequest
 from mcp_servers.bench.ops import BenchService
 from mcp_servers.bench.prompts import replay_plan
 from mcp_servers.bench.server import build_server as bench_server

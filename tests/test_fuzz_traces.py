@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from domain.errors import ConfigInvalid, TraceInvalid
-from domain.workload import MAX_TRACE_TOKENS, Trace, load_trace
+from domain.traces import MAX_TRACE_TOKENS, load_trace
+from domain.workload import Trace
 
 CORPUS = Path(__file__).resolve().parent / "fuzz" / "traces"
 MANIFEST = json.loads((CORPUS / "MANIFEST.json").read_text())

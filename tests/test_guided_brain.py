@@ -30,8 +30,8 @@ from domain.fit import fit
 from domain.lesson_builders import research_lesson
 from domain.search import p_meets_slo
 from domain.study import Study, parse_study
+from domain.traces import load_trace
 from domain.trial import Trial
-from domain.workload import load_trace
 from mcp_servers.lessons.server import build_server
 from memory.store import LessonStore
 from servetune.study_file import load_study

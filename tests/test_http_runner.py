@@ -20,8 +20,9 @@ from mcp import Client
 
 from domain.bench import Quality
 from domain.config import ServingConfig
-from domain.workload import Request, load_mooncake
-from mcp_servers.bench.http_runner import HttpRunner, arrival_schedule
+from domain.traces import load_mooncake
+from domain.workload import Request
+from mcp_servers.bench.http import HttpRunner, arrival_schedule
 from mcp_servers.bench.ops import BenchService
 from mcp_servers.bench.prompts import (
     SHIPPED_WORDPIECE,

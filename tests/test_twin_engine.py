@@ -230,7 +230,7 @@ def test_round_robin_cycles():
 def test_bailian_16_token_blocks_hit_the_radix_cache():
     from pathlib import Path
 
-    from domain.workload import load_bailian
+    from domain.traces import load_bailian
     trace = load_bailian(Path(__file__).parent / "fixtures" / "qwen_bailian_tiny.jsonl")
     eng, idx = engine()
     for q in trace.requests:

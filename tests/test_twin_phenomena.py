@@ -17,9 +17,9 @@ import pytest
 from domain.config import ServingConfig
 from domain.fit import FitReport
 from domain.metrics import MetricsSummary, summarize
+from domain.traces import load_trace
 from domain.twin.cluster import ReplicaStats, simulate_closed_loop, simulate_open_loop
 from domain.twin.startup import start
-from domain.workload import load_trace
 
 TRACE = Path(__file__).resolve().parent.parent / "data" / "traces" / \
     "mooncake_fast25_conversation_trace.jsonl"

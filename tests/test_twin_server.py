@@ -390,7 +390,7 @@ def test_builtin_runner_measures_the_twins_known_ttft_and_itl(server):
     """Fidelity of the built-in runner (aiohttp) against the twin's own token times."""
     import asyncio
 
-    from mcp_servers.bench.http_runner import HttpRunner, arrival_schedule
+    from mcp_servers.bench.http import HttpRunner, arrival_schedule
     from mcp_servers.bench.prompts import SyntheticPrompts, rate_plan
 
     client, _ = server

@@ -10,15 +10,9 @@ import pytest
 from pydantic import ValidationError
 
 from domain.errors import ConfigInvalid, TraceInvalid
-from domain.workload import (
-    Request,
-    Trace,
-    load_azure,
-    load_bailian,
-    load_mooncake,
-    load_trace,
-    synthetic_fixed,
-)
+from domain.synthetic import synthetic_fixed
+from domain.traces import load_azure, load_bailian, load_mooncake, load_trace
+from domain.workload import Request, Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE_CONV = ROOT / "data/traces/mooncake_fast25_conversation_trace.jsonl"

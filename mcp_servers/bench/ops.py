@@ -14,7 +14,7 @@ artifacts directory (:mod:`mcp_servers.bench.records`); results carry their path
 the records themselves.
 
 Every result says whether it can be used (:class:`~domain.bench.BenchResult`):
-failed requests are counted per error class (:class:`~mcp_servers.bench.http_runner.ErrorClass`;
+failed requests are counted per error class (:class:`~mcp_servers.bench.http.ErrorClass`;
 ``engine`` for the twin) and a run whose failed share exceeds ``max_error_share`` (default 5 %)
 is ``valid: false`` with the reason -- its numbers are reported but must not be scored. Open-loop
 HTTP runs with a late dispatch or a prefix-cache hit rate far from the trace's are flagged
@@ -34,11 +34,13 @@ from typing import Any, Literal
 from domain.bench import BenchResult, Quality, SweepPoint, WorkloadInfo
 from domain.errors import TraceInvalid
 from domain.faults import FaultSpec
+from domain.trace_paths import check_trace_path
+from domain.traces import load_trace
 from domain.twin.budget import DEFAULT_COMPUTE_BUDGET_S, ComputeBudget
-from domain.workload import Trace, check_trace_path, load_trace
+from domain.workload import Trace
 from mcp_servers.bench import records as store
 from mcp_servers.bench.endpoints import check_endpoint
-from mcp_servers.bench.http_runner import (
+from mcp_servers.bench.http import (
     DEFAULT_CLIENT,
     ClientKind,
     Snapshot,
@@ -287,7 +289,7 @@ class BenchService:
                    runner: RunnerChoice = "auto") -> BenchResult:
         """Open loop at a fixed request rate for ``duration_s`` seconds of arrivals, then drain.
 
-        Arrivals from :func:`~mcp_servers.bench.http_runner.arrival_schedule` (Poisson or
+        Arrivals from :func:`~mcp_servers.bench.http.arrival_schedule` (Poisson or
         constant, seeded: the same seed sends at the same times; aiperf draws its own
         schedule of the same process and rate). Twin: virtual seconds; HTTP: wall seconds,
         with the load generator :meth:`pick_runner` picks for ``runner``.

@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from domain.workload import Request
-from mcp_servers.bench.http_runner import PlannedRequest
+from mcp_servers.bench.http import PlannedRequest
 
 # Common lowercase words that are single tokens (with a leading space) in the usual BPE
 # vocabularies; no word contains JSON-special characters.

@@ -101,7 +101,7 @@ def store(artifacts: Path, bench_id: str, records: Sequence[RequestRecord],
     """Write the records and the result of run ``bench_id``; return the ``.npz`` path.
 
     ``error_class`` and ``cached_tokens`` (HTTP runs) are per record, as in
-    :class:`~mcp_servers.bench.http_runner.HttpRun`.
+    :class:`~mcp_servers.bench.http.HttpRun`.
     """
     artifacts.mkdir(parents=True, exist_ok=True)
     itl = [r.itl_s for r in records]

@@ -30,7 +30,7 @@ from domain.bench import (
 )
 from domain.twin.budget import DEFAULT_COMPUTE_BUDGET_S
 from mcp_servers.bench import records as store
-from mcp_servers.bench.http_runner import DEFAULT_CLIENT, MAX_CONCURRENCY, ClientKind
+from mcp_servers.bench.http import DEFAULT_CLIENT, MAX_CONCURRENCY, ClientKind
 from mcp_servers.bench.ops import BenchService, TraceFormat
 from mcp_servers.bench.prompts import HFTokenizer
 from mcp_servers.bench.quality import DEFAULT_MAX_TOKENS, GreedyOutputs

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import regex
 
 from domain.errors import ServetuneError
-from domain.workload import MAX_NAME_BYTES, long_name_bytes
+from domain.trace_paths import MAX_NAME_BYTES, long_name_bytes
 
 MAX_TEXT_BYTES = 2_000_000  # larger files are listed and readable but not searched
 MAX_READ_BYTES = 16_000_000  # read_file refuses larger files

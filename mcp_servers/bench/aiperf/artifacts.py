@@ -33,7 +33,7 @@ from mcp_servers.bench.aiperf.common import (
     brief,
 )
 from mcp_servers.bench.aiperf.trace import SESSION_RE, AiperfTrace
-from mcp_servers.bench.http_runner import count_error_classes
+from mcp_servers.bench.http import count_error_classes
 
 # ---------------------------------------------------------------------------------------------
 # Artifacts -> records
@@ -43,7 +43,7 @@ from mcp_servers.bench.http_runner import count_error_classes
 class AiperfRun:
     """One aiperf run read back: records in send order and how the client kept its schedule.
 
-    Has the attributes of :class:`mcp_servers.bench.http_runner.HttpRun` (``records``,
+    Has the attributes of :class:`mcp_servers.bench.http.HttpRun` (``records``,
     ``sent_s``, ``wall_s``, ``stopped_early``, ``error_class``, ``error_counts()``,
     ``cached_tokens``, ``client``, ``t0_mono``), so the bench service stores, classifies and
     summarizes it the same way.

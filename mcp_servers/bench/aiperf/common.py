@@ -32,7 +32,7 @@ their decode time.
 Mode = Literal["replay", "concurrency", "rate"]
 
 # Error classes of failed requests: the values of the built-in HTTP runner's ``ErrorClass``
-# (mcp_servers/bench/http_runner.py), so both runners' results count errors alike.
+# (mcp_servers/bench/http/errors.py), so both runners' results count errors alike.
 HTTP_STATUS, TIMEOUT, CONNECT, DISCONNECT, STREAM, TRUNCATED = (
     "http_status", "timeout", "connect", "disconnect", "stream", "truncated")
 

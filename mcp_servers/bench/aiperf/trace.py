@@ -31,7 +31,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from domain.workload import Request, load_trace
+from domain.traces import load_trace
+from domain.workload import Request
 from mcp_servers.bench.aiperf.common import AiperfError, brief
 
 # ---------------------------------------------------------------------------------------------
@@ -182,7 +183,7 @@ def convert_trace(source: str | os.PathLike[str], out: str | os.PathLike[str], *
     Args:
         source: Trace file (``.jsonl`` Mooncake/Bailian, ``.csv`` Azure).
         out: The aiperf JSONL to write.
-        format: Loader to use, or ``"auto"`` (:func:`domain.workload.load_trace`).
+        format: Loader to use, or ``"auto"`` (:func:`domain.traces.load_trace`).
         start_s: Window start, trace seconds.
         duration_s: Window length, trace seconds; None for the rest of the trace.
         time_scale: Speed-up factor (2.0 = twice the request rate).

@@ -14,7 +14,7 @@ import numpy as np
 
 from domain.workload import Request
 from mcp_servers.bench.aiperf import AiperfRun, AiperfRunner
-from mcp_servers.bench.http_runner import HttpRun, TickFn
+from mcp_servers.bench.http import HttpRun, TickFn
 from mcp_servers.bench.targets.base import ArrivalProcess, ProgressFn, RunnerKind
 from mcp_servers.bench.targets.http import HttpTarget
 

@@ -29,7 +29,7 @@ from domain.twin.cluster import ReplicaStats
 from domain.workload import Trace
 from mcp_servers.bench import records as store
 from mcp_servers.bench.aiperf import AiperfRun
-from mcp_servers.bench.http_runner import HttpRun, Snapshot, TickFn
+from mcp_servers.bench.http import HttpRun, Snapshot, TickFn
 from mcp_servers.bench.quality import GreedyOutputs
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """The HTTP target: real OpenAI-compatible servers loaded by the built-in runner, in wall time.
 
 A deployment whose status lists endpoints (local processes, Kubernetes) or an explicit endpoint
-on the allow-list is loaded by :mod:`mcp_servers.bench.http_runner`. An open-loop run (replay,
+on the allow-list is loaded by :mod:`mcp_servers.bench.http`. An open-loop run (replay,
 fixed rate) whose dispatch lag p99 exceeds ``max_dispatch_lag_p99_ms``, or a replay whose
 achieved prefix-cache hit rate (``usage.prompt_tokens_details.cached_tokens``, else SGLang's
 ``/metrics`` counters) is more than ``hit_rate_tolerance`` from the trace's expected rate
@@ -25,7 +25,7 @@ from domain.bench import BenchResult, PrefixCacheCheck, Quality, WorkloadInfo
 from domain.twin.budget import ComputeBudget
 from domain.workload import Request, Trace
 from mcp_servers.bench.aiperf import AiperfError, AiperfRun, find_aiperf
-from mcp_servers.bench.http_runner import (
+from mcp_servers.bench.http import (
     MAX_CONCURRENCY,
     HttpRun,
     HttpRunner,

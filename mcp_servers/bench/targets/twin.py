@@ -33,7 +33,7 @@ from domain.twin.cluster import (
 from domain.twin.injected import inject_records
 from domain.twin.noise import noise_factor, scale_records
 from domain.workload import Trace
-from mcp_servers.bench.http_runner import TickFn
+from mcp_servers.bench.http import TickFn
 from mcp_servers.bench.quality import GreedyOutputs
 from mcp_servers.bench.targets.base import (
     ArrivalProcess,

@@ -1,0 +1,74 @@
+"""What the bench reads from a server besides completions: its model id and prefix-cache counters.
+
+``GET /v1/models`` names the served model (and the twin server's ``x-servetune-simulated``
+header marks a simulated endpoint); ``GET /metrics`` gives the engine's prompt and cached-token
+counters, read before and after a run for its prefix-cache hit rate.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import httpx
+
+from domain.engines import engine
+from domain.quality import SIMULATED_HEADER
+
+
+async def fetch_model_id(base_url: str, timeout_s: float = 5.0,
+                         simulated: dict[str, str] | None = None) -> str | None:
+    """The first model id ``GET {base_url}/v1/models`` lists, or None if it cannot be read.
+
+    Args:
+        base_url: the server.
+        timeout_s: timeout of the request, s.
+        simulated: when given, ``base_url`` -> the value of the server's
+            ``x-servetune-simulated`` header (:data:`domain.quality.SIMULATED_HEADER`) is
+            recorded in it if the server sends one (the twin server does; SGLang never).
+    """
+    try:
+        async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as client:
+            r = await client.get(base_url + "/v1/models")
+            if simulated is not None and r.headers.get(SIMULATED_HEADER):
+                simulated[base_url] = r.headers[SIMULATED_HEADER][:64]
+            r.raise_for_status()
+            data = r.json().get("data") or []
+            return str(data[0]["id"]) if data else None
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+_PROMPT, _CACHED = (engine().metrics[k] for k in ("prompt_tokens", "cached_tokens"))
+_SAMPLE = re.compile(rf"^({re.escape(_PROMPT)}|{re.escape(_CACHED)})(?:\{{[^}}]*\}})?\s+(\S+)",
+                     re.M)
+
+
+async def fetch_cache_counters(base_urls: Sequence[str],
+                               timeout_s: float = 5.0) -> tuple[float, float] | None:
+    """``(prompt tokens, cached prompt tokens)`` summed over the servers' ``/metrics``.
+
+    Reads SGLang's counters ``sglang:prompt_tokens_total`` and ``sglang:cached_tokens_total``
+    (every label set, e.g. ``cache_source`` device/host/storage, summed; SGLang
+    ``srt/metrics/collector.py``). None when a server has no such counters or cannot be read; the
+    difference of two readings around a run gives the run's prefix-cache hit rate.
+    """
+    prompt = cached = 0.0
+    try:
+        async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as client:
+            for url in dict.fromkeys(base_urls):
+                r = await client.get(url + "/metrics")
+                if r.status_code != 200:
+                    return None
+                seen = set()
+                for name, value in _SAMPLE.findall(r.text):
+                    seen.add(name)
+                    if name == _PROMPT:
+                        prompt += float(value)
+                    else:
+                        cached += float(value)
+                if len(seen) < 2:
+                    return None
+    except (httpx.HTTPError, ValueError):
+        return None
+    return prompt, cached
