@@ -11,7 +11,8 @@ from pydantic import BaseModel
 
 from domain.study import Study
 
-REPO = Path(__file__).resolve().parent.parent
+# the repository root: the first folder up holding pyproject.toml (wherever the tiers put this file)
+REPO = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
 DOCS = REPO / "docs"
 PAGES = [REPO / "README.md", *sorted(DOCS.glob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
@@ -76,3 +77,34 @@ def test_every_benchmark_script_is_documented() -> None:
     missing = [p.name for p in sorted((REPO / "benchmarks").glob("*.py"))
                if f"benchmarks/{p.name}" not in text]
     assert not missing, f"docs/benchmarks.md does not name {missing}"
+
+
+TOP = "domain|memory|mcp_servers|agents|graph|sandbox|servetune|tests|benchmarks|studies|data"
+POINTER = re.compile(rf"`((?:{TOP})/[\w./<>-]*)(?::([\w.]+))?")
+
+
+def pointers() -> list[tuple[str, str, str | None]]:
+    """(page, path, name) for every `path` or `path:name` a page points at in backticks."""
+    out = []
+    for page in PAGES:
+        for path, name in POINTER.findall(page.read_text(encoding="utf-8")):
+            if "<" not in path:  # a pattern such as domain/data/sglang-<version>-flags.json
+                out.append((page.name, path.rstrip("."), name or None))
+    return out
+
+
+def test_file_and_function_pointers_exist() -> None:
+    """Every `dir/file.py:func` the docs name exists (a class, def or constant of that name)."""
+    bad = []
+    for page, path, name in pointers():
+        target = REPO / path
+        if not target.exists():
+            bad.append(f"{page}: {path}")
+        elif name and target.is_file():
+            text = target.read_text(encoding="utf-8")
+            for part in name.split("."):
+                if not re.search(rf"^\s*(?:async def|def|class) {part}\b|^\s*{part}\b\s*[:=]",
+                                 text, flags=re.M):
+                    bad.append(f"{page}: {path}:{name}")
+                    break
+    assert not bad, "the docs point at missing files or names:\n" + "\n".join(bad)
