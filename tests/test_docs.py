@@ -108,3 +108,15 @@ def test_file_and_function_pointers_exist() -> None:
                     bad.append(f"{page}: {path}:{name}")
                     break
     assert not bad, "the docs point at missing files or names:\n" + "\n".join(bad)
+
+
+def test_the_architecture_page_shows_the_graphs_own_drawing() -> None:
+    """docs/architecture.md's Mermaid block is docs/architecture-graph.mmd (the graph's drawing)."""
+    drawing = DOCS / "architecture-graph.mmd"
+    if not drawing.is_file():
+        pytest.skip("no docs/architecture-graph.mmd in this tree")
+    page = (DOCS / "architecture.md").read_text(encoding="utf-8")
+    block = re.search(r"```mermaid\n(.*?)```", page, flags=re.S)
+    assert block is not None, "docs/architecture.md has no Mermaid block"
+    assert block.group(1).strip() == drawing.read_text(encoding="utf-8").strip(), (
+        "docs/architecture.md's Mermaid block differs from docs/architecture-graph.mmd: copy it")
