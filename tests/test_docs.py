@@ -79,7 +79,8 @@ def test_every_benchmark_script_is_documented() -> None:
     assert not missing, f"docs/benchmarks.md does not name {missing}"
 
 
-TOP = "domain|memory|mcp_servers|agents|graph|sandbox|servetune|tests|benchmarks|studies|data"
+TOP = "|".join(("domain", "memory", "mcp_servers", "agents", "graph", "sandbox", "twin_http",
+                "servetune", "tests", "benchmarks", "studies", "data"))
 POINTER = re.compile(rf"`((?:{TOP})/[\w./<>-]*)(?::([\w.]+))?")
 
 
