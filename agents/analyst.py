@@ -21,9 +21,8 @@ decides, as without the gate.
 
 from __future__ import annotations
 
-import math
-import re
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Literal
 
 from mcp import Client
 from pydantic import BaseModel
@@ -32,38 +31,13 @@ from agents.claude import AgentFailure, AgentUsage, ClaudeAgent, ClaudeSetup, co
 from agents.deployer import DeployOutcome
 from agents.mcp_tools import call
 from domain.acceptance import AcceptDecision, decide, pick_samples
+from domain.bench import BenchResult
 from domain.config import ServingConfig
-from domain.fit import MEMORY_FIELDS
-from domain.knob_domain import field_domain
-from domain.lesson import Clause, Lesson, Scope
+from domain.engines import engine_for
+from domain.lesson import Lesson
 from domain.metrics import MetricsSummary
 from domain.study import Study
-
-FIXES = {
-    "UNSUPPORTED_BACKEND": "leave --attention-backend unset (the engine picks the backend for the "
-                           "GPU architecture) or choose one the architecture supports",
-    "OOM_WEIGHTS": "use more GPUs per replica (higher --tp-size) or a smaller checkpoint",
-    "KV_NO_ROOM": "raise --mem-fraction-static, raise --tp-size or use a smaller checkpoint",
-    "GRAPH_CAPTURE_OOM": "lower --mem-fraction-static or --cuda-graph-max-bs-decode",
-    "BAD_FLAG": "use only flags and values of the pinned SGLang version's inventory",
-    "BACKEND_MODEL_MISMATCH": "choose an attention backend made for this model's attention "
-                              "type (MLA/DSA or MHA/GQA), or leave it unset",
-    "TP_DIVISIBILITY": "choose a tp_size that divides the attention heads (e.g. 2, 4, 8)",
-    "MULTI_NODE_REQUIRED": "keep tp_size within one node's GPUs or serve across nodes with "
-                           "--nnodes",
-    "INVALID_COMBINATION": "drop or adjust the conflicting flags the engine's message names",
-    "HOST_OOM_HICACHE": "lower --hicache-ratio (or leave it unset) so the host KV pool fits the "
-                        "node's memory",
-    "HICACHE_HOST_TOO_SMALL": "use --hicache-ratio above 1 (the host pool must exceed the device "
-                              "pool)",
-    "NO_DRAFT_MODEL": "speculative decoding needs a model with MTP/NextN layers or a draft model",
-}
-OUTCOME = {"UNSUPPORTED_BACKEND": "unsupported", "OOM_WEIGHTS": "oom", "KV_NO_ROOM": "oom",
-           "GRAPH_CAPTURE_OOM": "oom", "BAD_FLAG": "invalid-flag",
-           "TP_DIVISIBILITY": "crash", "MULTI_NODE_REQUIRED": "crash",
-           "BACKEND_MODEL_MISMATCH": "unsupported", "HOST_OOM_HICACHE": "oom",
-           "HICACHE_HOST_TOO_SMALL": "crash", "INVALID_COMBINATION": "crash",
-           "NO_DRAFT_MODEL": "unsupported"}
+from domain.twin.cluster import ReplicaStats
 
 
 class Verdict(BaseModel):
@@ -72,22 +46,6 @@ class Verdict(BaseModel):
     status: Literal["baseline", "keep", "discard", "crash"]
     objective: float | None
     reason: str
-
-
-class BenchOutcome(BaseModel):
-    """One benchmark's summary and where its records are."""
-
-    bench_id: str
-    summary: MetricsSummary
-    records_path: str
-    workload: dict[str, Any]
-    replicas: list[dict[str, Any]]
-    first_error: str | None = None
-    valid: bool = True
-    invalid_reason: str | None = None
-    errors_by_class: dict[str, int] = {}
-    flags: list[str] = []
-    block_tok_s_per_gpu: list[float] = []
 
 
 def acceptance(candidate_runs: list[float], candidate_blocks: list[float],
@@ -110,174 +68,25 @@ def gates(gate: AcceptDecision | None) -> bool:
     return gate is not None and gate.samples == "runs"
 
 
-def replica_mean(replicas: list[dict[str, Any]], key: str) -> float | None:
+def replica_mean(replicas: Sequence[ReplicaStats], key: str) -> float | None:
     """Mean of one per-replica engine counter (e.g. ``decode_roofline_share``) over replicas.
 
-    Returns None when no replica reports it (backends without engine counters).
+    Returns None when no replica reports it (backends without engine counters: no replicas).
     """
-    values = [float(r[key]) for r in replicas if r.get(key) is not None]
+    values = [float(v) for r in replicas if (v := getattr(r, key, None)) is not None]
     return sum(values) / len(values) if values else None
-
-
-# INVALID_COMBINATION refusals of SGLang 0.5.23 (sglang-knobs reference 3.1): the evidence line
-# names the family; (fragment, fix, clause builder over the config).
-def _spec_partial(c: ServingConfig) -> list[Clause]:
-    if c.speculative_num_steps is None:  # bare assert: steps unset but topk or draft set
-        other = "speculative_eagle_topk" if c.speculative_eagle_topk is not None \
-            else "speculative_num_draft_tokens"
-        return [Clause(field="speculative_algorithm", op="not_null"),
-                Clause(field="speculative_num_steps", op="is_null"),
-                Clause(field=other, op="not_null")]
-    return [Clause(field="speculative_algorithm", op="not_null"),   # TypeError: topk unset
-            Clause(field="speculative_num_steps", op="not_null"),
-            Clause(field="speculative_eagle_topk", op="is_null")]
-
-
-_COMBINATIONS: tuple[tuple[str, str, Any], ...] = (
-    ("enable-hierarchical-cache and disable-radix-cache are mutually exclusive",
-     "HiCache needs the radix cache: drop --disable-radix-cache or --enable-hierarchical-cache",
-     lambda c: [Clause(field="enable_hierarchical_cache", op="eq", value=True),
-                Clause(field="disable_radix_cache", op="eq", value=True)]),
-    ("schedule_conservativeness must be non-negative",
-     "give --schedule-conservativeness a value >= 0 (1.0 is the default)",
-     lambda c: [Clause(field="schedule_conservativeness", op="lt", value=0.0)]),
-    ("trtllm_mha backend only supports topk = 1",
-     "use --speculative-eagle-topk 1 with trtllm_mha, or another attention backend",
-     lambda c: [Clause(field="attention_backend", op="eq", value="trtllm_mha"),
-                Clause(field="speculative_eagle_topk", op="gt", value=1)]),
-    ("speculative_eagle_topk > 1 with page_size > 1",
-     "use --speculative-eagle-topk 1 (tree drafting needs page size 1 or flashinfer/fa3/"
-     "triton attention, which this model's backend is not)",
-     lambda c: [Clause(field="attention_backend", op="eq", value=c.attention_backend)
-                if c.attention_backend is not None
-                else Clause(field="attention_backend", op="is_null"),
-                Clause(field="speculative_eagle_topk", op="gt", value=1)]),
-    ("is not in the adaptive config candidate_steps",
-     "with --speculative-adaptive give --speculative-num-steps one of the candidate steps "
-     "(0, 1, 3, 5, 7) or leave it unset",
-     lambda c: [Clause(field="speculative_adaptive", op="eq", value=True),
-                Clause(field="speculative_num_steps", op="eq", value=c.speculative_num_steps)]),
-)
-_SPEC_PARTIAL_FIX = ("set all of --speculative-num-steps, --speculative-eagle-topk and "
-                     "--speculative-num-draft-tokens, or none of them")
-
-
-def _combination(config: ServingConfig, evidence: str) -> tuple[list[Clause], str] | None:
-    """Family and fix of an INVALID_COMBINATION refusal, read from its evidence line."""
-    for fragment, fix, build in _COMBINATIONS:
-        if fragment in evidence:
-            return build(config), fix
-    spec_fields = (config.speculative_num_steps, config.speculative_eagle_topk,
-                   config.speculative_num_draft_tokens)
-    bare = evidence.strip() in ("AssertionError", "AssertionError:") or "TypeError" in evidence
-    if bare and config.speculative_algorithm is not None and any(
-            v is not None for v in spec_fields):
-        return _spec_partial(config), _SPEC_PARTIAL_FIX
-    return None
-
-
-def failure_condition(config: ServingConfig, failure_class: str,
-                      evidence: str = "") -> tuple[Scope, list[Clause]]:
-    """Scope and condition of the family a failure of ``config`` dooms.
-
-    - UNSUPPORTED_BACKEND: that backend on this GPU, any model or checkpoint.
-    - OOM_WEIGHTS: these weights at this or any smaller TP (weights per GPU only grow); with
-      speculative decoding on, only configs that also load the draft layer.
-    - HOST_OOM_HICACHE: HiCache with a host ratio above the largest that fits (from the
-      engine's requested/free GB), at this TP and checkpoint.
-    - NO_DRAFT_MODEL: speculative decoding with this algorithm on this model.
-    - HICACHE_HOST_TOO_SMALL: HiCache with a host ratio <= 1, any model.
-    - INVALID_COMBINATION: the family the engine's message names (e.g. HiCache with the radix
-      cache disabled; a partial speculative triple), for this engine version on any GPU/model
-      (for tree drafting: this model, whose backend forces the page size).
-    - KV_NO_ROOM / GRAPH_CAPTURE_OOM: exactly this memory layout (weights, TP, memory
-      fraction, admission cap, chunk size, decode graph size).
-    - anything else: exactly this config's explicitly set knobs.
-    """
-    scope = Scope(gpu=config.gpu, engine=config.engine, engine_version=config.engine_version)
-    if failure_class == "UNSUPPORTED_BACKEND":
-        return scope, [Clause(field="attention_backend", op="eq",
-                              value=config.attention_backend)]
-    mscope = scope.model_copy(update={"model": config.model, "quantization": config.weights})
-    if failure_class == "OOM_WEIGHTS":
-        clauses = [Clause(field="weights", op="eq", value=config.weights)]
-        if config.tp_size < (field_domain("tp_size").hi or math.inf):  # "<= the largest TP"
-            clauses.append(Clause(field="tp_size", op="le", value=config.tp_size))  # is no family
-        if config.speculative_algorithm is not None:  # the draft layer may be what overflowed
-            clauses.append(Clause(field="speculative_algorithm", op="eq",
-                                  value=config.speculative_algorithm))
-        return mscope, clauses
-    if failure_class == "HOST_OOM_HICACHE" and config.hicache_ratio is not None:
-        # the host pool grows linearly with the ratio: the engine's "Requesting X GB but only
-        # have Y GB free" puts the largest ratio that fits at ratio x Y / X
-        limit = config.hicache_ratio
-        m = re.search(r"Requesting ([\d.]+) GB but only have ([\d.]+) GB free", evidence)
-        if m and float(m.group(1)) > 0:
-            limit = round(config.hicache_ratio * float(m.group(2)) / float(m.group(1)), 2)
-        op = "gt" if limit < config.hicache_ratio else "ge"
-        clauses = [Clause(field="enable_hierarchical_cache", op="eq", value=True),
-                   Clause(field="tp_size", op="eq", value=config.tp_size)]
-        if limit <= 0:  # no host memory free: every ratio fails ("> 0" would name no family)
-            return mscope, clauses
-        return mscope, [*clauses, Clause(field="hicache_ratio", op=op, value=limit)]
-    engine_scope = Scope(engine=config.engine, engine_version=config.engine_version)
-    if failure_class == "HICACHE_HOST_TOO_SMALL":
-        return engine_scope, [Clause(field="enable_hierarchical_cache", op="eq", value=True),
-                              Clause(field="hicache_ratio", op="le", value=1.0)]
-    if failure_class == "INVALID_COMBINATION":
-        found = _combination(config, evidence)
-        if found is not None:
-            clauses = found[0]
-            if any(c.field == "attention_backend" and c.op == "is_null" for c in clauses):
-                return engine_scope.model_copy(update={"model": config.model}), clauses
-            return engine_scope, clauses
-    if failure_class == "NO_DRAFT_MODEL" and config.speculative_algorithm is not None:
-        return Scope(model=config.model, engine=config.engine,
-                     engine_version=config.engine_version), [
-            Clause(field="speculative_algorithm", op="eq", value=config.speculative_algorithm)]
-    if failure_class == "BACKEND_MODEL_MISMATCH":  # a property of the model, not the GPU
-        return Scope(model=config.model, engine=config.engine,
-                     engine_version=config.engine_version), [
-            Clause(field="attention_backend", op="eq", value=config.attention_backend)]
-    if failure_class in ("TP_DIVISIBILITY", "MULTI_NODE_REQUIRED"):
-        return scope.model_copy(update={"model": config.model}), [
-            Clause(field="tp_size", op="eq", value=config.tp_size)]
-    if failure_class in ("KV_NO_ROOM", "GRAPH_CAPTURE_OOM"):
-        return mscope, [Clause(field=f, op="eq", value=getattr(config, f))
-                        for f in MEMORY_FIELDS]
-    clauses = [Clause(field="weights", op="eq", value=config.weights),
-               Clause(field="tp_size", op="eq", value=config.tp_size)]
-    clauses += [Clause(field=k, op="eq", value=v) for k, v in sorted(config.set_fields().items())]
-    return mscope, clauses
 
 
 def failure_lesson(config: ServingConfig, outcome: DeployOutcome, run_id: str,
                    trial_key: str) -> Lesson:
-    """The lesson of a failed launch, with the engine's log line as evidence."""
-    cls = outcome.failure_class or "UNKNOWN"
-    scope, clauses = failure_condition(config, cls, outcome.evidence)
-    fix = FIXES.get(cls, "inspect the log; avoid this exact combination")
-    combo = _combination(config, outcome.evidence) if cls == "INVALID_COMBINATION" else None
-    if combo is not None:
-        fix = combo[1]
-    title = {
-        "UNSUPPORTED_BACKEND": f"--attention-backend {config.attention_backend} refused on "
-                               f"{config.gpu} at startup",
-        "OOM_WEIGHTS": f"{config.weights} weights: CUDA out of memory at weight load on "
-                       f"TP{config.tp_size} {config.gpu}",
-    }.get(cls, f"{cls} at startup: {config.weights} TP{config.tp_size} on {config.gpu}")
-    if combo is not None or cls in ("HOST_OOM_HICACHE", "HICACHE_HOST_TOO_SMALL",
-                                    "NO_DRAFT_MODEL"):
-        title = (f"SGLang {config.engine_version} refuses "
-                 + " and ".join(c.text() for c in clauses))
-    return Lesson(
-        title=title, scope=scope, condition=clauses, outcome=OUTCOME.get(cls, "crash"),
-        failure_class=cls,
-        root_cause=f"SGLang {config.engine_version} died in stage {outcome.stage}: "
-                   f"{outcome.evidence}",
-        fix=fix,
-        evidence="\n".join(outcome.log_tail[-6:]), source="trial", run_id=run_id,
-        trial_id=trial_key).with_id()
+    """The lesson of a failed launch, with the engine's log line as evidence.
+
+    The engine decides the failure's family, fix and wording
+    (:meth:`domain.engines.Engine.failure_lesson`).
+    """
+    return engine_for(config).failure_lesson(config, outcome.failure_class, outcome.stage,
+                                             outcome.evidence, outcome.log_tail, run_id,
+                                             trial_key)
 
 
 class Analyst:
@@ -287,7 +96,7 @@ class Analyst:
         self.bench, self.study = bench, study
 
     async def saturation(self, deployment: str, concurrency: int | None = None,
-                         duration_s: float | None = None, repeat: int = 0) -> BenchOutcome:
+                         duration_s: float | None = None, repeat: int = 0) -> BenchResult:
         """The study's synthetic saturation run on ``deployment``.
 
         ``repeat`` numbers it among repeated runs of the same candidate (0 = the first).
@@ -297,23 +106,23 @@ class Analyst:
             "deployment": deployment, "isl": s.isl, "osl": s.osl,
             "concurrency": concurrency or s.concurrency,
             "duration_s": duration_s or s.duration_s, **({"repeat": repeat} if repeat else {})})
-        return BenchOutcome.model_validate(r)
+        return BenchResult.model_validate(r)
 
-    async def replay(self, deployment: str) -> BenchOutcome:
+    async def replay(self, deployment: str) -> BenchResult:
         """The study's trace replay on ``deployment`` (goodput under the TTFT SLO)."""
         rp = self.study.replay
         r = await call(self.bench, "run_replay", {
             "deployment": deployment, "trace": rp.trace, "format": rp.format,
             "start_s": rp.start_s, "duration_s": rp.duration_s, "time_scale": rp.time_scale,
             "slo_ttft_ms": self.study.slo.ttft_p99_ms})
-        return BenchOutcome.model_validate(r)
+        return BenchResult.model_validate(r)
 
-    async def saturation_runs(self, deployment: str, repeats: int) -> list[BenchOutcome]:
+    async def saturation_runs(self, deployment: str, repeats: int) -> list[BenchResult]:
         """``repeats`` saturation runs of ``deployment`` (``repeat`` 0, 1, ...).
 
         Stops at the first invalid run: an invalid run is never scored, so more would not help.
         """
-        out: list[BenchOutcome] = []
+        out: list[BenchResult] = []
         for r in range(repeats):
             out.append(await self.saturation(deployment, repeat=r))
             if not out[-1].valid:
@@ -353,7 +162,7 @@ class Analyst:
                        reason=f"{obj:,.0f} tok/s/GPU, {gain:+.1%} vs best {best:,.0f} "
                               f"(needs > {self.study.min_improvement:.0%}){note}")
 
-    async def verdict(self, bench: BenchOutcome, best: float | None, is_baseline: bool,
+    async def verdict(self, bench: BenchResult, best: float | None, is_baseline: bool,
                       config: ServingConfig, changed: str, gate: AcceptDecision | None = None,
                       objective: float | None = None) -> Verdict:
         """The verdict on a saturation run: :meth:`judge` of its summary and the gate.
@@ -366,7 +175,7 @@ class Analyst:
         return self.judge(bench.summary, best, is_baseline, gate, objective)
 
 
-def invalid_verdict(bench: BenchOutcome) -> Verdict:
+def invalid_verdict(bench: BenchResult) -> Verdict:
     """The verdict on a run the bench server marked invalid: never scored."""
     status = "crash" if bench.summary.completed == 0 else "discard"
     return Verdict(status=status, objective=None,
@@ -423,7 +232,7 @@ class ClaudeAnalyst(Analyst):
         self.lessons, self.claude = lessons, claude
         self.usage = AgentUsage()
 
-    async def verdict(self, bench: BenchOutcome, best: float | None, is_baseline: bool,
+    async def verdict(self, bench: BenchResult, best: float | None, is_baseline: bool,
                       config: ServingConfig, changed: str, gate: AcceptDecision | None = None,
                       objective: float | None = None) -> Verdict:
         """Claude's verdict on ``bench`` (an invalid run is not scored and asks no model).

@@ -34,7 +34,7 @@ Per variant, measured in the same run:
    more than 5 ms to TTFT"; the median, because other processes on the 2 cores add bursts that
    the mean would charge to the client), with one retry per point.
 3. aiperf, when a binary is found (``SERVETUNE_AIPERF`` or ``aiperf`` on PATH), through
-   :func:`run_aiperf_point` (the adapter of ``mcp_servers/bench/aiperf.py`` when present), on the
+   :func:`run_aiperf_point` (the adapter of ``mcp_servers/bench/aiperf/`` when present), on the
    same ladder; the ratio of highest sustainable rates (target: built-in >= 2x aiperf).
 
 Every ratio is printed against the baseline measured in the same run. Targets (issue 6, 2 cores,
@@ -321,7 +321,7 @@ def run_aiperf_point(exe: str, srv: Server, rate: float, seconds: float, isl: in
                      work: Path) -> Point | None:
     """One aiperf run at ``rate`` req/s (constant) against ``url``, as a :class:`Point`.
 
-    Through the adapter in ``mcp_servers/bench/aiperf.py`` (``AiperfRunner.synthetic``: its
+    Through the adapter in ``mcp_servers/bench/aiperf/`` (``AiperfRunner.synthetic``: its
     offline word-level tokenizer, one worker on 2 CPUs, ``--use-server-token-count``); None when
     the adapter is absent. The server side comes from the stub's timing log, as for the built-in
     runner. aiperf's ``arrival_s`` is when its timing service issued the request, so its
@@ -506,7 +506,7 @@ def main() -> None:
                         break
                     ai_best = rate
             if not ran:
-                print(f"   not run: {exe} found, but mcp_servers/bench/aiperf.py is missing "
+                print(f"   not run: {exe} found, but mcp_servers/bench/aiperf/ is missing "
                       "(hook: run_aiperf_point in this script)")
             else:
                 print(f"   highest sustainable: aiperf {ai_best:g} req/s, built-in "

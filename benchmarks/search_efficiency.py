@@ -2,7 +2,7 @@
 
 Baselines: the TPE brain (Optuna's TPE sampler) and the grid brain (every combination of the
 knob values in a seeded order, i.e. random search without replacement), measured in the same
-run as servetune's brains: ``guided`` (:class:`agents.brains.GuidedPlanner`, the whole space
+run as servetune's brains: ``guided`` (:class:`agents.guided_brain.GuidedPlanner`, the whole space
 ranked by the steady-state estimate of :mod:`domain.estimate` and corrected by each
 measurement) and the one-knob-at-a-time brain (``ovat``, :class:`agents.planner.Planner`).
 
@@ -30,7 +30,8 @@ the scenario and of the twin's source (:func:`twin_digest`); a rerun simulates n
 
 The objective of a config (what the brains see and what "optimum" means) is the twin's
 saturation output tok/s/GPU (the study's closed-loop run, ``domain.twin.cluster.
-simulate_closed_loop`` + ``domain.metrics.summarize``, as ``mcp_servers/bench/ops.py`` runs it)
+simulate_closed_loop`` + ``domain.metrics.summarize``, as ``mcp_servers/bench/targets/twin.py``
+runs it)
 **gated by the scenario's SLO**: a config is feasible only if it starts
 (``domain.twin.startup.start``, the twin backend's startup), its saturation run has at most 5 %
 failed requests (the bench server's ``MAX_ERROR_SHARE``), and its replay of the scenario's
@@ -81,10 +82,12 @@ from mcp import Client  # noqa: E402
 from scipy.stats import spearmanr  # noqa: E402
 
 from agents.analyst import failure_lesson  # noqa: E402
-from agents.deployer import DeployOutcome, classify  # noqa: E402
+from agents.deployer import DeployOutcome  # noqa: E402
 from agents.mcp_tools import call  # noqa: E402
 from agents.planner import NoViableConfig, Planner, PlannerFailed, Pruned, TrialPlan  # noqa: E402
+from domain.bench import MAX_ERROR_SHARE  # noqa: E402
 from domain.config import ServingConfig  # noqa: E402
+from domain.engines.sglang.failures import classify  # noqa: E402
 from domain.errors import ConfigInvalid  # noqa: E402
 from domain.estimate import Estimate, ReplayProfile, safe_estimate  # noqa: E402
 from domain.knobs import apply_knob  # noqa: E402
@@ -96,7 +99,7 @@ from domain.twin.cluster import simulate_closed_loop, simulate_open_loop  # noqa
 from domain.twin.startup import start  # noqa: E402
 from domain.workload import Trace, load_trace  # noqa: E402
 from graph.supervisor import _losers  # noqa: E402  (the product's no-retry rule)
-from mcp_servers.bench.ops import MAX_ERROR_SHARE, MAX_SATURATION_REQUESTS  # noqa: E402
+from mcp_servers.bench.targets.twin import MAX_SATURATION_REQUESTS  # noqa: E402
 from mcp_servers.lessons.server import build_server as lessons_server  # noqa: E402
 from memory.store import LessonStore  # noqa: E402
 

@@ -1,8 +1,9 @@
-"""ServingConfig: the schema of record for one serving configuration, and its SGLang command line.
+"""ServingConfig: the schema of record for one serving configuration.
 
 The same model is the MCP tool input of the cluster server, the planner's output and the ledger
 row, so they cannot drift. ``None`` means "unset": the flag is not passed and the engine's own
-default rule decides (see ``domain/fit.py`` for those rules).
+default rule decides (see ``domain/fit.py`` for those rules). Its command line is the engine's
+(:meth:`domain.engines.Engine.argv`).
 """
 
 from __future__ import annotations
@@ -10,27 +11,20 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-from functools import cache
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from domain.errors import UnknownFlag
-
-DATA_DIR = Path(__file__).resolve().parent / "data"
-SUPPORTED_VERSIONS = ("0.5.23",)
-
 
 def check_engine_version(v: str) -> str:
-    """Accept only SGLang versions whose flag inventory ships here.
+    """Accept only versions whose flag inventory ships here (the only engine: SGLang).
 
     Raises:
-        ValueError: naming the supported versions.
+        ValueError: naming the supported versions (:func:`domain.engines.engine`).
     """
-    if v not in SUPPORTED_VERSIONS:
-        raise ValueError(f"SGLang {v} has no flag inventory here; supported: "
-                         f"{', '.join(SUPPORTED_VERSIONS)}")
+    from domain.engines import engine
+
+    engine("sglang", v)
     return v
 
 
@@ -137,11 +131,13 @@ class ServingConfig(BaseModel):
     @model_validator(mode="after")
     def _choices(self) -> ServingConfig:
         if self.attention_backend is not None:
-            inv = flag_inventory(self.engine_version)
-            choices = inv["attention_backend"]["choices"] or []
+            from domain.engines import engine_for
+
+            eng = engine_for(self)
+            choices = eng.flag_inventory()["attention_backend"]["choices"] or []
             if self.attention_backend not in choices:
                 raise ValueError(f"attention_backend {self.attention_backend!r} is not a choice "
-                                 f"of SGLang {self.engine_version}: {', '.join(choices)}")
+                                 f"of {eng.label} {self.engine_version}: {', '.join(choices)}")
         return self
 
     @property
@@ -169,84 +165,9 @@ class ServingConfig(BaseModel):
         return {k: v for k, v in self.model_dump().items()
                 if k not in skip and v != getattr(defaults, k)}
 
-    def to_sglang_args(self, version: str | None = None) -> list[str]:
-        """The argv of ``sglang serve`` for ONE replica, with exact flag names of ``version``.
-
-        Args:
-            version: SGLang release; defaults to ``engine_version``.
-
-        Returns:
-            e.g. ``['sglang', 'serve', '--model-path', 'zai-org/GLM-5-FP8', '--tp-size', '8']``.
-
-        Raises:
-            UnknownFlag: if a flag or choice is not in that version's inventory (argparse would
-                exit with code 2).
-        """
-        from domain.models import get_model  # local: models imports nothing from here
-
-        version = version or self.engine_version
-        ckpt = get_model(self.model).checkpoint(self.weights)
-        pairs: list[tuple[str, Any]] = [("model_path", ckpt.model_path), ("tp_size", self.tp_size)]
-        if ckpt.quantization:
-            pairs.append(("quantization", ckpt.quantization))
-        if self.kv_cache_dtype != "auto":
-            pairs.append(("kv_cache_dtype", self.kv_cache_dtype))
-        for name in ("mem_fraction_static", "max_running_requests", "chunked_prefill_size",
-                     "cuda_graph_max_bs_decode", "attention_backend"):
-            value = getattr(self, name)
-            if value is not None:
-                pairs.append((name, value))
-        if self.schedule_policy != "fcfs":
-            pairs.append(("schedule_policy", self.schedule_policy))
-        for name in ("schedule_conservativeness", "speculative_algorithm",
-                     "speculative_num_steps", "speculative_eagle_topk",
-                     "speculative_num_draft_tokens", "hicache_ratio"):
-            value = getattr(self, name)
-            if value is not None:
-                pairs.append((name, value))
-        argv = ["sglang", "serve"]
-        for dest, value in pairs:
-            argv += [flag_for(dest, version, value), str(value)]
-        # store_true flags: passed bare, and only when on
-        for name in ("speculative_adaptive", "disable_radix_cache", "enable_hierarchical_cache"):
-            if getattr(self, name):
-                argv.append(flag_for(name, version))
-        return argv
-
     def launch_command(self) -> str:
-        """``to_sglang_args()`` as one shell-quoted line."""
-        return shlex.join(self.to_sglang_args())
+        """One replica's command line (:meth:`domain.engines.Engine.argv`), shell-quoted."""
+        from domain.engines import engine_for
 
+        return shlex.join(engine_for(self).argv(self))
 
-@cache
-def flag_inventory(version: str) -> dict[str, dict[str, Any]]:
-    """The CLI flags of SGLang ``version`` keyed by argparse dest.
-
-    Source: ``domain/data/sglang-<version>-flags.json``, dumped from the real
-    ``ServerArgs.add_cli_args`` parser of the PyPI wheel (servetune's shared reference).
-
-    Raises:
-        UnknownFlag: if no inventory ships for that version.
-    """
-    path = DATA_DIR / f"sglang-{version}-flags.json"
-    if not path.is_file():
-        raise UnknownFlag([f"engine_version: no flag inventory for SGLang {version}; supported: "
-                           f"{', '.join(SUPPORTED_VERSIONS)}"])
-    return {f["dest"]: f for f in json.loads(path.read_text())["flags"]}
-
-
-def flag_for(dest: str, version: str, value: Any = None) -> str:
-    """The canonical (first, long) flag of ``dest`` in ``version``; checks ``value`` on choices.
-
-    Raises:
-        UnknownFlag: unknown dest, or a value outside the flag's choices.
-    """
-    inv = flag_inventory(version)
-    if dest not in inv:
-        raise UnknownFlag([f"{dest}: SGLang {version} has no such flag"])
-    entry = inv[dest]
-    choices = entry.get("choices")
-    if choices and value is not None and str(value) not in [str(c) for c in choices]:
-        raise UnknownFlag([f"{entry['flags'][0]}: invalid choice {value!r} for SGLang {version} "
-                           f"(choose from {', '.join(map(str, choices))})"])
-    return str(entry["flags"][0])

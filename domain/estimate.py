@@ -1,8 +1,8 @@
 """Estimate before you run: steady-state throughput and replay latency of a config, no simulation.
 
-The planner's prior (``agents.brains.GuidedPlanner``): for every config of a study's knob space,
-what the saturation run should give (output tok/s/GPU) and how the replayed trace should load it
-(utilization, TTFT p99), from closed-form steady state over the step-time model of
+The planner's prior (``agents.guided_brain.GuidedPlanner``): for every config of a study's knob
+space, what the saturation run should give (output tok/s/GPU) and how the replayed trace should
+load it (utilization, TTFT p99), from closed-form steady state over the step-time model of
 :mod:`domain.costmodel` (roofline per step; its sources are cited there) and the memory fit of
 :mod:`domain.fit`. It counts the prefill and decode steps a request takes at a fixed batch, as
 NVIDIA aiconfigurator's aggregated-serving estimate does, plus classic queueing; it is not the

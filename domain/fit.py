@@ -299,8 +299,9 @@ def host_pool_shortfall(config: ServingConfig, report: FitReport) -> tuple[float
 def _lenient_spec(config: ServingConfig) -> SpecParams | None:
     """The resolved speculative parameters, or None when off or refused at startup.
 
-    Flag combinations the engine refuses are startup's business (``domain/twin/startup.py``);
-    the memory estimate then sizes the config as if speculation were off.
+    Flag combinations the engine refuses are startup's business
+    (``domain/engines/sglang/startup.py``); the memory estimate then sizes the config as if
+    speculation were off.
     """
     try:
         return resolve_speculative(config)
@@ -312,7 +313,7 @@ def fit(config: ServingConfig) -> FitReport:
     """Resolve the memory layout of one replica of ``config``, or raise ``DoesNotFit``.
 
     Flag combinations SGLang refuses while resolving arguments are not checked here (see
-    ``domain/twin/startup.py``), nor is the HiCache host pool against host memory
+    ``domain/engines/sglang/startup.py``), nor is the HiCache host pool against host memory
     (:func:`host_pool_shortfall`).
 
     Raises:

@@ -38,7 +38,8 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import ValidationError
 
-from domain.config import SUPPORTED_VERSIONS, ServingConfig, flag_inventory
+from domain.config import ServingConfig
+from domain.engines import engine
 
 BIG_INT = 10**18  # stands for "no bound" on an unbounded integer field
 BIG_FLOAT = 1e300  # stands for "no bound" on an unbounded float field (finite: no inf/nan)
@@ -213,8 +214,9 @@ def _plain_domain(field: str, ann: Any, info: Any, nullable: bool) -> FieldDomai
         keys = sorted({k for m in MODELS for k in get_model(m).checkpoints})
         return FieldDomain(field, nullable, choices=tuple(keys))
     if field == "attention_backend":
-        keys = sorted({str(c) for v in SUPPORTED_VERSIONS
-                       for c in flag_inventory(v)["attention_backend"]["choices"] or []})
+        keys = sorted({str(c) for v in engine("sglang").versions
+                       for c in engine("sglang", v).flag_inventory()["attention_backend"][
+                           "choices"] or []})
         return FieldDomain(field, nullable, choices=tuple(keys))
     if get_origin(ann) is Literal:
         return FieldDomain(field, nullable, choices=get_args(ann))

@@ -15,7 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from domain.config import ServingConfig, flag_for
+from domain.config import ServingConfig
+from domain.engines import engine
 from domain.errors import ConfigInvalid
 
 
@@ -31,7 +32,7 @@ class Knob(BaseModel):
 
 
 def _k(name: str, description: str, dest: str | None = None, unsettable: bool = True) -> Knob:
-    return Knob(name=name, flag=flag_for(dest, "0.5.23") if dest else None,
+    return Knob(name=name, flag=engine("sglang", "0.5.23").flag_for(dest) if dest else None,
                 description=description, unsettable=unsettable)
 
 

@@ -246,7 +246,7 @@ class Scope(BaseModel):
 
     @model_validator(mode="after")
     def _known(self) -> Scope:
-        from domain.config import SUPPORTED_VERSIONS
+        from domain.engines import ENGINES, engine
         from domain.hardware import GPUS
         from domain.models import MODELS, get_model
 
@@ -261,11 +261,12 @@ class Scope(BaseModel):
             if self.quantization not in known:
                 raise ValueError(f"scope.quantization {self.quantization!r}: known "
                                  f"checkpoints are {', '.join(known)}")
-        if self.engine not in (None, "sglang"):
-            raise ValueError("scope.engine must be 'sglang' or null")
-        if self.engine_version is not None and self.engine_version not in SUPPORTED_VERSIONS:
+        if self.engine is not None and self.engine not in ENGINES:
+            raise ValueError(f"scope.engine must be {' or '.join(map(repr, ENGINES))} or null")
+        versions = engine(self.engine or "sglang").versions
+        if self.engine_version is not None and self.engine_version not in versions:
             raise ValueError(f"scope.engine_version {self.engine_version!r}: supported "
-                             f"{', '.join(SUPPORTED_VERSIONS)}")
+                             f"{', '.join(versions)}")
         return self
 
     def matches(self, config: ServingConfig) -> bool:

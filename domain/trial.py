@@ -9,7 +9,8 @@ from pydantic import BaseModel, BeforeValidator, Field
 
 from domain.acceptance import AcceptDecision
 from domain.admission import OverAdmission
-from domain.config import ServingConfig, flag_inventory
+from domain.config import ServingConfig
+from domain.engines import engine_for
 from domain.lesson import Lesson
 from domain.metrics import MetricsSummary
 from domain.quality import QualityGate
@@ -33,11 +34,12 @@ class VersionManifest(BaseModel):
 
 
 def manifest_for(config: ServingConfig, backend: str) -> VersionManifest:
-    """The manifest of ``config`` run on ``backend`` (image tag as lmsysorg/sglang publishes)."""
-    inv = flag_inventory(config.engine_version)
+    """The manifest of ``config`` run on ``backend`` (the engine's image and flag inventory)."""
+    eng = engine_for(config)
+    inv = eng.flag_inventory()
     sha = hashlib.sha256(repr(sorted(inv)).encode()).hexdigest()[:12]
     return VersionManifest(engine=config.engine, engine_version=config.engine_version,
-                           image=f"lmsysorg/sglang:v{config.engine_version}",
+                           image=eng.image,
                            flag_inventory_sha=sha, backend=backend)
 
 

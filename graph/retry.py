@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from agents.analyst import BenchOutcome
 from agents.deployer import Deployer, DeployOutcome
+from domain.bench import BenchResult
 from domain.config import ServingConfig
 from domain.faults import bench_failure_class, rule, should_retry
 from graph.state import StudyContext
@@ -57,8 +57,8 @@ async def launch(ctx: StudyContext, deployer: Deployer, name: str, config: Servi
 
 async def measure(ctx: StudyContext, deployer: Deployer, name: str, config: ServingConfig,
                   labels: dict[str, str], key: str,
-                  run: Callable[[], Awaitable[list[BenchOutcome]]],
-                  retries: list[dict[str, Any]]) -> list[BenchOutcome]:
+                  run: Callable[[], Awaitable[list[BenchResult]]],
+                  retries: list[dict[str, Any]]) -> list[BenchResult]:
     """``run()`` (benchmarks of the Ready deployment ``name``) until valid or not worth retrying.
 
     A class whose rule says ``redeploy`` (the server died) tears ``name`` down and launches it

@@ -28,9 +28,10 @@ from graph.state import Progress, StudyContext
 from graph.supervisor import build_graph
 from mcp_servers.bench.ops import BenchService
 from mcp_servers.bench.server import build_server as bench_server
-from mcp_servers.cluster.backend import BackendError, ClusterBackend, TwinBackend
+from mcp_servers.cluster.backend import BackendError, ClusterBackend
 from mcp_servers.cluster.ops import MANAGED_BY
 from mcp_servers.cluster.server import build_server as cluster_server
+from mcp_servers.cluster.twin import TwinBackend
 from mcp_servers.lessons.outage import FlakyStore
 from mcp_servers.lessons.server import build_server as lessons_server
 from mcp_servers.source.server import build_server as source_server

@@ -18,25 +18,20 @@ from langgraph.runtime import Runtime
 
 from agents.analyst import (
     Analyst,
-    BenchOutcome,
     ClaudeAnalyst,
     acceptance,
     failure_lesson,
     replica_mean,
 )
-from agents.brains import GuidedPlanner, make_planner
+from agents.brains import make_planner
 from agents.claude import AgentFailure, AgentUsage, failure_reason
+from agents.claude_planner import ClaudePlanner
 from agents.deployer import ClaudeDeployer, Deployer
+from agents.guided_brain import GuidedPlanner
 from agents.mcp_tools import call
-from agents.planner import (
-    ClaudePlanner,
-    NoViableConfig,
-    Planner,
-    PlannerFailed,
-    Pruned,
-    TrialPlan,
-    research_questions,
-)
+from agents.planner import NoViableConfig, Planner, PlannerFailed, Pruned, TrialPlan
+from agents.research_questions import research_questions
+from domain.bench import BenchResult
 from domain.config import ServingConfig
 from domain.faults import bench_failure_class, rule
 from domain.ledger import Ledger
@@ -585,7 +580,7 @@ async def frontier(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
                 retried: list[dict[str, Any]] = launch_retries
                 launch_retries = []
 
-                async def one(c: int = c) -> list[BenchOutcome]:
+                async def one(c: int = c) -> list[BenchResult]:
                     return [await analyst.saturation(name, concurrency=c)]
 
                 b = (await measure(ctx, deployer, name, config, labels,

@@ -27,10 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from agents.analyst import Analyst, BenchOutcome, replica_mean
+from agents.analyst import Analyst, replica_mean
 from agents.deployer import Deployer
 from agents.mcp_tools import ToolCallFailed, call
 from domain.admission import OverAdmission, adopt, detect, time_series
+from domain.bench import BenchResult
 from domain.config import ServingConfig
 from domain.errors import ConfigInvalid
 from domain.knobs import apply_knob
@@ -54,7 +55,7 @@ PAGE = 1000  # records per get_records page (the tool's maximum)
 REFERENCE_META = "quality_reference_outputs"  # ledger meta: the reference's greedy outputs
 
 
-async def admission_of(ctx: StudyContext, rep: BenchOutcome, config: ServingConfig
+async def admission_of(ctx: StudyContext, rep: BenchResult, config: ServingConfig
                        ) -> OverAdmission | None:
     """The over-admission verdict of replay ``rep`` from its records (None: no records)."""
     rows: list[dict[str, Any]] = []
@@ -140,7 +141,7 @@ async def _measure_variant(ctx: StudyContext, parent: Trial, cfg: ServingConfig,
                             rep.summary.ttft_ms.p99, rep.summary.output_tok_s,
                             rep.summary.errors, slo, margin)
             if ok:
-                async def one() -> list[BenchOutcome]:
+                async def one() -> list[BenchResult]:
                     return [await analyst.saturation(name)]
 
                 sat = (await measure(ctx, deployer, name, cfg, labels, key, one, retried))[0]

@@ -21,7 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from domain.config import ServingConfig, flag_for
+from domain.config import ServingConfig
+from domain.engines import engine_for
 from domain.trial import manifest_for
 from sandbox.namespace import render_sandbox
 from sandbox.podspec import (
@@ -154,7 +155,7 @@ def render_sglang(config: ServingConfig, name: str, namespace: str, labels: dict
       ``nvidia.com/gpu``.
 
     Args:
-        config: the serving configuration (one replica = ``config.to_sglang_args()``).
+        config: the serving configuration (one replica = ``engine_for(config).argv(config)``).
         name: deployment name, a DNS label of at most 40 characters.
         namespace: target namespace.
         labels: put on every object and pod; should hold ``app.kubernetes.io/managed-by``,
@@ -222,15 +223,15 @@ class _Ctx:
         return {**self.labels, COMPONENT_LABEL: component, **extra}
 
     def engine_args(self, multi_node: int = 0) -> tuple[list[str], list[str]]:
-        argv = self.config.to_sglang_args()
-        v = self.config.engine_version
-        args = argv[2:] + [flag_for("host", v), "0.0.0.0", flag_for("port", v),
-                           str(self.opts.port), flag_for("enable_metrics", v)]
+        eng = engine_for(self.config)
+        argv, n = eng.argv(self.config), len(eng.program)
+        args = argv[n:] + [eng.flag_for("host"), "0.0.0.0", eng.flag_for("port"),
+                           str(self.opts.port), eng.flag_for("enable_metrics")]
         if multi_node:  # LWS injects these env vars into every container of the group
-            args += [flag_for("nnodes", v), str(multi_node),
-                     flag_for("node_rank", v), "$(LWS_WORKER_INDEX)",
-                     flag_for("dist_init_addr", v), f"$(LWS_LEADER_ADDRESS):{DIST_INIT_PORT}"]
-        return argv[:2], args
+            args += [eng.flag_for("nnodes"), str(multi_node),
+                     eng.flag_for("node_rank"), "$(LWS_WORKER_INDEX)",
+                     eng.flag_for("dist_init_addr"), f"$(LWS_LEADER_ADDRESS):{DIST_INIT_PORT}"]
+        return argv[:n], args
 
     def engine_pod(self, serves_http: bool, multi_node: int = 0) -> dict[str, Any]:
         o = self.opts

@@ -52,12 +52,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from domain.engines import ENGINES, engine
 from domain.errors import ServetuneError
 from sandbox.podspec import check_subdomain
 from sandbox.rbac import writable_kinds
 
-DEFAULT_IMAGE_ALLOW: tuple[str, ...] = ("lmsysorg/sglang:", "ghcr.io/servetune/")
-"""Image prefixes allowed by default: the pinned SGLang images and servetune's own images."""
+DEFAULT_IMAGE_ALLOW: tuple[str, ...] = (*(engine(n).image_allow for n in ENGINES),
+                                         "ghcr.io/servetune/")
+"""Image prefixes allowed by default: every engine's images (``lmsysorg/sglang:``) and
+servetune's own images."""
 
 # Separators an allow-list entry must end with to act as a prefix: "lmsysorg/sglang" alone would
 # also allow "lmsysorg/sglang-evil:latest".

@@ -28,8 +28,8 @@ from domain.twin.noise import noise_factor, scale_records
 from graph.run import run_study
 from mcp_servers.bench.ops import BenchService
 from mcp_servers.bench.server import build_server as bench_server
-from mcp_servers.cluster.backend import TwinBackend
 from mcp_servers.cluster.server import build_server as cluster_server
+from mcp_servers.cluster.twin import TwinBackend
 from servetune.report import render_report
 from servetune.study_file import load_study
 

@@ -1,4 +1,4 @@
-"""The aiperf adapter (mcp_servers/bench/aiperf.py): traces, tokenizer, argv, Job, artifacts, runs.
+"""The aiperf adapter (mcp_servers/bench/aiperf/): traces, tokenizer, argv, artifacts, runs.
 
 Artifact parsing is tested on what aiperf 0.13.0 really wrote (``tests/fixtures/aiperf/``,
 recorded by ``record_fixtures.py`` there against ``tests/fixtures/openai_stub.py`` with injected
@@ -37,7 +37,6 @@ from mcp_servers.bench.aiperf import (
     default_workers,
     failure_reason,
     find_aiperf,
-    job_manifest,
     parse_artifacts,
     prepare_tokenizer,
     profile_argv,
@@ -48,6 +47,8 @@ from mcp_servers.bench.aiperf import (
     trace_rows,
     write_trace,
 )
+from mcp_servers.bench.aiperf.artifacts import _error_class
+from mcp_servers.bench.aiperf.tokenizer import _WORDS
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO / "data" / "traces"
@@ -189,13 +190,13 @@ def test_built_tokenizer_is_deterministic_one_word_one_token(tmp_path):
         assert (a / n).read_bytes() == (b / n).read_bytes()
     tok = Tokenizer.from_file(str(a / "tokenizer.json"))
     vocab = tok.get_vocab()
-    assert len(ap._WORDS) > 400 and all(w in vocab for w in ap._WORDS)
+    assert len(_WORDS) > 400 and all(w in vocab for w in _WORDS)
     # any text: whitespace words = tokens (what the stub and word-counting servers count)
     for text in ("the love of zebra-42 ünïcode!\n\n  the\tend", "x", "a  b   c"):
         assert len(tok.encode(text).ids) == len(text.split())
     # what aiperf does with --prompt-corpus random: draw ids, decode, count again
     rng = np.random.default_rng(0)
-    ids = [vocab[w] for w in rng.choice(ap._WORDS, 300)]
+    ids = [vocab[w] for w in rng.choice(_WORDS, 300)]
     text = tok.decode(ids)
     assert len(text.split()) == 300 and tok.encode(text).ids == ids
     cfg = json.loads((a / "tokenizer_config.json").read_text())
@@ -298,61 +299,6 @@ def test_default_workers():
     assert [default_workers(c) for c in (1, 2, 4, 8, 16)] == [1, 1, 2, 5, 11]
 
 
-# -------------------------------------------------------------------------------- Kubernetes Job
-
-def test_job_manifest():
-    argv = profile_argv(mode="replay", input_file="/data/trace.jsonl", **BASE)
-    job = job_manifest("bench-t3-replay", namespace="servetune-sbx", image="reg/aiperf:0.13.0",
-                       aiperf_args=argv, client_cpus=8, memory_gib=6, data_claim="bench-data",
-                       engine_labels={"servetune/trial": "t3"}, labels={"servetune/study": "s"})
-    assert job["apiVersion"] == "batch/v1" and job["kind"] == "Job"
-    meta = job["metadata"]
-    assert meta["namespace"] == "servetune-sbx"
-    assert meta["labels"]["app.kubernetes.io/managed-by"] == "servetune"
-    assert meta["labels"]["servetune/study"] == "s"
-    spec = job["spec"]
-    assert spec["backoffLimit"] == 0
-    pod = spec["template"]["spec"]
-    (c,) = pod["containers"]
-    assert c["command"] == ["aiperf"] and c["args"] == argv[1:]
-    assert c["resources"]["requests"] == c["resources"]["limits"] == {"cpu": "8",
-                                                                     "memory": "6144Mi"}
-    env = {e["name"]: e["value"] for e in c["env"]}
-    assert env["HF_HUB_OFFLINE"] == "1" and env["HF_HUB_CACHE"] == "/data/hf-cache"
-    sc = c["securityContext"]
-    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
-    assert pod["securityContext"]["runAsNonRoot"] is True
-    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert {m["mountPath"] for m in c["volumeMounts"]} == {"/data", "/results", "/tmp"}
-    term = pod["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
-    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == {"servetune/trial": "t3"}
-    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
-    json.dumps(job)  # plain data
-    for bad in (dict(name="Bad_Name"), dict(client_cpus=0), dict(aiperf_args=[])):
-        kw = dict(name="ok", namespace="ns", image="i", aiperf_args=argv, client_cpus=2,
-                  data_claim="c") | bad
-        with pytest.raises(AiperfError):
-            job_manifest(**kw)
-
-
-def test_job_manifest_passes_the_sandbox_validation_and_policy():
-    """The Job is one the sandbox's Role may create: strict schema for k8s 1.33, and the
-    manifest policy (namespace, restricted pod, allowed image, no GPU)."""
-    from sandbox.policy import Policy, violations
-    from sandbox.validate import validate
-
-    argv = profile_argv(mode="replay", input_file="/data/trace.jsonl", **BASE)
-    job = job_manifest("bench-t3-replay", namespace="servetune-sbx",
-                       image="ghcr.io/servetune/servetune:0.1.0", aiperf_args=argv,
-                       client_cpus=2, data_claim="servetune-data",
-                       engine_labels={"servetune.io/deployment": "t3"})
-    assert validate([job], "1.33") == []
-    assert violations(job, Policy(namespace="servetune-sbx", gpu_budget=0)) == []
-    other = violations(job, Policy(namespace="elsewhere", gpu_budget=0,
-                                   image_allow=("lmsysorg/sglang:",)))
-    assert any("namespace" in v for v in other) and any("image" in v for v in other)
-
-
 # ------------------------------------------------------------------ artifacts (recorded fixtures)
 
 def raw_records(adir: Path) -> list[dict]:
@@ -447,7 +393,7 @@ def test_parse_recorded_concurrency_run():
     ("not an object", "stream"),
 ])
 def test_error_classes(err, cls):
-    assert ap._error_class(err) == cls
+    assert _error_class(err) == cls
 
 
 def test_error_classes_match_the_http_runner():

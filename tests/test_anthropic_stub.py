@@ -26,8 +26,8 @@ from agents.analyst import Verdict
 from agents.claude import RULES, SUBMIT_TOOL, ClaudeAgent, load_prompt
 from agents.deployer import DeployOutcome
 from agents.outputs import PlanChoice, ResearchDecision, ResearchFindings
-from mcp_servers.cluster.backend import TwinBackend
 from mcp_servers.cluster.server import build_server as cluster_server
+from mcp_servers.cluster.twin import TwinBackend
 
 pytestmark = pytest.mark.anyio
 REPO = Path(__file__).resolve().parent.parent

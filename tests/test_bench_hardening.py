@@ -27,10 +27,11 @@ import yaml
 from mcp import Client
 
 from domain.config import ServingConfig
-from mcp_servers.bench import ops
 from mcp_servers.bench.ops import BenchService
 from mcp_servers.bench.server import build_server as bench_server
-from mcp_servers.cluster.backend import BackendError, TwinBackend
+from mcp_servers.bench.targets import twin as ops  # the twin target runs the estimates
+from mcp_servers.cluster.backend import BackendError
+from mcp_servers.cluster.twin import TwinBackend
 
 pytestmark = pytest.mark.anyio
 REPO = Path(__file__).resolve().parent.parent

@@ -26,8 +26,9 @@ from mcp_servers.bench.http_runner import HttpRunner, PlannedRequest
 from mcp_servers.bench.ops import BenchService
 from mcp_servers.bench.prompts import replay_plan
 from mcp_servers.bench.server import build_server as bench_server
-from mcp_servers.cluster.backend import DeploymentStatus, TwinBackend
+from mcp_servers.cluster.backend import DeploymentStatus
 from mcp_servers.cluster.server import build_server as cluster_server
+from mcp_servers.cluster.twin import TwinBackend
 
 pytestmark = pytest.mark.anyio
 REPO = Path(__file__).resolve().parent.parent

@@ -1,5 +1,6 @@
-"""Planner brains over the whole knob space (agents/brains.py): grid and TPE, screened by lessons
-and the memory-fit estimate like the one-knob planner, selected by the study key search.brain."""
+"""Planner brains over the whole knob space (agents/space_brains.py, agents/brains.py): grid and
+TPE, screened by lessons and the memory-fit estimate like the one-knob planner, selected by the
+study key search.brain."""
 
 from __future__ import annotations
 
@@ -16,16 +17,14 @@ from fixtures.planning import drive as drive_with
 from fixtures.planning import forbid_fa3, row
 from mcp import Client
 
-from agents.brains import GridPlanner, TpePlanner, make_planner
-from agents.planner import (
-    NoViableConfig,
-    Planner,
-    research_change,
-    research_lesson,
-    research_questions,
-)
+from agents.brains import make_planner
+from agents.planner import NoViableConfig, Planner
+from agents.research_questions import research_questions
+from agents.space_brains import GridPlanner, TpePlanner
 from domain.errors import DoesNotFit
 from domain.fit import fit
+from domain.lesson_builders import research_lesson
+from domain.research import research_change
 from domain.study import parse_study
 from domain.trial import Trial
 from mcp_servers.lessons.server import build_server

@@ -31,8 +31,8 @@ from agents.claude import (
 from agents.deployer import DeployOutcome
 from agents.outputs import ResearchFindings
 from domain.lesson import Clause, Lesson, Scope
-from mcp_servers.cluster.backend import TwinBackend
 from mcp_servers.cluster.server import build_server as cluster_server
+from mcp_servers.cluster.twin import TwinBackend
 from mcp_servers.lessons.server import build_server as lessons_server
 from memory.store import LessonStore
 

@@ -21,15 +21,16 @@ from test_cli import tiny_study, write
 
 from agents.analyst import ClaudeAnalyst, Verdict, check_verdict
 from agents.claude import AgentOutputInvalid, ClaudeSetup
+from agents.claude_planner import ClaudePlanner
 from agents.deployer import ClaudeDeployer
-from agents.planner import ClaudePlanner, NoViableConfig, PlannerFailed, TrialPlan
+from agents.planner import NoViableConfig, PlannerFailed, TrialPlan
 from domain.ledger import Ledger
 from domain.study import Study
 from graph.run import run_study
 from mcp_servers.bench.ops import BenchService
 from mcp_servers.bench.server import build_server as bench_server
-from mcp_servers.cluster.backend import TwinBackend
 from mcp_servers.cluster.server import build_server as cluster_server
+from mcp_servers.cluster.twin import TwinBackend
 from mcp_servers.lessons.server import build_server as lessons_server
 from servetune.study_file import load_study
 
@@ -373,7 +374,8 @@ async def test_planner_modify_after_research_launches_the_alternative(study, sto
 
 
 async def test_an_invalid_run_is_never_scored_by_either_analyst(study, store, tmp_path):
-    from agents.analyst import Analyst, BenchOutcome
+    from agents.analyst import Analyst
+    from domain.bench import BenchResult
     from domain.metrics import MetricsSummary
 
     backend = TwinBackend("servetune")
@@ -384,8 +386,8 @@ async def test_an_invalid_run_is_never_scored_by_either_analyst(study, store, tm
                                            "config": study.base_config().model_dump(mode="json")})
         run = await Analyst(bench, study).saturation("trial-a", duration_s=5)
         assert run.valid and isinstance(run.summary, MetricsSummary)
-        bad = BenchOutcome.model_validate({**run.model_dump(), "valid": False,
-                                           "invalid_reason": "12% of requests failed (> 5%)"})
+        bad = BenchResult.model_validate({**run.model_dump(), "valid": False,
+                                          "invalid_reason": "12% of requests failed (> 5%)"})
         script = Scripted([])  # a model must not even be asked
         claude = ClaudeAnalyst(bench, lessons, study, ClaudeSetup(client=script.client()))
         for analyst in (Analyst(bench, study), claude):

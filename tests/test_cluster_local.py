@@ -23,8 +23,8 @@ import httpx
 import pytest
 from mcp import Client, StdioServerParameters
 
-from agents.deployer import classify
 from domain.config import ServingConfig
+from domain.engines.sglang.failures import classify
 from mcp_servers.cluster import ops
 from mcp_servers.cluster.backend import BackendError, CorruptRecord
 from mcp_servers.cluster.local import LocalProcessBackend

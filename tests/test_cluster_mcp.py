@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 from mcp import Client, StdioServerParameters
 
-from agents.deployer import classify
 from domain.config import ServingConfig
+from domain.engines.sglang.failures import classify
 from mcp_servers.cluster import ops
 from mcp_servers.cluster.backend import (
     BackendError,
-    TwinBackend,
     make_backend,
     refuse_flag_values,
 )
 from mcp_servers.cluster.server import build_server as cluster_server
+from mcp_servers.cluster.twin import TwinBackend
 
 pytestmark = pytest.mark.anyio
 REPO = Path(__file__).resolve().parent.parent

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from mcp import Client
 
-from mcp_servers.cluster.backend import TwinBackend
 from mcp_servers.cluster.server import build_server as cluster_server
+from mcp_servers.cluster.twin import TwinBackend
 from tests.test_cluster_mcp import config
 
 pytestmark = pytest.mark.anyio

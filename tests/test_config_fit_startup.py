@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agents.deployer import classify
-from domain.config import ServingConfig, flag_inventory
+from domain.config import ServingConfig
+from domain.engines import engine
+from domain.engines.sglang.failures import classify
+from domain.engines.sglang.flags import flag_inventory
 from domain.errors import ConfigInvalid, DoesNotFit, InvalidCombination
 from domain.fit import (
     default_chunked_prefill,
@@ -66,19 +68,19 @@ def test_new_fields_emit_exact_flags_and_store_true_flags_bare():
             speculative_algorithm="NEXTN", speculative_eagle_topk=1,
             speculative_num_draft_tokens=4, speculative_adaptive=True,
             enable_hierarchical_cache=True, hicache_ratio=2.5, router_policy="cache_aware")
-    assert c.to_sglang_args() == [
+    assert engine("sglang").argv(c) == [
         "sglang", "serve", "--model-path", "zai-org/GLM-5-FP8", "--tp-size", "8",
         "--quantization", "fp8", "--schedule-policy", "lpm", "--schedule-conservativeness",
         "0.8", "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
         "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
         "--hicache-ratio", "2.5", "--speculative-adaptive", "--enable-hierarchical-cache"]
-    assert cfg(disable_radix_cache=True).to_sglang_args()[-1] == "--disable-radix-cache"
+    assert engine("sglang").argv(cfg(disable_radix_cache=True))[-1] == "--disable-radix-cache"
     # unset / off fields pass nothing; the router policy is a router flag, never a server flag
-    assert cfg(router_policy="power_of_two").to_sglang_args() == [
+    assert engine("sglang").argv(cfg(router_policy="power_of_two")) == [
         "sglang", "serve", "--model-path", "zai-org/GLM-5-FP8", "--tp-size", "8",
         "--quantization", "fp8"]
     flags = {f for e in flag_inventory("0.5.23").values() for f in e["flags"]}
-    assert {a for a in c.to_sglang_args() if a.startswith("--")} <= flags
+    assert {a for a in engine("sglang").argv(c) if a.startswith("--")} <= flags
 
 
 def test_config_id_of_configs_without_v1_fields_is_unchanged():
@@ -468,7 +470,8 @@ def test_speculative_knob_sets_a_coherent_bundle():
         ("NEXTN", None, None, None, False)
     assert apply_knob(on, "speculative", "nextn_adaptive", 8).speculative_adaptive
     off = apply_knob(on, "speculative", "off", 8)
-    assert off.speculative_algorithm is None and off.to_sglang_args() == cfg().to_sglang_args()
+    assert off.speculative_algorithm is None
+    assert engine("sglang").argv(off) == engine("sglang").argv(cfg())
     tri = apply_knob(cfg(), "speculative", "nextn:1,1,2", 8)
     assert (tri.speculative_num_steps, tri.speculative_eagle_topk,
             tri.speculative_num_draft_tokens) == (1, 1, 2)

@@ -7,7 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from domain.config import ServingConfig, flag_inventory
+from domain.config import ServingConfig
+from domain.engines import engine
+from domain.engines.sglang.flags import flag_inventory
 from domain.errors import ConfigInvalid, DoesNotFit, UnknownFlag
 from domain.fit import default_max_running_requests, fit
 from domain.knobs import apply_knob
@@ -95,7 +97,7 @@ def test_fp8_kv_roughly_doubles_capacity():
 def test_to_sglang_args_exact_flags():
     c = cfg(weights="nvfp4", kv_cache_dtype="fp8_e4m3", mem_fraction_static=0.9,
             max_running_requests=256)
-    assert c.to_sglang_args() == [
+    assert engine("sglang").argv(c) == [
         "sglang", "serve", "--model-path", "nvidia/GLM-5-NVFP4", "--tp-size", "8",
         "--quantization", "modelopt_fp4", "--kv-cache-dtype", "fp8_e4m3",
         "--mem-fraction-static", "0.9", "--max-running-requests", "256"]
@@ -109,7 +111,7 @@ def test_unknown_attention_backend_and_version_are_refused():
     with pytest.raises(ValueError, match="no flag inventory"):
         cfg(engine_version="0.4.0")
     with pytest.raises(UnknownFlag):
-        from domain.config import flag_for
+        from domain.engines.sglang.flags import flag_for
         flag_for("no_such_flag", "0.5.23")
 
 
@@ -264,7 +266,7 @@ def test_forbidding_lesson_needs_a_condition():
 
 
 def test_tp_divisibility_and_single_node_refused_like_the_engine():
-    from agents.deployer import classify
+    from domain.engines.sglang.failures import classify
 
     s = start(cfg(weights="nvfp4", tp_size=3, replicas=2))
     assert (s.phase, classify(s.log)[0]) == ("model_init", "TP_DIVISIBILITY")
@@ -278,7 +280,8 @@ def test_tp_divisibility_and_single_node_refused_like_the_engine():
 def test_estimate_lesson_for_kv_pool_covers_exactly_the_memory_layout():
     import yaml
 
-    from agents.planner import MEMORY_FIELDS, estimate_lesson
+    from domain.fit import MEMORY_FIELDS
+    from domain.lesson_builders import estimate_lesson
     from domain.study import parse_study
 
     study = parse_study(yaml.safe_load(DEFAULT_STUDY.read_text()))
@@ -297,7 +300,7 @@ def test_estimate_lesson_for_kv_pool_covers_exactly_the_memory_layout():
 def test_weights_estimate_lesson_names_the_largest_failing_tp():
     import yaml
 
-    from agents.planner import estimate_lesson
+    from domain.lesson_builders import estimate_lesson
     from domain.study import parse_study
 
     study = parse_study(yaml.safe_load(DEFAULT_STUDY.read_text()))
@@ -315,7 +318,7 @@ def test_weights_estimate_lesson_at_the_largest_tp_names_the_weights_alone(monke
     be true for every config and is refused (issue 16, D2), so the family is the checkpoint."""
     import yaml
 
-    import agents.planner as planner
+    import domain.lesson_builders as planner
     from domain.study import parse_study
 
     study = parse_study(yaml.safe_load(DEFAULT_STUDY.read_text()))

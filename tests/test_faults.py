@@ -18,9 +18,9 @@ import pytest
 from mcp import Client
 from test_cli import tiny_study, write
 
-from agents.deployer import FAILURE_PATTERNS, classify
 from agents.mcp_tools import TRANSIENT_RETRIES, call
 from domain.config import ServingConfig
+from domain.engines.sglang.failures import FAILURE_PATTERNS, classify
 from domain.faults import (
     BENCH_FAULTS,
     DEPLOY_FAULTS,
@@ -38,7 +38,7 @@ from domain.twin.injected import inject_startup
 from domain.twin.startup import start
 from graph.run import run_study
 from mcp_servers.bench.ops import BenchService
-from mcp_servers.cluster.backend import TwinBackend
+from mcp_servers.cluster.twin import TwinBackend
 from mcp_servers.lessons.outage import FlakyStore
 from mcp_servers.lessons.server import build_server as lessons_server
 from servetune.faults_report import fault_accounting, read_events

@@ -27,8 +27,8 @@ from mcp import Client
 
 from mcp_servers.bench.ops import BenchService
 from mcp_servers.bench.server import build_server as bench_server
-from mcp_servers.cluster.backend import TwinBackend
 from mcp_servers.cluster.server import build_server as cluster_server
+from mcp_servers.cluster.twin import TwinBackend
 from mcp_servers.lessons.server import build_server as lessons_server
 from mcp_servers.source.server import build_server as source_server
 from mcp_servers.source.tree import SourceTree

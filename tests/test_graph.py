@@ -50,8 +50,8 @@ def test_big_regressions_are_not_retried_from_later_incumbents():
 
 
 def test_failure_families_of_the_v1_knobs():
-    from agents.analyst import failure_condition
     from domain.config import ServingConfig
+    from domain.engines.sglang.lessons import failure_condition
 
     base = dict(model="glm-5", gpu="B200", weights="fp8")
     spec = ServingConfig(**base, tp_size=4, speculative_algorithm="NEXTN")
@@ -70,8 +70,9 @@ def test_failure_families_of_the_v1_knobs():
 
 def test_invalid_combination_lessons_name_the_family_from_the_engine_message():
     from agents.analyst import failure_lesson
-    from agents.deployer import DeployOutcome, classify
+    from agents.deployer import DeployOutcome
     from domain.config import ServingConfig
+    from domain.engines.sglang.failures import classify
     from domain.twin.startup import start
 
     base = dict(model="glm-5", gpu="B200", weights="fp8", tp_size=8)
@@ -103,8 +104,8 @@ def test_invalid_combination_lessons_name_the_family_from_the_engine_message():
 
 
 def test_host_oom_lesson_uses_the_engine_arithmetic_for_the_ratio_limit():
-    from agents.analyst import failure_condition
     from domain.config import ServingConfig
+    from domain.engines.sglang.lessons import failure_condition
 
     cfg = ServingConfig(model="glm-5", gpu="B200", weights="fp8", tp_size=8,
                         enable_hierarchical_cache=True, hicache_ratio=50.0)

@@ -1,4 +1,4 @@
-"""The estimate-guided planner brain (agents/brains.py GuidedPlanner, search.brain "guided"):
+"""The estimate-guided planner brain (agents/guided_brain.py GuidedPlanner, search.brain "guided"):
 ranking by the steady-state prior, the residual correction and its optimism (UCB), the SLO
 probability and boundary, the stop rule, lessons ranked last and screening, the memory fit,
 the equivalence skip, and a whole `servetune run` with it."""
@@ -20,12 +20,17 @@ import yaml
 from fixtures.planning import drive, forbid_fa3, row
 from mcp import Client
 
-from agents.brains import GridPlanner, GuidedPlanner, best_threshold, make_planner
-from agents.planner import NoViableConfig, TrialPlan, research_lesson, resolved_settings
+from agents.brains import make_planner
+from agents.guided_brain import GuidedPlanner
+from agents.planner import NoViableConfig, TrialPlan
+from agents.space_brains import GridPlanner
 from domain.config import ServingConfig
+from domain.engines import resolved_settings
 from domain.errors import ConfigInvalid
 from domain.estimate import Estimate, ReplayProfile
 from domain.fit import fit
+from domain.lesson_builders import research_lesson
+from domain.search import p_meets_slo
 from domain.study import Study, parse_study
 from domain.trial import Trial
 from domain.workload import load_trace
@@ -100,32 +105,6 @@ async def test_the_study_key_selects_the_guided_brain(lessons):
         study(search={"brain": "anneal"})
 
 
-# -- the SLO boundary -----------------------------------------------------------------------
-
-def test_best_threshold():
-    assert best_threshold([]) == 1.0
-    # one infeasible config predicted at half the SLO: the boundary drops just below it
-    th = best_threshold([(0.5, False)])
-    assert th < 0.5 and th == pytest.approx(0.5)
-    # feasible at 2x, infeasible at 3x: anything in [2, 3) separates; the one nearest 1
-    th = best_threshold([(2.0, True), (3.0, False)])
-    assert 2.0 <= th < 3.0 and th == 2.0
-    # labels that agree with the estimate keep the boundary at 1
-    assert best_threshold([(0.3, True), (0.9, True), (1.5, False), (math.inf, False)]) == 1.0
-    # conflicting labels at one ratio: the majority (infeasible) wins, the boundary is below
-    assert best_threshold([(1.2, True), (1.2, False), (1.2, False)]) < 1.2
-    # no threshold is perfect here; the result has the fewest errors of any threshold
-    labelled = [(0.5, True), (0.8, False), (1.5, True), (3.0, False), (0.6, True)]
-
-    def errors(t: float) -> int:
-        return sum((r <= t) != ok for r, ok in labelled)
-
-    grid = [k / 1000 for k in range(1, 5000)] + [math.inf]
-    th = best_threshold(labelled)
-    assert errors(th) == min(errors(t) for t in grid) == 1
-    assert th == pytest.approx(0.8) and th < 0.8  # nearest 1 among the best ones
-
-
 # -- ranking by the prior -------------------------------------------------------------------
 
 def tput_small(c: ServingConfig) -> float:
@@ -188,8 +167,8 @@ async def test_an_slo_miss_moves_the_boundary_below_the_missed_prediction(lesson
     assert 0.125 <= g.theta < 0.5 and g.theta == pytest.approx(0.5)
     # P(meet) of a config predicted at the missed ratio drops from ~0.84 to ~0.5; one at
     # 0.125x stays near 1 (log(0.5 / 0.125) / SIGMA_TTFT ~ 2 sd under the boundary)
-    assert g.feasible(0.5) == pytest.approx(0.5, abs=1e-6)
-    assert g.feasible(0.125) > 0.97
+    assert p_meets_slo(0.5, g.theta) == pytest.approx(0.5, abs=1e-6)
+    assert p_meets_slo(0.125, g.theta) > 0.97
     # so the next launch is the best config predicted well under it: fp8, fp8 KV, 0.90
     # (165 x 0.98 ~ 161) over nvfp4 + bf16 + 0.90 (220 x 0.5 = 110)
     assert (second.weights, second.kv_cache_dtype, second.mem_fraction_static) == \
@@ -199,7 +178,7 @@ async def test_an_slo_miss_moves_the_boundary_below_the_missed_prediction(lesson
     # nvfp4 + bf16 + 0.90 (220 x 0.84 ~ 185) comes next
     u = make_planner(st, lessons, replay=REPLAY, estimator=scripted(tput_slo, ttft_small))
     launched, _, _, _ = await drive(u, st, 2, truth)
-    assert u.theta == 1.0 and u.feasible(0.5) > 0.8
+    assert u.theta == 1.0 and p_meets_slo(0.5, u.theta) > 0.8
     assert (launched[1].config.weights, launched[1].config.kv_cache_dtype,
             launched[1].config.mem_fraction_static) == ("nvfp4", "bf16", 0.9)
     # the boundary is soft: with nvfp4 3x fp8 (tput_small) even half the chance of meeting
@@ -251,27 +230,17 @@ async def test_measured_residuals_correct_a_systematic_overestimate(lessons):
 
 # -- the SLO probability ---------------------------------------------------------------------
 
-def test_feasible_is_a_normal_cdf_around_the_boundary():
+def test_the_brain_feeds_its_ratio_and_boundary_to_the_slo_probability():
+    """The normal CDF itself: tests/test_search.py (domain.search.p_meets_slo)."""
     st = study(knobs=SMALL, search={"brain": "guided"})
     g = GuidedPlanner(st, None, replay=REPLAY)
     assert g.theta == 1.0
-    assert g.feasible(0.0) == 1.0 and g.feasible(math.inf) == 0.0
-    assert g.feasible(1.0) == pytest.approx(0.5)
-    # one SIGMA_TTFT (0.7 in log) under the boundary: Phi(1) ~ 0.841
-    assert g.feasible(math.exp(-0.7)) == pytest.approx(0.8413, abs=1e-4)
-    ratios = [0.0, 0.01, 0.1, 0.3, 0.5, 0.9, 1.0, 1.1, 2.0, 5.0, 50.0, math.inf]
-    ps = [g.feasible(r) for r in ratios]
-    assert all(a > b for a, b in zip(ps, ps[1:], strict=False))
-    assert all(0.0 <= x <= 1.0 for x in ps)
-    # a moved boundary moves the midpoint
-    g.theta = 0.4
-    assert g.feasible(0.4) == pytest.approx(0.5) and g.feasible(1.0) < 0.5
     # the ratio fed to it: 0 without a replay profile, inf for a config that does not fit
     fits = Estimate(fits=True, batch=8.0, output_tok_s_per_gpu=1.0, ttft_p99_ms=4000.0)
     unfit = Estimate(fits=False, batch=0.0, output_tok_s_per_gpu=0.0)
     assert g.ratio(fits) == pytest.approx(4000.0 / SLO_MS) and g.ratio(unfit) == math.inf
     blind = GuidedPlanner(st, None)
-    assert blind.ratio(fits) == 0.0 and blind.feasible(blind.ratio(fits)) == 1.0
+    assert blind.ratio(fits) == 0.0 and p_meets_slo(blind.ratio(fits), blind.theta) == 1.0
 
 
 # -- optimism and the stop rule -------------------------------------------------------------
@@ -286,25 +255,7 @@ async def test_an_unmeasured_knob_value_is_more_optimistic_than_a_measured_one(l
     pts = [(r, w) for r in range(2) for w in range(2)]
     est = {q: g.estimate(g.config_of(q)) for q in pts}
     assert est[(0, 0)].output_tok_s_per_gpu == est[(1, 0)].output_tok_s_per_gpu
-    # no measurement yet: both policies equally uncertain
-    g.fit_residuals([])
-    assert g.corrected((0, 0), est[(0, 0)]) == pytest.approx(g.corrected((1, 0), est[(1, 0)]))
-    # round_robin measured (both weights) exactly as predicted
-    g.fit_residuals([((0, 0), 0.0), ((0, 1), 0.0)])
-    for w in range(2):
-        rr_mean, rr_up = g.corrected((0, w), est[(0, w)])
-        ca_mean, ca_up = g.corrected((1, w), est[(1, w)])
-        # same corrected mean (the prior), a higher upper bound for the unmeasured value
-        assert rr_mean == pytest.approx(ca_mean) == pytest.approx(
-            est[(0, w)].output_tok_s_per_gpu)
-        assert ca_up > rr_up > rr_mean
-    # once cache_aware is measured to change nothing too, the bonus is gone
-    g.fit_residuals([((0, 0), 0.0), ((0, 1), 0.0), ((1, 0), 0.0), ((1, 1), 0.0)])
-    assert g.corrected((1, 0), est[(1, 0)])[1] == pytest.approx(
-        g.corrected((0, 0), est[(0, 0)])[1])
-    # a measured value that lost shifts the mean down, not just the bound
-    g.fit_residuals([((0, 0), 0.0), ((1, 0), math.log(0.5))])
-    assert g.corrected((1, 1), est[(1, 1)])[0] < g.corrected((0, 1), est[(0, 1)])[0]
+    # the residual model on these points alone: tests/test_search.py (ResidualModel).
     # through the brain: after the baseline (round_robin, fp8), the unmeasured policy's bonus
     # outranks the tie-break on fewer knobs changed; measured to change nothing, the search
     # stops without trying (cache_aware, fp8)
@@ -343,7 +294,8 @@ async def test_guided_stops_once_nothing_untried_can_beat_the_incumbent(lessons)
     tried = {t.config for t in hist}
     untried = [q for q in g.candidates() if g.config_of(q) not in tried]
     assert untried and all(
-        g.corrected(q, g.estimate(g.config_of(q)))[1] <= bar for q in untried)
+        g.model.corrected(q, g.estimate(g.config_of(q)).output_tok_s_per_gpu)[1] <= bar
+        for q in untried)
     # a stopped step launches nothing more
     again = await g.step(st.base_config(), {t.config.config_id() for t in hist}, "r",
                          history=list(hist))

@@ -18,10 +18,11 @@ import pytest
 from fixtures.stub_process import running_stub
 from mcp import Client
 
+from domain.bench import Quality
 from domain.config import ServingConfig
 from domain.workload import Request, load_mooncake
 from mcp_servers.bench.http_runner import HttpRunner, arrival_schedule
-from mcp_servers.bench.ops import BenchService, Quality
+from mcp_servers.bench.ops import BenchService
 from mcp_servers.bench.prompts import (
     SHIPPED_WORDPIECE,
     BlockPrompts,
@@ -34,7 +35,7 @@ from mcp_servers.bench.prompts import (
     replay_plan,
 )
 from mcp_servers.bench.server import build_server as bench_server
-from mcp_servers.cluster.backend import TwinBackend
+from mcp_servers.cluster.twin import TwinBackend
 
 pytestmark = pytest.mark.anyio
 REPO = Path(__file__).resolve().parent.parent

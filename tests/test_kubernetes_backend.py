@@ -13,8 +13,9 @@ from fakes_k8s import Clock, FakeKubeApi, Fate
 from mcp import Client
 from typer.testing import CliRunner
 
-from agents.deployer import Deployer, classify
+from agents.deployer import Deployer
 from domain.config import ServingConfig
+from domain.engines.sglang.failures import classify
 from mcp_servers.cluster import ops
 from mcp_servers.cluster.backend import BackendError, make_backend
 from mcp_servers.cluster.kubeapi import KubeApiError, RealKubeApi

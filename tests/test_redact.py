@@ -23,9 +23,10 @@ from mcp import Client
 from domain.config import ServingConfig
 from domain.lesson import Lesson
 from domain.trial import Trial
-from mcp_servers.cluster.backend import Event, LogLine, TwinBackend
+from mcp_servers.cluster.backend import Event, LogLine
 from mcp_servers.cluster.server import build_server as cluster_server
 from mcp_servers.cluster.store import RecordStore
+from mcp_servers.cluster.twin import TwinBackend
 from mcp_servers.lessons.server import build_server as lessons_server
 from memory.store import LessonStore
 

@@ -16,6 +16,7 @@ import yaml
 from typer.testing import CliRunner
 
 from domain.config import ServingConfig
+from domain.engines import engine
 from sandbox.manifests import SglangOptions, dra_api_version, render_sandbox, render_sglang
 from sandbox.rbac import role_rules
 from sandbox.validate import check_k8s_version, supported_versions, validate
@@ -272,7 +273,7 @@ def test_deployment_engine_container():
     c = pod["containers"][0]
     assert c["image"] == "lmsysorg/sglang:v0.5.23"
     assert c["command"] == ["sglang", "serve"]
-    assert c["args"] == config.to_sglang_args()[2:] + [
+    assert c["args"] == engine("sglang").argv(config)[2:] + [
         "--host", "0.0.0.0", "--port", "30000", "--enable-metrics"]
     assert c["resources"]["requests"]["nvidia.com/gpu"] == "8"
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"

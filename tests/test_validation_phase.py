@@ -23,7 +23,8 @@ from domain.quality import compare_outputs, numerics_changes, token_match_rate
 from mcp_servers.bench.ops import BenchService
 from mcp_servers.bench.quality import PROMPTS
 from mcp_servers.bench.server import build_server
-from mcp_servers.cluster.backend import BackendError, TwinBackend
+from mcp_servers.cluster.backend import BackendError
+from mcp_servers.cluster.twin import TwinBackend
 from tests.fixtures.stub_process import running_stub, running_twin_server
 
 REPO = Path(__file__).resolve().parent.parent

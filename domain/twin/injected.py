@@ -15,6 +15,7 @@ import math
 from dataclasses import replace
 
 from domain.config import ServingConfig
+from domain.engines import engine_for
 from domain.faults import BenchFault, DeployFault
 from domain.hardware import get_gpu
 from domain.metrics import RequestRecord
@@ -34,7 +35,7 @@ def _before(log: list[str], marker: str) -> list[str]:
 
 def inject_startup(ok: Startup, fault: DeployFault, config: ServingConfig) -> Startup:
     """The startup of ``config`` when ``fault`` strikes a launch that would be ``ok`` (Ready)."""
-    image = f"lmsysorg/sglang:v{config.engine_version}"
+    image = engine_for(config).image
     if fault == "oom":  # another tenant holds memory: the shard no longer fits at load
         gib = get_gpu(config.gpu).hbm_bytes / 2**30
         log = _before(ok.log, "Load weight end") + [

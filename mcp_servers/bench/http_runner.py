@@ -63,6 +63,7 @@ import aiohttp
 import httpx
 import numpy as np
 
+from domain.engines import engine
 from domain.metrics import RequestRecord
 from domain.quality import SIMULATED_HEADER
 
@@ -294,7 +295,9 @@ async def fetch_model_id(base_url: str, timeout_s: float = 5.0,
         return None
 
 
-_SAMPLE = re.compile(r"^(sglang:(?:prompt|cached)_tokens_total)(?:\{[^}]*\})?\s+(\S+)", re.M)
+_PROMPT, _CACHED = (engine().metrics[k] for k in ("prompt_tokens", "cached_tokens"))
+_SAMPLE = re.compile(rf"^({re.escape(_PROMPT)}|{re.escape(_CACHED)})(?:\{{[^}}]*\}})?\s+(\S+)",
+                     re.M)
 
 
 async def fetch_cache_counters(base_urls: Sequence[str],
@@ -316,7 +319,7 @@ async def fetch_cache_counters(base_urls: Sequence[str],
                 seen = set()
                 for name, value in _SAMPLE.findall(r.text):
                     seen.add(name)
-                    if name == "sglang:prompt_tokens_total":
+                    if name == _PROMPT:
                         prompt += float(value)
                     else:
                         cached += float(value)

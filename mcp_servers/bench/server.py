@@ -21,23 +21,20 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations
 from pydantic import Field, Strict
 
+from domain.bench import (
+    MAX_DISPATCH_LAG_P99_MS,
+    MAX_ERROR_SHARE,
+    BenchResult,
+    Quality,
+    SweepPoint,
+)
 from domain.twin.budget import DEFAULT_COMPUTE_BUDGET_S
 from mcp_servers.bench import records as store
 from mcp_servers.bench.http_runner import DEFAULT_CLIENT, MAX_CONCURRENCY, ClientKind
-from mcp_servers.bench.ops import (
-    MAX_DISPATCH_LAG_P99_MS,
-    MAX_ERROR_SHARE,
-    ArrivalProcess,
-    BenchResult,
-    BenchService,
-    ProgressFn,
-    Quality,
-    RunnerChoice,
-    SweepPoint,
-    TraceFormat,
-)
+from mcp_servers.bench.ops import BenchService, TraceFormat
 from mcp_servers.bench.prompts import HFTokenizer
 from mcp_servers.bench.quality import DEFAULT_MAX_TOKENS, GreedyOutputs
+from mcp_servers.bench.targets.base import ArrivalProcess, ProgressFn, RunnerChoice
 from mcp_servers.cluster.backend import BackendError, ClusterBackend, make_backend
 from mcp_servers.tool_errors import StrictMCPServer, as_tool_errors
 

@@ -1,15 +1,16 @@
-"""The cluster backend interface and its twin implementation.
+"""The cluster backend interface, its shared records and helpers, and ``make_backend``.
 
 A backend owns deployments in ONE namespace, fixed when it is built (the model never picks it).
-Backends: ``twin`` (here: simulated SGLang servers that answer at once), ``local``
+Backends: ``twin`` (:mod:`mcp_servers.cluster.twin`: simulated SGLang servers that answer
+at once), ``local``
 (:mod:`mcp_servers.cluster.local`: server processes on 127.0.0.1) and ``kubernetes``
 (:mod:`mcp_servers.cluster.kubernetes`). The protocol is shaped so that the Kubernetes backend
 maps onto it directly:
 
-- ``deploy``: server-side apply of a Deployment (``replicas``, the SGLang argv from
-  ``config.to_sglang_args()``) and its Service, named ``name``, carrying ``labels`` (at least
-  ``app.kubernetes.io/managed-by=servetune``), after the manifest policy accepted them; returns
-  Pending, and with ``wait_s`` polls until Ready/Failed like :func:`settle`.
+- ``deploy``: server-side apply of a Deployment (``replicas``, the engine's argv,
+  ``engine_for(config).argv(config)``) and its Service, named ``name``, carrying ``labels``
+  (at least ``app.kubernetes.io/managed-by=servetune``), after the manifest policy accepted
+  them; returns Pending, and with ``wait_s`` polls until Ready/Failed like :func:`settle`.
 - ``status``: the Deployment's and its pods' conditions: Pending until every pod is Ready;
   Failed when a container terminated or is in CrashLoopBackOff (``exit_code`` from its last
   termination state, ``failed_stage`` ``startup`` if the pod was never Ready, else
@@ -37,15 +38,12 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, Field, ValidationError
 
 from domain.config import ServingConfig
-from domain.faults import DeployFault, FaultSpec
 from domain.fit import FitReport
-from domain.twin.injected import inject_startup
-from domain.twin.startup import Startup, start
 from mcp_servers.cluster.store import RecordStore, UnreadableRecord
 
 log = logging.getLogger("servetune.cluster")
@@ -231,6 +229,23 @@ class ClusterBackend(Protocol):
         ...
 
 
+
+@runtime_checkable
+class SimulatedBackend(ClusterBackend, Protocol):
+    """A cluster backend whose Ready deployments are simulated, not served (the twin's).
+
+    Their statuses list no endpoints; the bench server simulates them from the config and
+    memory fit this returns (:class:`~mcp_servers.bench.targets.twin.TwinTarget`).
+    """
+
+    def ready_fit(self, name: str) -> tuple[ServingConfig, FitReport]:
+        """Config and resolved memory layout of Ready deployment ``name``.
+
+        Raises:
+            BackendError: it is not Ready.
+        """
+        ...
+
 def check_name(name: str, namespace: str) -> None:
     """Refuse a deployment name that is not a DNS-1123 label (so never a flag or a path).
 
@@ -278,200 +293,6 @@ def settle(backend: ClusterBackend, name: str, wait_s: float,
     return st
 
 
-class _TwinRecord(BaseModel):
-    name: str
-    config: ServingConfig
-    labels: dict[str, str]
-    created_at: float
-    terminated_at: float | None = None
-    history: list[Event] = []  # events of earlier deployments of this name
-
-
-class TwinBackend:
-    """Simulated SGLang deployments: startup fails or succeeds exactly as :func:`start` says.
-
-    Without ``state_dir`` the records live in memory (the headless study uses this). With it,
-    each record is a JSON file under ``state_dir/twin/<namespace>/``, re-read on every call, so
-    another process over the same folder (the bench server of Claude Code) sees the same
-    deployments; the startup is recomputed from the config (:func:`start` is deterministic).
-
-    ``faults`` (a study's ``faults``, :mod:`domain.faults`) makes a share of the launches that
-    would be Ready fail instead (:func:`~domain.twin.injected.inject_startup`); launch ``n`` of
-    a name (its earlier ``Created`` events) draws its fault from ``(seed, config id, n)``.
-    ``injected`` lists what was injected.
-    """
-
-    kind = "twin"
-
-    def __init__(self, namespace: str = "servetune", state_dir: Path | None = None,
-                 faults: FaultSpec | None = None) -> None:
-        if not NAME_RE.match(namespace):
-            raise BackendError(f"namespace {namespace!r} is not a valid DNS-1123 label")
-        self.namespace = namespace
-        root = None if state_dir is None else state_dir / "twin" / namespace
-        self._store = RecordStore(root)
-        self._startups: dict[str, Startup] = {}
-        self.faults = faults
-        self.injected: list[dict[str, Any]] = []
-
-    def _get(self, name: str) -> _TwinRecord:
-        return require_record(self._store, name, _TwinRecord, self.namespace)
-
-    def _startup(self, config: ServingConfig) -> Startup:
-        key = config.model_dump_json()
-        if key not in self._startups:
-            self._startups[key] = start(config)
-        return self._startups[key]
-
-    def _fault(self, d: _TwinRecord) -> tuple[DeployFault | None, int]:
-        """The fault injected into deployment ``d`` (None: none) and its launch number."""
-        attempt = sum(e.reason == "Created" for e in d.history)
-        if self.faults is None or not self._startup(d.config).ready:
-            return None, attempt
-        return self.faults.deploy_fault(d.config.config_id(), attempt), attempt
-
-    def _run(self, d: _TwinRecord) -> Startup:
-        """How deployment ``d`` started: :func:`start` of its config, or its injected fault."""
-        fault, _ = self._fault(d)
-        s = self._startup(d.config)
-        return s if fault is None else inject_startup(s, fault, d.config)
-
-    def deploy(self, name: str, config: ServingConfig, labels: dict[str, str],
-               wait_s: float = 0.0) -> DeploymentStatus:
-        """Create deployment ``name``; all replicas start identically.
-
-        ``wait_s`` is unused: the twin answers Ready or Failed at once.
-
-        Raises:
-            BackendError: invalid name, or the name is taken by a live deployment.
-        """
-        check_name(name, self.namespace)
-        refuse_flag_values(config)
-        with self._store.locked():
-            old = read_record(self._store, name, _TwinRecord)
-            if old is not None and old.terminated_at is None:
-                raise BackendError(f"deployment {name!r} already exists; tear it down first")
-            history = [] if old is None else self._events_of(old)[-MAX_HISTORY:]
-            rec = _TwinRecord(name=name, config=config, labels=dict(labels),
-                              created_at=time.time(), history=history)
-            self._store.write(name, rec.model_dump(mode="json"))
-        fault, attempt = self._fault(rec)
-        if fault is not None:
-            self.injected.append({"fault": fault, "name": name, "attempt": attempt,
-                                  "config_id": config.config_id()})
-        return self._status(rec)
-
-    def _status(self, d: _TwinRecord) -> DeploymentStatus:
-        s = self._run(d)
-        phase: Phase = ("Terminated" if d.terminated_at is not None
-                        else ("Ready" if s.ready else "Failed"))
-        message = s.reason
-        if d.terminated_at is not None:
-            message = (f"torn down at {when(d.terminated_at)}; last log line: "
-                       f"{s.log[-1] if s.log else ''}")
-        return DeploymentStatus(
-            name=d.name, namespace=self.namespace, phase=phase, replicas=d.config.replicas,
-            ready_replicas=d.config.replicas if phase == "Ready" else 0, config=d.config,
-            labels=d.labels, created_at=d.created_at,
-            exit_code=None if s.ready or s.exit_code < 0 else s.exit_code,
-            failed_stage=None if s.ready else s.phase, message=message, startup_s=s.startup_s)
-
-    def status(self, name: str) -> DeploymentStatus:
-        """Current status of ``name``. Raises BackendError if it does not exist."""
-        return self._status(self._get(name))
-
-    def logs(self, name: str, replica: int | None = None) -> list[LogLine]:
-        """The server log of ``name``, every line stamped with the creation time.
-
-        Every twin replica logs the same.
-
-        Raises:
-            BackendError: unknown name or replica index.
-        """
-        d = self._get(name)
-        if replica is not None and not 0 <= replica < d.config.replicas:
-            raise BackendError(f"{name} has replicas 0..{d.config.replicas - 1}")
-        return [LogLine(t=d.created_at, text=x) for x in self._run(d).log]
-
-    def events(self, name: str | None = None) -> list[Event]:
-        """Created, then Ready or Failed, then Killing after a teardown; oldest first.
-
-        Earlier deployments of a name keep their events. Without ``name``, an unreadable
-        record adds a Warning event (reason CorruptRecord) naming its file.
-        """
-        bad: list[CorruptRecord] = []
-        if name is not None:
-            recs = [self._get(name)]
-        else:
-            recs, bad = scan_records(self._store, _TwinRecord)
-        out = [e.event() for e in bad]
-        for d in recs:
-            out += self._events_of(d)
-        return sorted(out, key=lambda e: e.t)
-
-    def _events_of(self, d: _TwinRecord) -> list[Event]:
-        s, n = self._run(d), d.config.replicas
-        out = list(d.history)
-        out.append(Event(t=d.created_at, type="Normal", reason="Created", object=d.name,
-                         message=f"{n} replica(s) of config {d.config.config_id()}"))
-        if s.ready:
-            out.append(Event(t=d.created_at, type="Normal", reason="Ready", object=d.name,
-                             message=f"{n}/{n} replicas ready after {s.startup_s:.1f} s "
-                             "(virtual time)"))
-        else:
-            out.append(Event(t=d.created_at, type="Warning", reason="Failed", object=d.name,
-                             message=f"stage {s.phase}, exit code {s.exit_code}: "
-                             f"{s.reason}"))
-        if d.terminated_at is not None:
-            out.append(Event(t=d.terminated_at, type="Normal", reason="Killing",
-                             object=d.name, message=f"stopped {n} replica(s)"))
-        return out
-
-    def teardown(self, name: str) -> DeploymentStatus:
-        """Stop ``name``; idempotent.
-
-        An unreadable record is moved aside (the twin runs no processes), freeing the name.
-
-        Raises:
-            BackendError: it never existed; or its record was unreadable (the message says it
-                was moved aside: there is no status to report).
-        """
-        with self._store.locked():
-            try:
-                d = self._get(name)
-            except CorruptRecord as e:
-                dest = self._store.set_aside(name)
-                log.warning("moved the unreadable record %s aside to %s", e.path, dest)
-                raise BackendError(
-                    f"the record of deployment {name!r} was unreadable ({e.path}: {e.reason}); "
-                    f"it was moved aside to {dest}. The twin runs no processes, so nothing "
-                    f"else was left running; {name!r} can be deployed again.") from e
-            if d.terminated_at is None:
-                d.terminated_at = time.time()
-                self._store.write(name, d.model_dump(mode="json"))
-        return self._status(d)
-
-    def list(self) -> list[DeploymentStatus]:
-        """Every deployment this backend created, oldest first.
-
-        Unreadable records are skipped (logged; ``events()`` reports them).
-        """
-        return [self._status(d) for d in scan_records(self._store, _TwinRecord)[0]]
-
-    def ready_fit(self, name: str) -> tuple[ServingConfig, FitReport]:
-        """Config and resolved memory layout of a Ready deployment (for the bench server).
-
-        Raises:
-            BackendError: if it is not Ready.
-        """
-        d = self._get(name)
-        s = self._run(d)
-        if d.terminated_at is not None or not s.ready or s.fit is None:
-            raise BackendError(f"deployment {name!r} is not Ready; benchmark only Ready "
-                               "deployments (check status first)")
-        return d.config, s.fit
-
-
 BACKEND_KINDS = ("twin", "local", "kubernetes")
 MAX_HISTORY = 1000  # events kept of earlier deployments of one name
 
@@ -517,6 +338,8 @@ def make_backend(kind: str = "twin", namespace: str = "servetune", state_dir: Pa
         BackendError: unknown kind, ``local`` without a state_dir, or a bad policy.
     """
     if kind == "twin":
+        from mcp_servers.cluster.twin import TwinBackend  # twin imports this module
+
         return TwinBackend(namespace, state_dir)
     if kind == "local":
         from mcp_servers.cluster.local import (  # local imports this module

@@ -5,7 +5,7 @@ leads its own process group), with stdout and stderr written to a log file under
 folder. The argv is ``command`` with ``{host}``, ``{port}`` and ``{config_json}`` replaced in
 every element (no shell ever parses it; ``{config_json}`` is the path of a JSON file holding the
 ServingConfig; any other ``{word}`` is refused when the backend is built), or, without a command,
-the real SGLang server: ``config.to_sglang_args() + ['--host', host, '--port', port]``.
+the real SGLang server: ``engine_for(config).argv(config) + ['--host', host, '--port', port]``.
 
 On a machine without a GPU (:func:`gpu_present`), :func:`~mcp_servers.cluster.backend.make_backend`
 (what ``servetune mcp cluster --backend local`` builds) defaults the command to the twin server
@@ -70,6 +70,7 @@ import httpx
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from domain.config import ServingConfig
+from domain.engines import engine_for
 from mcp_servers.cluster import logfile
 from mcp_servers.cluster.backend import (
     MAX_HISTORY,
@@ -371,7 +372,7 @@ class LocalProcessBackend:
 
     def _argv(self, config: ServingConfig, port: int, config_json: Path) -> list[str]:
         if self.command is None:
-            return config.to_sglang_args() + ["--host", self.host, "--port", str(port)]
+            return engine_for(config).argv(config) + ["--host", self.host, "--port", str(port)]
         subs = {"{host}": self.host, "{port}": str(port), "{config_json}": str(config_json)}
         out = []
         for arg in self.command:

@@ -1,0 +1,104 @@
+"""The serving engine seam: what servetune knows about one engine, behind one interface.
+
+Every engine-specific rule -- the flag inventory of each version, the argv of a
+:class:`~domain.config.ServingConfig`, the settings the engine resolves from its defaults, the
+startup log (phases and failure messages) the twin prints, the classifier that reads a failed
+log and the lesson a failure teaches, the Prometheus metric names, the launch command and the
+image -- lives in one package per engine (``domain/engines/<name>/``) that implements
+:class:`Engine`. Everything else asks :func:`engine` / :func:`engine_for` for the engine object,
+so a second engine (vLLM, issue 22) is a second package, not edits across the tree.
+
+An import-linter contract (``pyproject.toml``) keeps the engine packages out of the
+engine-neutral modules: the registry imports an engine's package by name at run time
+(:data:`ENGINES`), so importing this module imports no engine.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from functools import cache
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from domain.config import ServingConfig
+    from domain.lesson import Lesson
+    from domain.twin.startup import Startup
+
+# engine name -> its package; the package's ``make(version)`` returns the Engine
+ENGINES: dict[str, str] = {"sglang": "domain.engines.sglang"}
+
+
+class Engine(Protocol):
+    """One serving engine at one version (the SGLang one: :mod:`domain.engines.sglang`)."""
+
+    name: str  # e.g. "sglang"
+    label: str  # how messages name it, e.g. "SGLang"
+    version: str  # e.g. "0.5.23"
+    versions: tuple[str, ...]  # versions whose flag inventory ships with servetune
+    image: str  # the engine's container image of this version
+    image_allow: str  # the image prefix the sandbox policy allows by default, every version
+    program: tuple[str, ...]  # the command that starts one server, e.g. ("sglang", "serve")
+    failure_classes: tuple[str, ...]  # every class :meth:`classify` returns, UNKNOWN last
+    metrics: dict[str, str]  # servetune's name of a counter -> the engine's Prometheus name
+    metric_prefix: str  # the prefix of every Prometheus metric the engine serves
+
+    def flag_inventory(self) -> dict[str, dict[str, Any]]:
+        """The CLI flags of this version keyed by argparse dest."""
+        ...
+
+    def flag_for(self, dest: str, value: Any = None) -> str:
+        """The canonical flag of ``dest``; checks ``value`` against the flag's choices."""
+        ...
+
+    def argv(self, config: ServingConfig) -> list[str]:
+        """The command line of ONE replica of ``config`` (program and flags)."""
+        ...
+
+    def resolved_settings(self, config: ServingConfig) -> tuple[Any, ...] | None:
+        """What the engine actually runs ``config`` with, as a hashable signature."""
+        ...
+
+    def start(self, config: ServingConfig) -> Startup:
+        """The twin's start of one replica: the engine's startup log, ready or the failure."""
+        ...
+
+    def classify(self, log: Sequence[str]) -> tuple[str, str]:
+        """Failure class and evidence line of a failed startup log."""
+        ...
+
+    def failure_lesson(self, config: ServingConfig, failure_class: str | None, stage: str | None,
+                       evidence: str, log_tail: Sequence[str], run_id: str,
+                       trial_key: str) -> Lesson:
+        """The lesson of a failed launch, its condition covering the family it dooms."""
+        ...
+
+
+@cache
+def engine(name: str = "sglang", version: str | None = None) -> Engine:
+    """The engine ``name`` at ``version`` (None: the newest version servetune ships).
+
+    Raises:
+        ValueError: an engine servetune does not know, or a version without a flag inventory
+            (the message names the supported ones).
+    """
+    if name not in ENGINES:
+        raise ValueError(f"engine {name!r} is not supported; supported: {', '.join(ENGINES)}")
+    made: Engine = importlib.import_module(ENGINES[name]).make(version)
+    return made
+
+
+def engine_for(config: ServingConfig) -> Engine:
+    """The engine that runs ``config`` (its ``engine`` and ``engine_version``)."""
+    return engine(config.engine, config.engine_version)
+
+
+def failure_classes() -> tuple[str, ...]:
+    """Every failure class any engine's classifier returns, in table order, UNKNOWN last."""
+    seen = dict.fromkeys(c for n in ENGINES for c in engine(n).failure_classes if c != "UNKNOWN")
+    return (*seen, "UNKNOWN")
+
+
+def resolved_settings(config: ServingConfig) -> tuple[Any, ...] | None:
+    """What ``config``'s engine actually runs it with (:meth:`Engine.resolved_settings`)."""
+    return engine_for(config).resolved_settings(config)

@@ -1,0 +1,100 @@
+"""SGLang behind the :class:`~domain.engines.Engine` interface.
+
+Where each SGLang rule lives:
+
+- flag inventory per version, argv of a config, launch program and image:
+  :mod:`domain.engines.sglang.flags`;
+- resolved defaults (what SGLang runs a config with): :mod:`domain.engines.sglang.defaults`
+  (the memory-fit rules themselves: :mod:`domain.fit`, :mod:`domain.speculative`);
+- startup log phases, log lines and refusals the twin prints: :mod:`domain.engines.sglang.startup`;
+- failure classification of a log: :mod:`domain.engines.sglang.failures`;
+- the lesson each failure teaches (family, fix, outcome): :mod:`domain.engines.sglang.lessons`;
+- Prometheus metric names: :mod:`domain.engines.sglang.metrics`.
+
+The modules that need the memory-fit estimate or the lesson model are imported when first used,
+so the registry can build this engine while any domain module is still being imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from domain.engines.sglang import failures, flags
+from domain.engines.sglang.metrics import METRICS, PREFIX
+
+if TYPE_CHECKING:
+    from domain.config import ServingConfig
+    from domain.engines import Engine
+    from domain.lesson import Lesson
+    from domain.twin.startup import Startup
+
+VERSIONS = flags.VERSIONS
+
+
+class SglangEngine:
+    """SGLang ``version`` (one of :data:`VERSIONS`)."""
+
+    name: str = "sglang"
+    label: str = "SGLang"
+    versions: tuple[str, ...] = VERSIONS
+    failure_classes: tuple[str, ...] = failures.FAILURE_CLASSES
+    image_allow: str = flags.IMAGE_REPOSITORY
+    metrics: dict[str, str] = METRICS
+    metric_prefix: str = PREFIX
+    program: tuple[str, ...] = flags.PROGRAM
+
+    def __init__(self, version: str) -> None:
+        """SGLang ``version``; the version is checked by :func:`make`."""
+        self.version = version
+        self.image = flags.image(version)
+
+    def flag_inventory(self) -> dict[str, dict[str, Any]]:
+        """The CLI flags of this version keyed by argparse dest."""
+        return flags.flag_inventory(self.version)
+
+    def flag_for(self, dest: str, value: Any = None) -> str:
+        """The canonical flag of ``dest``; checks ``value`` against the flag's choices."""
+        return flags.flag_for(dest, self.version, value)
+
+    def argv(self, config: ServingConfig) -> list[str]:
+        """The argv of ``sglang serve`` for ONE replica of ``config``."""
+        return flags.argv(config, self.version)
+
+    def resolved_settings(self, config: ServingConfig) -> tuple[Any, ...] | None:
+        """What SGLang actually runs ``config`` with (:func:`defaults.resolved_settings`)."""
+        from domain.engines.sglang import defaults
+
+        return defaults.resolved_settings(config)
+
+    def start(self, config: ServingConfig) -> Startup:
+        """The twin's start of one replica of ``config`` (:func:`startup.start`)."""
+        from domain.engines.sglang import startup
+
+        return startup.start(config)
+
+    def classify(self, log: Sequence[str]) -> tuple[str, str]:
+        """Failure class and evidence line of a failed startup log (:func:`failures.classify`)."""
+        return failures.classify(log)
+
+    def failure_lesson(self, config: ServingConfig, failure_class: str | None, stage: str | None,
+                       evidence: str, log_tail: Sequence[str], run_id: str,
+                       trial_key: str) -> Lesson:
+        """The lesson of a failed launch (:func:`lessons.failure_lesson`)."""
+        from domain.engines.sglang import lessons
+
+        return lessons.failure_lesson(config, failure_class, stage, evidence, log_tail, run_id,
+                                      trial_key)
+
+
+def make(version: str | None = None) -> Engine:
+    """SGLang at ``version`` (None: the newest shipped).
+
+    Raises:
+        ValueError: a version without a flag inventory, naming the supported ones.
+    """
+    v = version or VERSIONS[-1]
+    if v not in VERSIONS:
+        raise ValueError(f"SGLang {v} has no flag inventory here; supported: "
+                         f"{', '.join(VERSIONS)}")
+    return SglangEngine(v)

@@ -1,0 +1,216 @@
+"""The lessons SGLang's failures teach: each failure class's family of doomed configs and fix.
+
+A failed launch's class (:mod:`domain.engines.sglang.failures`) and evidence line decide the
+lesson's scope and condition (:func:`failure_condition`), its fix (:data:`FIXES`, or the fix of
+the INVALID_COMBINATION refusal its message names) and its outcome (:data:`OUTCOME`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from domain.config import ServingConfig
+from domain.fit import MEMORY_FIELDS
+from domain.knob_domain import field_domain
+from domain.lesson import Clause, Lesson, Scope
+
+FIXES = {
+    "UNSUPPORTED_BACKEND": "leave --attention-backend unset (the engine picks the backend for the "
+                           "GPU architecture) or choose one the architecture supports",
+    "OOM_WEIGHTS": "use more GPUs per replica (higher --tp-size) or a smaller checkpoint",
+    "KV_NO_ROOM": "raise --mem-fraction-static, raise --tp-size or use a smaller checkpoint",
+    "GRAPH_CAPTURE_OOM": "lower --mem-fraction-static or --cuda-graph-max-bs-decode",
+    "BAD_FLAG": "use only flags and values of the pinned SGLang version's inventory",
+    "BACKEND_MODEL_MISMATCH": "choose an attention backend made for this model's attention "
+                              "type (MLA/DSA or MHA/GQA), or leave it unset",
+    "TP_DIVISIBILITY": "choose a tp_size that divides the attention heads (e.g. 2, 4, 8)",
+    "MULTI_NODE_REQUIRED": "keep tp_size within one node's GPUs or serve across nodes with "
+                           "--nnodes",
+    "INVALID_COMBINATION": "drop or adjust the conflicting flags the engine's message names",
+    "HOST_OOM_HICACHE": "lower --hicache-ratio (or leave it unset) so the host KV pool fits the "
+                        "node's memory",
+    "HICACHE_HOST_TOO_SMALL": "use --hicache-ratio above 1 (the host pool must exceed the device "
+                              "pool)",
+    "NO_DRAFT_MODEL": "speculative decoding needs a model with MTP/NextN layers or a draft model",
+}
+OUTCOME = {"UNSUPPORTED_BACKEND": "unsupported", "OOM_WEIGHTS": "oom", "KV_NO_ROOM": "oom",
+           "GRAPH_CAPTURE_OOM": "oom", "BAD_FLAG": "invalid-flag",
+           "TP_DIVISIBILITY": "crash", "MULTI_NODE_REQUIRED": "crash",
+           "BACKEND_MODEL_MISMATCH": "unsupported", "HOST_OOM_HICACHE": "oom",
+           "HICACHE_HOST_TOO_SMALL": "crash", "INVALID_COMBINATION": "crash",
+           "NO_DRAFT_MODEL": "unsupported"}
+
+
+# INVALID_COMBINATION refusals of SGLang 0.5.23 (sglang-knobs reference 3.1): the evidence line
+# names the family; (fragment, fix, clause builder over the config).
+def _spec_partial(c: ServingConfig) -> list[Clause]:
+    if c.speculative_num_steps is None:  # bare assert: steps unset but topk or draft set
+        other = "speculative_eagle_topk" if c.speculative_eagle_topk is not None \
+            else "speculative_num_draft_tokens"
+        return [Clause(field="speculative_algorithm", op="not_null"),
+                Clause(field="speculative_num_steps", op="is_null"),
+                Clause(field=other, op="not_null")]
+    return [Clause(field="speculative_algorithm", op="not_null"),   # TypeError: topk unset
+            Clause(field="speculative_num_steps", op="not_null"),
+            Clause(field="speculative_eagle_topk", op="is_null")]
+
+
+_COMBINATIONS: tuple[tuple[str, str, Any], ...] = (
+    ("enable-hierarchical-cache and disable-radix-cache are mutually exclusive",
+     "HiCache needs the radix cache: drop --disable-radix-cache or --enable-hierarchical-cache",
+     lambda c: [Clause(field="enable_hierarchical_cache", op="eq", value=True),
+                Clause(field="disable_radix_cache", op="eq", value=True)]),
+    ("schedule_conservativeness must be non-negative",
+     "give --schedule-conservativeness a value >= 0 (1.0 is the default)",
+     lambda c: [Clause(field="schedule_conservativeness", op="lt", value=0.0)]),
+    ("trtllm_mha backend only supports topk = 1",
+     "use --speculative-eagle-topk 1 with trtllm_mha, or another attention backend",
+     lambda c: [Clause(field="attention_backend", op="eq", value="trtllm_mha"),
+                Clause(field="speculative_eagle_topk", op="gt", value=1)]),
+    ("speculative_eagle_topk > 1 with page_size > 1",
+     "use --speculative-eagle-topk 1 (tree drafting needs page size 1 or flashinfer/fa3/"
+     "triton attention, which this model's backend is not)",
+     lambda c: [Clause(field="attention_backend", op="eq", value=c.attention_backend)
+                if c.attention_backend is not None
+                else Clause(field="attention_backend", op="is_null"),
+                Clause(field="speculative_eagle_topk", op="gt", value=1)]),
+    ("is not in the adaptive config candidate_steps",
+     "with --speculative-adaptive give --speculative-num-steps one of the candidate steps "
+     "(0, 1, 3, 5, 7) or leave it unset",
+     lambda c: [Clause(field="speculative_adaptive", op="eq", value=True),
+                Clause(field="speculative_num_steps", op="eq", value=c.speculative_num_steps)]),
+)
+_SPEC_PARTIAL_FIX = ("set all of --speculative-num-steps, --speculative-eagle-topk and "
+                     "--speculative-num-draft-tokens, or none of them")
+
+
+def _combination(config: ServingConfig, evidence: str) -> tuple[list[Clause], str] | None:
+    """Family and fix of an INVALID_COMBINATION refusal, read from its evidence line."""
+    for fragment, fix, build in _COMBINATIONS:
+        if fragment in evidence:
+            return build(config), fix
+    spec_fields = (config.speculative_num_steps, config.speculative_eagle_topk,
+                   config.speculative_num_draft_tokens)
+    bare = evidence.strip() in ("AssertionError", "AssertionError:") or "TypeError" in evidence
+    if bare and config.speculative_algorithm is not None and any(
+            v is not None for v in spec_fields):
+        return _spec_partial(config), _SPEC_PARTIAL_FIX
+    return None
+
+
+def failure_condition(config: ServingConfig, failure_class: str,
+                      evidence: str = "") -> tuple[Scope, list[Clause]]:
+    """Scope and condition of the family a failure of ``config`` dooms.
+
+    - UNSUPPORTED_BACKEND: that backend on this GPU, any model or checkpoint.
+    - OOM_WEIGHTS: these weights at this or any smaller TP (weights per GPU only grow); with
+      speculative decoding on, only configs that also load the draft layer.
+    - HOST_OOM_HICACHE: HiCache with a host ratio above the largest that fits (from the
+      engine's requested/free GB), at this TP and checkpoint.
+    - NO_DRAFT_MODEL: speculative decoding with this algorithm on this model.
+    - HICACHE_HOST_TOO_SMALL: HiCache with a host ratio <= 1, any model.
+    - INVALID_COMBINATION: the family the engine's message names (e.g. HiCache with the radix
+      cache disabled; a partial speculative triple), for this engine version on any GPU/model
+      (for tree drafting: this model, whose backend forces the page size).
+    - KV_NO_ROOM / GRAPH_CAPTURE_OOM: exactly this memory layout (weights, TP, memory
+      fraction, admission cap, chunk size, decode graph size).
+    - anything else: exactly this config's explicitly set knobs.
+    """
+    scope = Scope(gpu=config.gpu, engine=config.engine, engine_version=config.engine_version)
+    if failure_class == "UNSUPPORTED_BACKEND":
+        return scope, [Clause(field="attention_backend", op="eq",
+                              value=config.attention_backend)]
+    mscope = scope.model_copy(update={"model": config.model, "quantization": config.weights})
+    if failure_class == "OOM_WEIGHTS":
+        clauses = [Clause(field="weights", op="eq", value=config.weights)]
+        if config.tp_size < (field_domain("tp_size").hi or math.inf):  # "<= the largest TP"
+            clauses.append(Clause(field="tp_size", op="le", value=config.tp_size))  # is no family
+        if config.speculative_algorithm is not None:  # the draft layer may be what overflowed
+            clauses.append(Clause(field="speculative_algorithm", op="eq",
+                                  value=config.speculative_algorithm))
+        return mscope, clauses
+    if failure_class == "HOST_OOM_HICACHE" and config.hicache_ratio is not None:
+        # the host pool grows linearly with the ratio: the engine's "Requesting X GB but only
+        # have Y GB free" puts the largest ratio that fits at ratio x Y / X
+        limit = config.hicache_ratio
+        m = re.search(r"Requesting ([\d.]+) GB but only have ([\d.]+) GB free", evidence)
+        if m and float(m.group(1)) > 0:
+            limit = round(config.hicache_ratio * float(m.group(2)) / float(m.group(1)), 2)
+        op = "gt" if limit < config.hicache_ratio else "ge"
+        clauses = [Clause(field="enable_hierarchical_cache", op="eq", value=True),
+                   Clause(field="tp_size", op="eq", value=config.tp_size)]
+        if limit <= 0:  # no host memory free: every ratio fails ("> 0" would name no family)
+            return mscope, clauses
+        return mscope, [*clauses, Clause(field="hicache_ratio", op=op, value=limit)]
+    engine_scope = Scope(engine=config.engine, engine_version=config.engine_version)
+    if failure_class == "HICACHE_HOST_TOO_SMALL":
+        return engine_scope, [Clause(field="enable_hierarchical_cache", op="eq", value=True),
+                              Clause(field="hicache_ratio", op="le", value=1.0)]
+    if failure_class == "INVALID_COMBINATION":
+        found = _combination(config, evidence)
+        if found is not None:
+            clauses = found[0]
+            if any(c.field == "attention_backend" and c.op == "is_null" for c in clauses):
+                return engine_scope.model_copy(update={"model": config.model}), clauses
+            return engine_scope, clauses
+    if failure_class == "NO_DRAFT_MODEL" and config.speculative_algorithm is not None:
+        return Scope(model=config.model, engine=config.engine,
+                     engine_version=config.engine_version), [
+            Clause(field="speculative_algorithm", op="eq", value=config.speculative_algorithm)]
+    if failure_class == "BACKEND_MODEL_MISMATCH":  # a property of the model, not the GPU
+        return Scope(model=config.model, engine=config.engine,
+                     engine_version=config.engine_version), [
+            Clause(field="attention_backend", op="eq", value=config.attention_backend)]
+    if failure_class in ("TP_DIVISIBILITY", "MULTI_NODE_REQUIRED"):
+        return scope.model_copy(update={"model": config.model}), [
+            Clause(field="tp_size", op="eq", value=config.tp_size)]
+    if failure_class in ("KV_NO_ROOM", "GRAPH_CAPTURE_OOM"):
+        return mscope, [Clause(field=f, op="eq", value=getattr(config, f))
+                        for f in MEMORY_FIELDS]
+    clauses = [Clause(field="weights", op="eq", value=config.weights),
+               Clause(field="tp_size", op="eq", value=config.tp_size)]
+    clauses += [Clause(field=k, op="eq", value=v) for k, v in sorted(config.set_fields().items())]
+    return mscope, clauses
+
+
+def failure_lesson(config: ServingConfig, failure_class: str | None, stage: str | None,
+                   evidence: str, log_tail: Sequence[str], run_id: str,
+                   trial_key: str) -> Lesson:
+    """The lesson of a failed launch of ``config``, with SGLang's log line as evidence.
+
+    Args:
+        config: the config that failed to start.
+        failure_class: the classifier's class (None: UNKNOWN).
+        stage: the startup phase it died in.
+        evidence: the log line the classifier matched.
+        log_tail: the last lines of the log (the last 6 become the lesson's evidence).
+        run_id: the run the trial belongs to.
+        trial_key: the trial's ledger key.
+    """
+    cls = failure_class or "UNKNOWN"
+    scope, clauses = failure_condition(config, cls, evidence)
+    fix = FIXES.get(cls, "inspect the log; avoid this exact combination")
+    combo = _combination(config, evidence) if cls == "INVALID_COMBINATION" else None
+    if combo is not None:
+        fix = combo[1]
+    title = {
+        "UNSUPPORTED_BACKEND": f"--attention-backend {config.attention_backend} refused on "
+                               f"{config.gpu} at startup",
+        "OOM_WEIGHTS": f"{config.weights} weights: CUDA out of memory at weight load on "
+                       f"TP{config.tp_size} {config.gpu}",
+    }.get(cls, f"{cls} at startup: {config.weights} TP{config.tp_size} on {config.gpu}")
+    if combo is not None or cls in ("HOST_OOM_HICACHE", "HICACHE_HOST_TOO_SMALL",
+                                    "NO_DRAFT_MODEL"):
+        title = (f"SGLang {config.engine_version} refuses "
+                 + " and ".join(c.text() for c in clauses))
+    return Lesson(
+        title=title, scope=scope, condition=clauses, outcome=OUTCOME.get(cls, "crash"),
+        failure_class=cls,
+        root_cause=f"SGLang {config.engine_version} died in stage {stage}: "
+                   f"{evidence}",
+        fix=fix,
+        evidence="\n".join(list(log_tail)[-6:]), source="trial", run_id=run_id,
+        trial_id=trial_key).with_id()
