@@ -28,7 +28,7 @@ from typing import Any, Literal
 from mcp import Client
 from pydantic import BaseModel
 
-from agents.claude import AgentFailure, AgentUsage, ClaudeAgent, ClaudeSetup, context_block
+from agents.claude import AgentFailure, ClaudeAgent, ClaudeSetup, context_block
 from agents.deployer import DeployOutcome
 from agents.mcp_tools import call
 from domain.acceptance import AcceptDecision, decide, pick_samples
@@ -38,6 +38,7 @@ from domain.knob_domain import field_domain
 from domain.lesson import Clause, Lesson, Scope
 from domain.metrics import MetricsSummary
 from domain.study import Study
+from domain.usage import AgentUsage
 
 FIXES = {
     "UNSUPPORTED_BACKEND": "leave --attention-backend unset (the engine picks the backend for the "

@@ -26,7 +26,6 @@ from pydantic import BaseModel
 
 from agents.claude import (
     AgentFailure,
-    AgentUsage,
     ClaudeAgent,
     ClaudeSetup,
     context_block,
@@ -43,6 +42,7 @@ from domain.knobs import apply_knob, normalize_value
 from domain.lesson import Clause, Lesson, Scope
 from domain.speculative import resolve_speculative
 from domain.study import Study
+from domain.usage import AgentUsage
 
 
 class TrialPlan(BaseModel):

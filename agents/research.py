@@ -25,10 +25,11 @@ from typing import Any, Protocol
 from anthropic import AsyncAnthropic
 from mcp import Client
 
-from agents.claude import AgentBudget, AgentUsage, ClaudeAgent, Meter
+from agents.claude import AgentBudget, ClaudeAgent
 from agents.mcp_tools import ToolCallFailed, call
 from agents.outputs import Claim, ResearchFindings, ResearchQuestion
 from domain.lesson import STORED, Lesson
+from domain.usage import AgentUsage, Meter
 from mcp_servers.source.analysis import mentions_value
 
 MAX_CONSTRAINT_CLAIMS = 6

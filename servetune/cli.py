@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import dataclasses
 import fcntl
-import json
 import logging
 import math
 import re
@@ -317,9 +316,9 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
         console.print(f"brains: Claude ({claude.model}) for the planner, deployer, analyst and "
                       f"researchers: this run calls the paid Messages API ({why})",
                       highlight=False)
-        from servetune.report import LLM_CALLS
+        from domain.usage import LLM_CALLS, llm_calls_meter
 
-        claude = dataclasses.replace(claude, meter=_meter(run_dir / LLM_CALLS))
+        claude = dataclasses.replace(claude, meter=llm_calls_meter(run_dir / LLM_CALLS))
     else:
         console.print("brains: deterministic" + (
             "" if settings.brains == "deterministic"
@@ -464,30 +463,13 @@ def _first_leaf(group: BaseExceptionGroup[Any], kinds: tuple[type[Exception], ..
     return None
 
 
-def _meter(path: Path) -> Any:
-    """A meter that appends every Messages API call's cost to ``path`` (one JSON line each)."""
-    def record(call: dict[str, Any]) -> None:
-        with path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(call, sort_keys=True) + "\n")
-    return record
-
-
 def _print_spend(run_dir: Path, settings: Settings, out: Any) -> None:
     """One line: the run's Messages API calls, tokens and estimated USD so far (if any)."""
-    from servetune.report import LLM_CALLS, llm_cost_usd, read_llm_calls
+    from domain.usage import spend_line
 
-    billed = read_llm_calls(run_dir / LLM_CALLS)
-    if not billed or not billed["calls"]:
-        return
-    tok = sum(v for k, v in billed.items() if k.endswith("_tokens"))
-    out.print(f"LLM: {billed['calls']:,.0f} Messages API calls, {tok:,.0f} tokens, est. USD "
-              f"{llm_cost_usd(billed, _prices(settings)):.2f}", highlight=False)
-
-
-def _prices(settings: Settings) -> dict[str, float]:
-    return {"input": settings.price_input_per_mtok, "output": settings.price_output_per_mtok,
-            "cache_read": settings.price_cache_read_per_mtok,
-            "cache_write": settings.price_cache_write_per_mtok}
+    line = spend_line(run_dir, settings.prices())
+    if line is not None:
+        out.print(line, highlight=False)
 
 
 def _save_elapsed(run_dir: Path, elapsed_s: float) -> None:
@@ -526,7 +508,7 @@ def _api_error(e: Exception) -> str:
 def _finish(study: Any, rid: str, run_dir: Path, stop_reason: str, trace_path: Path,
             n_requests: int, elapsed: float, settings: Settings,
             lessons_dir: Path | None) -> None:
-    from graph.supervisor import extra_usage
+    from domain.usage import extra_usage
     from servetune.report import render_report, summary_rows
 
     led = Ledger(run_dir / "ledger.sqlite")
@@ -543,7 +525,7 @@ def _finish(study: Any, rid: str, run_dir: Path, stop_reason: str, trace_path: P
     report = render_report(run_dir, study, trials, lessons, run_id=rid,
                            stop_reason=stop_reason or "finished", elapsed_s=elapsed,
                            replay_requests=n_requests, trace_file=trace_path.name,
-                           brains=brains, extra_usage=extra, prices=_prices(settings))
+                           brains=brains, extra_usage=extra, prices=settings.prices())
     table = Table(title=escape(f"{study.name} — {rid}"))
     for col in ("#", "status", "changed", "tok/s/GPU", "reason"):
         table.add_column(col, overflow="ellipsis", no_wrap=col != "reason")

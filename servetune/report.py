@@ -10,7 +10,6 @@ same folder, then ``os.replace``) so a reader never sees half a report.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -28,6 +27,7 @@ from domain.metrics import MetricsSummary
 from domain.pareto import dominated_by, pareto_front
 from domain.study import Study
 from domain.trial import Trial
+from domain.usage import LLM_CALLS, USAGE_KEYS, llm_cost_usd, read_llm_calls, usage_by_role
 from servetune.faults_report import faults_section, read_events
 
 SEARCH_PNG = "search.png"
@@ -627,74 +627,6 @@ def _research_section(trials: list[Trial]) -> list[str]:
                 out.append(f"  - unresolved: {' '.join(str(u).split())}")
         out.append("")
     return out
-
-
-USAGE_KEYS = ("turns", "tool_calls", "retries", "input_tokens", "output_tokens",
-              "cache_read_tokens", "cache_creation_tokens", "seconds")
-
-
-def usage_by_role(trials: list[Trial],
-                  extra: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, float]]:
-    """Summed AgentUsage per role (planner, deployer, analyst, researchers) over a run.
-
-    Args:
-        trials: the ledger rows (``llm_usage`` per role; research usage per outcome).
-        extra: role -> usage of agent runs that left no row (ledger meta).
-    """
-    out: dict[str, dict[str, float]] = {}
-
-    def add(role: str, u: dict[str, Any]) -> None:
-        row = out.setdefault(role, dict.fromkeys(USAGE_KEYS, 0.0))
-        for k in USAGE_KEYS:
-            row[k] += float(u.get(k, 0) or 0)
-
-    for t in trials:
-        for role, u in t.llm_usage.items():
-            add(role, u)
-        for o in t.research:
-            if o.get("usage", {}).get("turns"):
-                add("researchers", o["usage"])
-    for role, u in (extra or {}).items():
-        add(role, u)
-    return out
-
-
-LLM_CALLS = "llm_calls.jsonl"
-
-
-def read_llm_calls(path: Path) -> dict[str, float] | None:
-    """Totals of a run's ``llm_calls.jsonl`` (one line per Messages API call), or None if absent.
-
-    Returns:
-        ``calls`` and the summed ``input_tokens``, ``output_tokens``, ``cache_read_tokens`` and
-        ``cache_creation_tokens``; a line that cannot be read (a write cut by a kill) is skipped.
-    """
-    if not path.is_file():
-        return None
-    keys = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_creation_tokens")
-    out = {"calls": 0.0, **dict.fromkeys(keys, 0.0)}
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-                row = {k: float(rec.get(k, 0) or 0) for k in keys}
-            except (ValueError, TypeError, AttributeError):
-                continue
-            out["calls"] += 1
-            for k in keys:
-                out[k] += row[k]
-    return out
-
-
-def llm_cost_usd(u: dict[str, float], prices: dict[str, float]) -> float:
-    """USD of one usage row at ``prices``.
-
-    ``prices`` are USD per million tokens under the keys input, output, cache_read and
-    cache_write; the Messages API counts cache reads and writes apart from ``input_tokens``.
-    """
-    return (u.get("input_tokens", 0) * prices["input"] + u.get("output_tokens", 0)
-            * prices["output"] + u.get("cache_read_tokens", 0) * prices["cache_read"]
-            + u.get("cache_creation_tokens", 0) * prices["cache_write"]) / 1e6
 
 
 def _agents_section(trials: list[Trial], brains: str, extra: dict[str, dict[str, Any]],
