@@ -32,7 +32,6 @@ from rich.table import Table
 from rich.text import Text
 
 from domain.errors import ServetuneError
-from domain.ledger import Ledger
 from servetune.interrupt import Interrupt, until_signal
 from servetune.sandbox_cli import sandbox_app
 from servetune.settings import DEFAULT_STUDY, MODEL_NAME, Settings
@@ -250,32 +249,44 @@ def _claude_setup(settings: Settings) -> Any:
 def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str, run_dir: Path,
                 settings: Settings, lessons_dir: Path | None, t0: float, announce: bool,
                 claude: Any = None, cluster: Any = None, cluster_flags: str = "") -> None:
-    from graph.runfiles import check_run_files
+    from graph.session import RunSession
 
-    try:  # read-only, before anything below writes to the run folder
-        check_run_files(run_dir, rid)
+    try:  # checks the run files read-only, then opens the ledger: once for the whole run
+        session = RunSession(run_dir, rid, study, path, t0)
     except ServetuneError as e:
         _fail(str(e))
-    digest = study.digest()
-    led = Ledger(run_dir / "ledger.sqlite")
-    try:
-        old = led.get_meta("study_digest")
-        if old is not None and old != digest:
-            _fail(f"run id {rid} belongs to another study ({old} != {digest}); choose a new "
-                  "--run-id or rerun the original study")
-        led.set_meta("study_digest", digest)
-        led.set_meta("study_path", str(path))
-        prior_s = float(led.get_meta("elapsed_s") or 0.0)
-    finally:
-        led.close()
-    if announce:
-        console.print(f"run id: [bold]{escape(rid)}[/]")
-    try:
-        store = _open_store(settings, lessons_dir)
-    except ServetuneError as e:
-        _fail(str(e))
-    study_run = study.model_copy(update={"replay": study.replay.model_copy(
-        update={"trace": str(trace_path)})})
+    with session:
+        if announce:
+            console.print(f"run id: [bold]{escape(rid)}[/]")
+        try:
+            store = _open_store(settings, lessons_dir)
+        except ServetuneError as e:
+            _fail(str(e))
+        study_run = study.model_copy(update={"replay": study.replay.model_copy(
+            update={"trace": str(trace_path)})})
+        tree = _print_study(study, trace_path, window, cluster, settings)
+        claude = _print_brains(claude, settings, run_dir)
+        session.record_brains(f"claude:{claude.model}" if claude is not None
+                              else "deterministic")
+        again = (f" --brains claude --model {claude.model}" if claude is not None else
+                 " --brains deterministic" if settings.brains == "deterministic" else "")
+        again += cluster_flags
+        extra = f" --out {run_dir.parent}" if run_dir.parent != Path("runs") else ""
+        extra += f" --lessons-dir {lessons_dir}" if lessons_dir else ""
+        resume = f"servetune run {path} --run-id {rid}{extra}{again}"
+        outcome = _drive(session, study_run, store, trace_path, tree, claude, cluster,
+                         settings, resume)
+        if outcome.resumed and outcome.already_done:
+            console.print(f"run {rid} was already complete; the report is rendered again",
+                          markup=False)
+        record = session.finish(outcome)
+    _finish(study, rid, run_dir, outcome.stop_reason, trace_path, len(window), record,
+            settings, lessons_dir)
+
+
+def _print_study(study: Any, trace_path: Path, window: Any, cluster: Any,
+                 settings: Settings) -> Any:
+    """Print what the run replays and where research reads; the SGLang source tree (or None)."""
     r = study.replay
     # user text (names, paths, messages) is escaped: a '[' in it is text, never Rich markup
     console.print(f"study [bold]{escape(study.name)}[/]: {escape(study.model)} on "
@@ -296,7 +307,6 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
         console.print(f"[yellow]warning:[/] the trace holds only {span:,.0f} s of arrivals in "
                       f"the {r.duration_s:,.0f} s window (it ends early)", highlight=False)
     _realtime_notice(study, cluster, settings.repeats)
-    from graph.run import run_study
     from mcp_servers.source.server import open_tree
 
     try:
@@ -310,34 +320,41 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
                   f"research: no SGLang source tree (`servetune source fetch --version "
                   f"{study.engine_version}` lets the source researcher cite it)",
                   highlight=False, markup=False)
-    if claude is not None:
-        why = ("ANTHROPIC_API_KEY is set; --brains deterministic makes no API call"
-               if settings.brains == "auto" else "--brains claude")
-        console.print(f"brains: Claude ({claude.model}) for the planner, deployer, analyst and "
-                      f"researchers: this run calls the paid Messages API ({why})",
-                      highlight=False)
-        from domain.usage import LLM_CALLS, llm_calls_meter
+    return tree
 
-        claude = dataclasses.replace(claude, meter=llm_calls_meter(run_dir / LLM_CALLS))
-    else:
+
+def _print_brains(claude: Any, settings: Settings, run_dir: Path) -> Any:
+    """Print who decides; the Claude setup metered into the run's llm_calls.jsonl (or None)."""
+    if claude is None:
         console.print("brains: deterministic" + (
             "" if settings.brains == "deterministic"
             else " (set ANTHROPIC_API_KEY for Claude agents)"), highlight=False)
-    led = Ledger(run_dir / "ledger.sqlite")
-    used_before = led.get_meta("brains")
-    used = [b for b in (used_before or "").split(",") if b]
-    now = f"claude:{claude.model}" if claude is not None else "deterministic"
-    led.set_meta("brains", ",".join([*used, now] if now not in used else used))
-    led.close()
-    again = (f" --brains claude --model {claude.model}" if claude is not None else
-             " --brains deterministic" if settings.brains == "deterministic" else "")
-    again += cluster_flags
+        return None
+    why = ("ANTHROPIC_API_KEY is set; --brains deterministic makes no API call"
+           if settings.brains == "auto" else "--brains claude")
+    console.print(f"brains: Claude ({claude.model}) for the planner, deployer, analyst and "
+                  f"researchers: this run calls the paid Messages API ({why})",
+                  highlight=False)
+    from domain.usage import LLM_CALLS, llm_calls_meter
+
+    return dataclasses.replace(claude, meter=llm_calls_meter(run_dir / LLM_CALLS))
+
+
+def _drive(session: Any, study_run: Any, store: Any, trace_path: Path, tree: Any, claude: Any,
+           cluster: Any, settings: Settings, resume: str) -> Any:
+    """Run the study under a progress bar; its outcome.
+
+    On SIGINT/SIGTERM: tear down, save the elapsed time and the spend, print how to resume
+    (``resume``, the command) and exit with the signal's code. On a Messages API error: the
+    same, exit 1. A ServetuneError exits 1 with its message.
+    """
     import anthropic
 
+    rid = session.run_id
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                   TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
                   console=console, transient=False) as bar:
-        task = bar.add_task("preparing", total=study.budget.max_trials)
+        task = bar.add_task("preparing", total=study_run.budget.max_trials)
 
         def progress(ev: dict[str, Any]) -> None:
             if "pruned" in ev:
@@ -355,8 +372,8 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
         threads = set(threading.enumerate())
         try:
             try:
-                outcome = asyncio.run(until_signal(run_study(
-                    study_run, rid, run_dir, store, [trace_path.parent], progress,
+                outcome = asyncio.run(until_signal(session.run(
+                    study_run, store, [trace_path.parent], progress=progress,
                     source_tree=tree, claude=claude, backend=cluster,
                     repeats=settings.repeats), stop))
             except BaseException as e:
@@ -377,41 +394,22 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
         if stop.signum is not None:
             bar.stop()
             _stop_interrupted(cluster, rid, threads)
-            _save_elapsed(run_dir, prior_s + time.time() - t0)
-            extra = f" --out {run_dir.parent}" if run_dir.parent != Path("runs") else ""
-            extra += f" --lessons-dir {lessons_dir}" if lessons_dir else ""
-            extra += again
-            _print_spend(run_dir, settings, err_console)
+            session.save_elapsed()
+            _print_spend(session.run_dir, settings, err_console)
             err_console.print(f"interrupted ({signal.Signals(stop.signum).name}); every "
-                              f"finished trial is saved. Resume with: servetune run {path} "
-                              f"--run-id {rid}{extra}", highlight=False, soft_wrap=True,
-                              markup=False)
+                              f"finished trial is saved. Resume with: {resume}",
+                              highlight=False, soft_wrap=True, markup=False)
             raise typer.Exit(stop.exit_code)
         if isinstance(err, ServetuneError):
             _fail(str(err), code=1)
         if err is not None:
             bar.stop()
-            _save_elapsed(run_dir, prior_s + time.time() - t0)
-            extra = f" --out {run_dir.parent}" if run_dir.parent != Path("runs") else ""
-            extra += f" --lessons-dir {lessons_dir}" if lessons_dir else ""
-            extra += again
-            _print_spend(run_dir, settings, err_console)
+            session.save_elapsed()
+            _print_spend(session.run_dir, settings, err_console)
             _fail(f"Claude API: {_api_error(err)}; every finished trial is saved. Resume with: "
-                  f"servetune run {path} --run-id {rid}{extra}", code=1)
+                  f"{resume}", code=1)
         bar.update(task, description="finished", completed=bar.tasks[0].total)
-    if outcome.already_done and used_before is not None:  # a re-render ran no brain
-        led = Ledger(run_dir / "ledger.sqlite")
-        led.set_meta("brains", used_before)
-        led.close()
-    if outcome.resumed and outcome.already_done:
-        console.print(f"run {rid} was already complete; the report is rendered again",
-                      markup=False)
-    elapsed = prior_s + (0.0 if outcome.already_done else time.time() - t0)
-    led = Ledger(run_dir / "ledger.sqlite")
-    led.set_meta("elapsed_s", f"{elapsed:.3f}")
-    led.close()
-    _finish(study, rid, run_dir, outcome.stop_reason, trace_path, len(window), elapsed,
-            settings, lessons_dir)
+    return outcome
 
 
 def _realtime_notice(study: Any, cluster: Any, repeats: int) -> None:
@@ -472,12 +470,6 @@ def _print_spend(run_dir: Path, settings: Settings, out: Any) -> None:
         out.print(line, highlight=False)
 
 
-def _save_elapsed(run_dir: Path, elapsed_s: float) -> None:
-    led = Ledger(run_dir / "ledger.sqlite")
-    led.set_meta("elapsed_s", f"{elapsed_s:.3f}")
-    led.close()
-
-
 def _api_error(e: Exception) -> str:
     """One line about a Messages API error, never echoing a key."""
     import anthropic
@@ -506,26 +498,22 @@ def _api_error(e: Exception) -> str:
 
 
 def _finish(study: Any, rid: str, run_dir: Path, stop_reason: str, trace_path: Path,
-            n_requests: int, elapsed: float, settings: Settings,
+            n_requests: int, record: Any, settings: Settings,
             lessons_dir: Path | None) -> None:
-    from domain.usage import extra_usage
+    """Render the report of a finished run (a :class:`graph.session.RunRecord`) and sum it up."""
     from servetune.report import render_report, summary_rows
 
-    led = Ledger(run_dir / "ledger.sqlite")
-    trials = led.trials()
-    brains = led.get_meta("brains") or "deterministic"
-    extra = extra_usage(led)
-    led.close()
-    ids = list(dict.fromkeys(i for t in trials for i in t.lesson_ids))
+    trials, elapsed = record.trials, record.elapsed_s
     store = _open_store(settings, lessons_dir)
     try:
-        lessons = [lesson for i in ids if (lesson := store.get(i)) is not None]
+        lessons = [lesson for i in record.lesson_ids if (lesson := store.get(i)) is not None]
     finally:
         store.close()
     report = render_report(run_dir, study, trials, lessons, run_id=rid,
                            stop_reason=stop_reason or "finished", elapsed_s=elapsed,
                            replay_requests=n_requests, trace_file=trace_path.name,
-                           brains=brains, extra_usage=extra, prices=settings.prices())
+                           brains=record.brains, extra_usage=record.extra_usage,
+                           prices=settings.prices())
     table = Table(title=escape(f"{study.name} — {rid}"))
     for col in ("#", "status", "changed", "tok/s/GPU", "reason"):
         table.add_column(col, overflow="ellipsis", no_wrap=col != "reason")
