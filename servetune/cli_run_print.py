@@ -127,7 +127,8 @@ def finish(study: Any, rid: str, run_dir: Path, stop_reason: str, trace_path: Pa
            n_requests: int, record: Any, settings: Settings,
            lessons_dir: Path | None) -> None:
     """Render the report of a finished run (a :class:`graph.session.RunRecord`) and sum it up."""
-    from servetune.report import render_report, summary_rows
+    from servetune.report import render_report
+    from servetune.report.format import summary_rows
 
     trials, elapsed = record.trials, record.elapsed_s
     store = open_store(settings, lessons_dir)
