@@ -71,7 +71,7 @@ def twin_serve(
                          "generator's bias")] = False,
 ) -> None:
     """Serve a config's twin over HTTP (OpenAI API, SSE, /metrics) with the engine's timing."""
-    from servetune.twin_server import serve
+    from twin_http.server import serve
 
     cfg = _twin_config(config, study, replicas)
     try:
