@@ -76,7 +76,7 @@ def _run_lock(run_dir: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             fail(f"run {run_dir.name} is in use by another servetune process; wait for it "
-                  "or choose another --run-id")
+                 "or choose another --run-id")
         yield
 
 
@@ -120,7 +120,7 @@ def run(
     if model is not None:
         if len(model) > 128 or not re.fullmatch(MODEL_NAME, model.strip()):
             fail(f"--model {model!r}: give a Claude model id (letters, digits, '.', '-', "
-                  "'_', ':', '@', '/'), e.g. claude-sonnet-5-5")
+                 "'_', ':', '@', '/'), e.g. claude-sonnet-5-5")
         settings = settings.model_copy(update={"model": model.strip()})
     claude = _claude_setup(settings)
     path = study_file or DEFAULT_STUDY
@@ -137,8 +137,8 @@ def run(
                                               model_token_secret=model_token_secret)
     if run_id is not None and not RUN_ID_RE.fullmatch(run_id):
         fail(f"--run-id {run_id!r}: use ASCII letters, digits, '-' and '_', starting and "
-              "ending with a letter or digit, at most 63 characters (it labels the run's "
-              "deployments)")
+             "ending with a letter or digit, at most 63 characters (it labels the run's "
+             "deployments)")
     rid = run_id or _new_run_id()
     run_dir = (out or settings.runs_dir) / rid
     try:
@@ -173,7 +173,7 @@ def _cluster_backend(kind: str, namespace: str, kubeconfig: Path | None, context
     if model_token_secret is not None:
         if kind != "kubernetes":
             fail("--model-token-secret names a Secret of the cluster: give it with --backend "
-                  "kubernetes")
+                 "kubernetes")
         try:
             check_subdomain(model_token_secret, "--model-token-secret")
         except ValueError as e:
@@ -217,7 +217,7 @@ def _claude_setup(settings: Settings) -> Any:
     if client is None:
         if settings.brains == "claude":
             fail("--brains claude needs ANTHROPIC_API_KEY in the environment (or use "
-                  "--brains deterministic)")
+                 "--brains deterministic)")
         return None
     return ClaudeSetup(client=client, model=settings.model or default_model())
 
@@ -257,7 +257,7 @@ def _run_locked(study: Any, path: Path, trace_path: Path, window: Any, rid: str,
                           markup=False)
         record = session.finish(outcome)
     finish(study, rid, run_dir, outcome.stop_reason, trace_path, len(window), record,
-            settings, lessons_dir)
+           settings, lessons_dir)
 
 
 def _drive(session: Any, study_run: Any, store: Any, trace_path: Path, tree: Any, claude: Any,
@@ -327,7 +327,7 @@ def _drive(session: Any, study_run: Any, store: Any, trace_path: Path, tree: Any
             session.save_elapsed()
             print_spend(session.run_dir, settings, err_console)
             fail(f"Claude API: {api_error(err)}; every finished trial is saved. Resume with: "
-                  f"{resume}", code=1)
+                 f"{resume}", code=1)
         bar.update(task, description="finished", completed=bar.tasks[0].total)
     return outcome
 

@@ -108,14 +108,14 @@ def mcp_cluster(
         devices = [d.strip() for d in visible_devices.split(",")]
         if not all(devices):
             fail(f"--visible-devices {visible_devices!r}: give GPU ids separated by commas, "
-                  "e.g. 0,1,2,3 (no empty entries)")
+                 "e.g. 0,1,2,3 (no empty entries)")
     kube: dict[str, Any] = {}
     if backend == "kubernetes":
         from sandbox.manifests import SglangOptions
 
         if gpu_budget is None:
             fail("--backend kubernetes needs --gpu-budget N: the GPUs its deployments may hold "
-                  "together (the sandbox's ResourceQuota requests.nvidia.com/gpu)")
+                 "together (the sandbox's ResourceQuota requests.nvidia.com/gpu)")
         try:
             opts = SglangOptions(gpus_per_node=gpus_per_node, model_cache_pvc=model_cache_pvc,
                                  router=router, dra=dra, k8s_version=k8s_version)
@@ -136,7 +136,7 @@ def mcp_cluster(
     elif kubeconfig or context or gpu_budget is not None or image_allow or lws or dra or \
             router or model_cache_pvc or model_token_secret:
         fail("--kubeconfig, --context, --gpu-budget, --image-allow, --lws, --dra, --router, "
-              "--model-cache-pvc and --model-token-secret are options of --backend kubernetes")
+             "--model-cache-pvc and --model-token-secret are options of --backend kubernetes")
     try:
         main(backend, namespace, state_dir or settings.state_dir, argv, ready_timeout_s, devices,
              **kube)
@@ -208,7 +208,7 @@ def mcp_bench(
         fail(str(e))
     except OSError as e:
         fail(f"cannot use the state or records folder: {e.strerror or e} "
-              f"({e.filename or state_dir or settings.state_dir})")
+             f"({e.filename or state_dir or settings.state_dir})")
 
 
 VersionOpt = Annotated[str, typer.Option("--version", help="SGLang release, e.g. 0.5.23")]
@@ -279,7 +279,7 @@ def mcp_tools(
             tools = asyncio.run(ask(name))
         except Exception as e:  # noqa: BLE001 - any start-up failure is reported, not raised
             fail(f"server {name} did not start over stdio: {e}; run `servetune mcp {name}` "
-                  "to see its error", code=1)
+                 "to see its error", code=1)
         table = Table(title=f"servetune mcp {name}: {len(tools)} tools")
         for col in ("tool", "hints", "description"):
             table.add_column(col, overflow="fold")
