@@ -27,7 +27,7 @@ from typing import Literal
 from mcp import Client
 from pydantic import BaseModel
 
-from agents.claude import AgentFailure, AgentUsage, ClaudeAgent, ClaudeSetup, context_block
+from agents.claude import AgentFailure, ClaudeAgent, ClaudeSetup, context_block
 from agents.deployer import DeployOutcome
 from agents.mcp_tools import call
 from domain.acceptance import AcceptDecision, decide, pick_samples
@@ -38,6 +38,7 @@ from domain.lesson import Lesson
 from domain.metrics import MetricsSummary
 from domain.study import Study
 from domain.twin.cluster import ReplicaStats
+from domain.usage import AgentUsage
 
 
 class Verdict(BaseModel):

@@ -14,7 +14,6 @@ from mcp import Client
 
 from agents.claude import (
     AgentFailure,
-    AgentUsage,
     ClaudeAgent,
     ClaudeSetup,
     context_block,
@@ -34,6 +33,7 @@ from domain.config import ServingConfig
 from domain.hardware import get_gpu
 from domain.lesson_builders import research_lesson
 from domain.study import Study
+from domain.usage import AgentUsage
 
 
 def _history(trials: list[Any]) -> list[dict[str, Any]]:

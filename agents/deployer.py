@@ -18,10 +18,11 @@ import anyio
 from mcp import Client
 from pydantic import BaseModel, Field
 
-from agents.claude import AgentFailure, AgentUsage, ClaudeAgent, ClaudeSetup, context_block
+from agents.claude import AgentFailure, ClaudeAgent, ClaudeSetup, context_block
 from agents.mcp_tools import ToolCallFailed, call
 from domain.config import ServingConfig
 from domain.engines import engine_for, failure_classes
+from domain.usage import AgentUsage
 
 RUN_ID_LABEL = "servetune/run-id"  # the run a deployment belongs to (graph/run.py's leftovers)
 

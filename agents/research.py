@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from mcp import Client
 
-from agents.claude import AgentBudget, AgentUsage, ClaudeAgent, Meter
+from agents.claude import AgentBudget, ClaudeAgent
 from agents.mcp_tools import ToolCallFailed, call
 from agents.outputs import Claim, ResearchFindings, ResearchQuestion
 from domain.lesson import STORED, Lesson
+from domain.usage import AgentUsage, Meter
 from mcp_servers.source.analysis import mentions_value
 
 if TYPE_CHECKING:  # the SDK loads only when a client is made (agents.claude)

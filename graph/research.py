@@ -22,8 +22,9 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send
 from pydantic import BaseModel, Field
 
-from agents.claude import AgentUsage, api_errors
+from agents.claude import api_errors
 from agents.outputs import ResearchFindings, ResearchQuestion
+from domain.usage import AgentUsage
 
 
 class Researcher(Protocol):

@@ -169,7 +169,8 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
                     source_tree: SourceTree | None = None, research: bool = True,
                     research_parallel: int = 4,
                     claude: ClaudeSetup | None = None,
-                    backend: ClusterBackend | None = None, repeats: int = 1) -> StudyOutcome:
+                    backend: ClusterBackend | None = None, repeats: int = 1,
+                    ledger: Ledger | None = None) -> StudyOutcome:
     """Run ``study`` as ``run_id`` in ``run_dir`` (resuming from its checkpoint if present).
 
     Args:
@@ -189,13 +190,16 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
             share it (None: the twin, records in memory, namespace ``servetune``).
         repeats: saturation runs per search candidate when the study's
             ``acceptance.repeats`` is unset (``SERVETUNE_REPEATS``).
+        ledger: the run's open ledger (:class:`graph.session.RunSession`'s; left open), or
+            None to open ``run_dir/ledger.sqlite`` here and close it at the end.
 
     Raises:
         anthropic.APIError: the Messages API refused a call for good (bad key, no credit);
             every trial finished before it is in the ledger and the run resumes with its id.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
-    ledger = Ledger(run_dir / "ledger.sqlite")
+    own_ledger = ledger is None
+    ledger = Ledger(run_dir / "ledger.sqlite") if ledger is None else ledger
     backend = backend if backend is not None else TwinBackend(namespace="servetune")
     faults = study.faults if study.faults.active else None
     if faults is not None and isinstance(backend, TwinBackend):
@@ -258,4 +262,5 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
                             stop_reason=final.get("stop_reason", ""),
                             winner_seq=final.get("winner_seq"))
     finally:
-        ledger.close()
+        if own_ledger:
+            ledger.close()

@@ -9,7 +9,6 @@ with the same id reproduces an uninterrupted run without repeating a finished tr
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -24,7 +23,7 @@ from agents.analyst import (
     replica_mean,
 )
 from agents.brains import make_planner
-from agents.claude import AgentFailure, AgentUsage, failure_reason
+from agents.claude import AgentFailure, failure_reason
 from agents.claude_planner import ClaudePlanner
 from agents.deployer import ClaudeDeployer, Deployer
 from agents.guided_brain import GuidedPlanner
@@ -37,6 +36,8 @@ from domain.faults import bench_failure_class, rule
 from domain.ledger import Ledger
 from domain.study import Study
 from domain.trial import Trial, manifest_for
+from domain.usage import AgentUsage, llm_usage, spent
+from domain.usage import add_extra_usage as _add_extra_usage
 from graph.research import run_research
 from graph.retry import launch, measure
 from graph.state import StudyContext, StudyState
@@ -49,7 +50,6 @@ from graph.validation import (
 )
 
 SUCCESS = ("baseline", "keep", "discard")
-EXTRA_USAGE = "llm_usage_unattached"  # ledger meta: agent runs that produced no trial row
 
 
 def search_position(ledger: Ledger, study: Study) -> dict[str, Any]:
@@ -65,54 +65,6 @@ def search_position(ledger: Ledger, study: Study) -> dict[str, Any]:
             since += 1
     return {"best_seq": best_seq, "best_objective": best_obj, "launched": launched,
             "since_improvement": since}
-
-
-TOKEN_KEYS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_creation_tokens")
-
-
-def tokens(usage: dict[str, Any]) -> float:
-    """Every token an AgentUsage dump was billed for: input, output, cache reads and writes."""
-    return sum(float(usage.get(k, 0) or 0) for k in TOKEN_KEYS)
-
-
-def extra_usage(ledger: Ledger) -> dict[str, dict[str, Any]]:
-    """Role -> usage of agent runs that produced no trial row (e.g. a planner that stopped)."""
-    raw = ledger.get_meta(EXTRA_USAGE)
-    return json.loads(raw) if raw else {}
-
-
-def _add_extra_usage(ledger: Ledger, role: str, usage: AgentUsage) -> None:
-    if not usage.turns:
-        return
-    extra = extra_usage(ledger)
-    extra[role] = AgentUsage.model_validate(extra.get(role, {})).plus(usage).model_dump()
-    ledger.set_meta(EXTRA_USAGE, json.dumps(extra))
-
-
-def spent(ledger: Ledger) -> dict[str, float]:
-    """What the search used so far, from the ledger (so a resumed run counts the same).
-
-    Returns:
-        ``wall_s`` (trial wall time + research branch time, s), ``gpu_hours`` (GPUs x
-        benchmark duration of the search trials that ran one, h; twin: virtual seconds),
-        ``llm_tokens`` (input + output tokens of every Claude agent run: research, planner,
-        deployer, analyst; cache reads and writes included) and ``questions`` (research
-        asked).
-    """
-    out = {"wall_s": 0.0, "gpu_hours": 0.0, "llm_tokens": 0.0, "questions": 0.0}
-    out["llm_tokens"] += sum(tokens(u) for u in extra_usage(ledger).values())
-    for t in ledger.trials():
-        out["llm_tokens"] += sum(tokens(u) for u in t.llm_usage.values())
-    for t in ledger.trials("search"):
-        branch_s = sum(float(o.get("finished_s", 0)) - float(o.get("started_s", 0))
-                       for o in t.research)
-        out["wall_s"] += t.wall_s + branch_s
-        out["llm_tokens"] += sum(tokens(o.get("usage", {})) for o in t.research)
-        out["questions"] += len(t.research)
-        if t.saturation is not None:  # repeated runs last about as long as the first
-            out["gpu_hours"] += (t.config.gpus * t.saturation.duration_s / 3600
-                                 * max(1, len(t.objective_runs)))
-    return out
 
 
 def budget_stop(ledger: Ledger, study: Study) -> str | None:
@@ -182,16 +134,6 @@ def _planner(ctx: StudyContext) -> Planner:
     if ctx.claude is None or llm_capped(ctx):
         return Planner(ctx.study, ctx.lessons)
     return ClaudePlanner(ctx.study, ctx.lessons, ctx.claude, ctx.ledger.trials("search"))
-
-
-def llm_usage(**brains: Any) -> dict[str, dict[str, Any]]:
-    """Role -> AgentUsage dump of the Claude brains that ran (deterministic ones have none)."""
-    out: dict[str, dict[str, Any]] = {}
-    for role, brain in brains.items():
-        u = getattr(brain, "usage", None)
-        if isinstance(u, AgentUsage) and u.turns:
-            out[role] = u.model_dump()
-    return out
 
 
 async def _launch_and_measure(ctx: StudyContext, key: str, phase: str, config: ServingConfig,

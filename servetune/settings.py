@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from domain.usage import DEFAULT_PRICES
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_STUDY = REPO_ROOT / "studies" / "default.yaml"
 # A model id as the Messages API, Bedrock and Vertex spell them (claude-sonnet-5-5,
@@ -39,20 +41,29 @@ class Settings(BaseSettings):
         "Claude model of every agent (default agents.claude.DEFAULT_MODEL), e.g. "
         "claude-sonnet-5-5"))
     price_input_per_mtok: float = Field(
-        2.0, ge=0, le=MAX_PRICE, allow_inf_nan=False, description=(
+        DEFAULT_PRICES["input"], ge=0, le=MAX_PRICE, allow_inf_nan=False, description=(
         "USD per million input tokens for the report's cost estimate (Claude Sonnet 5.5 list "
         "price, platform.claude.com/docs/en/about-claude/pricing, 2026-11)"))
     price_output_per_mtok: float = Field(
-        10.0, ge=0, le=MAX_PRICE, allow_inf_nan=False, description=(
+        DEFAULT_PRICES["output"], ge=0, le=MAX_PRICE, allow_inf_nan=False, description=(
         "USD per million output tokens (same source)"))
     price_cache_read_per_mtok: float = Field(
-        0.2, ge=0, le=MAX_PRICE, allow_inf_nan=False, description=(
+        DEFAULT_PRICES["cache_read"], ge=0, le=MAX_PRICE, allow_inf_nan=False, description=(
         "USD per million cache-read input tokens (same source)"))
     price_cache_write_per_mtok: float = Field(
-        2.5, ge=0, le=MAX_PRICE, allow_inf_nan=False, description=(
+        DEFAULT_PRICES["cache_write"], ge=0, le=MAX_PRICE, allow_inf_nan=False, description=(
         "USD per million 5-minute cache-write input tokens (same source)"))
     repeats: int = Field(1, ge=1, le=20, description=(
         "saturation runs per launched candidate when the study's acceptance.repeats is unset: "
         "the acceptance gate's bootstrap interval uses the repeats"))
     embedding: Literal["auto", "minilm", "hashing"] = Field(
         "auto", description="lesson embedding: MiniLM int8 ONNX when installed, else hashing")
+
+    def prices(self) -> dict[str, float]:
+        """USD per million tokens by kind (input, output, cache_read, cache_write).
+
+        The form :func:`domain.usage.llm_cost_usd` takes.
+        """
+        return {"input": self.price_input_per_mtok, "output": self.price_output_per_mtok,
+                "cache_read": self.price_cache_read_per_mtok,
+                "cache_write": self.price_cache_write_per_mtok}

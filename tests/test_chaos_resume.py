@@ -162,8 +162,8 @@ async def test_research_fan_out_leaves_nothing_in_the_run_checkpoint(tmp_path):
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
     from langgraph.graph import END, START, StateGraph
 
-    from agents.claude import AgentUsage
     from agents.outputs import ResearchFindings, ResearchQuestion
+    from domain.usage import AgentUsage
     from graph.research import run_research
 
     class Answers:

@@ -19,7 +19,6 @@ from agents.claude import (
     AgentBudget,
     AgentBudgetExceeded,
     AgentOutputInvalid,
-    AgentUsage,
     ClaudeAgent,
     PromptError,
     anthropic_client_from_env,
@@ -31,6 +30,7 @@ from agents.claude import (
 from agents.deployer import DeployOutcome
 from agents.outputs import ResearchFindings
 from domain.lesson import Clause, Lesson, Scope
+from domain.usage import AgentUsage
 from mcp_servers.cluster.server import build_server as cluster_server
 from mcp_servers.cluster.twin import TwinBackend
 from mcp_servers.lessons.server import build_server as lessons_server

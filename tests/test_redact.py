@@ -311,7 +311,7 @@ def test_cli_lessons_query_prints_brackets_as_text(tmp_path):
 
 
 def test_report_lessons_section_is_redacted():
-    from servetune.report import _lessons_section
+    from servetune.report.agents import _lessons_section
 
     text = "\n".join(_lessons_section([Lesson.model_validate(secret_lesson())]))
     assert leaks(text) == [] and "[REDACTED" in text

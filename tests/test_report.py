@@ -13,7 +13,8 @@ from domain.metrics import MetricsSummary, Percentiles
 from domain.quality import QualityGate
 from domain.study import Study, parse_study
 from domain.trial import Trial
-from servetune.report import render_report, summary_rows
+from servetune.report import render_report
+from servetune.report.format import summary_rows
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 RUN_ID = "run-test-1"

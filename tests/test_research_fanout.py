@@ -7,8 +7,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from agents.claude import AgentUsage
 from agents.outputs import Claim, ResearchFindings, ResearchQuestion
+from domain.usage import AgentUsage
 from graph.research import run_research
 
 pytestmark = pytest.mark.anyio

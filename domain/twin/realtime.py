@@ -1,6 +1,6 @@
 """The twin against a clock: the replicas of a config served in (scaled) real time.
 
-``servetune twin serve`` (:mod:`servetune.twin_server`) answers HTTP requests with the token
+``servetune twin serve`` (:mod:`twin_http`) answers HTTP requests with the token
 timing of the twin engine. This module is its clock-free core: the caller passes the current
 *virtual* time ``v`` (``(wall - t0) x speedup``, seconds) to every call, submits each request
 when it arrives, calls :meth:`RealtimeTwin.poll` at (or just after) :meth:`RealtimeTwin.next_wake`

@@ -1,41 +1,7 @@
-"""``servetune twin serve``: the twin as an OpenAI-compatible HTTP server in (scaled) real time.
+"""The running twin server: the real-time twin, its clock, the open streams and the Starlette app.
 
-One process serves every replica of a ServingConfig behind one port (the config's router policy
-spreads requests over them, as :mod:`domain.twin.cluster` does offline); the token timing is
-the twin engine's, run against the wall clock by :class:`domain.twin.realtime.RealtimeTwin`:
-virtual time = (wall - start) x ``speedup``, so with ``speedup`` 10 every TTFT and inter-token
-gap is a tenth of the engine's.
-
-Endpoints (what SGLang 0.5.23's HTTP server answers, ``entrypoints/http_server.py``):
-
-- ``POST /v1/completions`` and ``POST /v1/chat/completions``: ``stream: true`` sends one SSE
-  event ``data: {chunk}`` per token (``finish_reason: "length"`` on the last), then a usage chunk
-  (``choices: []``) when ``stream_options.include_usage`` is set, then ``data: [DONE]``;
-  ``stream: false`` answers one JSON body, always with ``usage``. Usage carries
-  ``prompt_tokens_details.cached_tokens`` (SGLang's ``--enable-cache-report``).
-- ``GET /v1/models`` (the checkpoint's model path, as SGLang names the served model),
-  ``GET /health`` (200 once serving), ``GET /metrics`` (Prometheus text, SGLang's names; see
-  :func:`metrics_text`).
-
-Token counts: a prompt is whitespace-separated words, one token each (the project's convention,
-shared with ``mcp_servers/bench/prompts.py`` and the test stub; at least 1, like a BOS token);
-chat prompts are the words of every message's text. Output is exactly ``max_tokens`` tokens
-(``ignore_eos`` semantics; defaults: 16 for completions, SGLang's ``CompletionRequest``, and 128
-for chat, SGLang's ``SamplingParams.max_new_tokens``), each one common English word, so a
-whitespace count of the text equals ``completion_tokens``. Requests SGLang refuses up front
-(prompt over the context length, prompt + max_tokens over it, prompt over the KV pool's input
-limit) get HTTP 400 with SGLang's ``ErrorResponse`` body and message; a request the engine drops
-later (it never fits the KV pool) ends its stream with an error event, or a 400 body. A client
-that disconnects aborts its request in the engine (its slot and KV are freed).
-
-Every response carries the header ``x-servetune-simulated: twin``
-(:data:`domain.quality.SIMULATED_HEADER`), which SGLang never sends: a client can tell the twin
-from a real server, and the quality gate is not applicable to its outputs.
-
-Startup: the twin's startup (:func:`domain.twin.startup.start`) prints the engine's log; a config
-the engine refuses exits with the engine's code and error line (like a failed ``sglang serve``),
-a servable one binds, prints ``The server is fired up and ready to roll!`` and (``--port-file``)
-writes the bound port. Startup is immediate (the engine's load time is not waited out).
+Token timing is :class:`domain.twin.realtime.RealtimeTwin`'s; every response carries
+``x-servetune-simulated: twin`` (:class:`SimulatedHeader`); ``/metrics`` uses SGLang's names.
 """
 
 from __future__ import annotations
@@ -44,13 +10,10 @@ import asyncio
 import contextlib
 import json
 import math
-import os
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -66,24 +29,14 @@ from domain.fit import FitReport
 from domain.models import get_model
 from domain.quality import SIMULATED_HEADER
 from domain.twin.realtime import RealtimeTwin, block_hashes
-from domain.twin.startup import start
+from twin_http.protocol import WORDS, BadRequest, ParsedRequest, error_body, parse_request
 
-# Default max_tokens: SGLang's CompletionRequest.max_tokens (16, the OpenAI default) and, for
-# chat requests without one, SamplingParams.max_new_tokens (128) (sglang 0.5.23
-# entrypoints/openai/protocol.py, sampling/sampling_params.py).
-DEFAULT_COMPLETION_TOKENS = 16
-DEFAULT_CHAT_TOKENS = 128
-# Output words: each a single BPE token with its leading space in the usual vocabularies.
-WORDS = (" the", " of", " and", " to", " in", " is", " was", " for", " on", " that", " with",
-         " as", " by", " at", " from", " his", " her", " are", " this", " be")
 # Tokens are released this long (wall s) before their engine time: the event loop's timer
 # wakes up late by about 1 ms (epoll waits in whole milliseconds, rounded up), so releasing
 # half of that early centres the emission error on zero (measured in tests/test_twin_server.py).
 EMIT_AHEAD_S = 0.0005
 # how often a non-streamed request checks that its client is still connected (s)
 DISCONNECT_POLL_S = 0.5
-READY_LINE = "The server is fired up and ready to roll!"
-
 
 SIMULATED_BY = "twin"  # the value of SIMULATED_HEADER on every response of this server
 
@@ -111,100 +64,6 @@ class SimulatedHeader:
             await send(message)
 
         await self.app(scope, receive, send_marked)
-
-
-class BadRequest(ValueError):
-    """A request SGLang would answer with HTTP 400; the message is SGLang's where it has one."""
-
-
-def error_body(message: str, code: int = 400, err_type: str = "BadRequestError") -> dict[str, Any]:
-    """SGLang's ``ErrorResponse`` (``entrypoints/openai/serving_base.py``)."""
-    return {"object": "error", "message": message, "type": err_type, "param": None,
-            "code": code}
-
-
-def count_tokens(text: str) -> list[str]:
-    """The prompt's tokens under the project's convention: its whitespace-separated words."""
-    return text.split()
-
-
-@dataclass
-class ParsedRequest:
-    """What the twin needs from a completion or chat request."""
-
-    chat: bool
-    tokens: list[str] | list[int]
-    max_tokens: int
-    stream: bool
-    include_usage: bool
-
-
-def _int_field(body: dict[str, Any], *names: str) -> int | None:
-    for name in names:
-        value = body.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise BadRequest(f"{name} must be an integer, got {value!r}")
-        return value
-    return None
-
-
-def _chat_text(messages: Any) -> str:
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("messages must be a non-empty list of {role, content} objects")
-    parts: list[str] = []
-    for m in messages:
-        if not isinstance(m, dict):
-            raise BadRequest("each message must be an object with role and content")
-        content = m.get("content")
-        if isinstance(content, str):
-            parts.append(content)
-        elif isinstance(content, list):
-            parts += [str(c.get("text", "")) for c in content
-                      if isinstance(c, dict) and c.get("type") == "text"]
-        elif content is not None:
-            raise BadRequest("message content must be a string or a list of text parts")
-    return " ".join(parts)
-
-
-def parse_request(body: Any, chat: bool) -> ParsedRequest:
-    """Validate an OpenAI completion (``chat`` False) or chat request body.
-
-    Raises:
-        BadRequest: malformed body, several prompts or choices, max_tokens < 1.
-    """
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    tokens: list[str] | list[int]
-    if chat:
-        tokens = count_tokens(_chat_text(body.get("messages")))
-        max_tokens = _int_field(body, "max_completion_tokens", "max_tokens")
-        default = DEFAULT_CHAT_TOKENS
-    else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-            prompt = prompt[0]  # a batch of one
-        if isinstance(prompt, str):
-            tokens = count_tokens(prompt)
-        elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            tokens = [int(t) for t in prompt]
-        else:
-            raise BadRequest("prompt must be a string or a list of token ids (the twin serves "
-                             "one prompt per request)")
-        max_tokens = _int_field(body, "max_tokens")
-        default = DEFAULT_COMPLETION_TOKENS
-    n = _int_field(body, "n")
-    if n is not None and n != 1:
-        raise BadRequest(f"n={n}: the twin generates one choice per request")
-    if max_tokens is None:
-        max_tokens = default
-    if max_tokens < 1:
-        raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}")
-    opts = body.get("stream_options") or {}
-    return ParsedRequest(chat=chat, tokens=tokens, max_tokens=max_tokens,
-                         stream=bool(body.get("stream")),
-                         include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")))
 
 
 @dataclass
@@ -556,59 +415,3 @@ def metrics_text(twin: RealtimeTwin, model: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (port 0: a free one)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
-
-
-def _write_port(path: Path, port: int) -> None:
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tmp.write_text(f"{port}\n", encoding="utf-8")
-    tmp.replace(path)
-
-
-def serve(config: ServingConfig, host: str = "127.0.0.1", port: int = 0,
-          port_file: Path | None = None, speedup: float = 1.0, record: bool = False) -> int:
-    """Start the twin of ``config`` and serve it until SIGINT/SIGTERM; returns the exit code.
-
-    Prints the twin startup's log (the engine's lines) to stdout. A config the engine refuses
-    returns the engine's exit code after its error line, without binding.
-
-    Raises:
-        OSError: the address cannot be bound.
-        ValueError: a non-positive speedup.
-    """
-    import uvicorn
-
-    boot = start(config)
-    lines = [x for x in boot.log if x != READY_LINE]
-    for line in lines:
-        print(line, flush=True)
-    if not boot.ready or boot.fit is None:
-        return boot.exit_code or 1
-    service = TwinService(config, boot.fit, speedup, record=record)
-    sock = bind(host, port)
-    bound = sock.getsockname()[1]
-
-    def ready() -> None:
-        if port_file is not None:
-            _write_port(port_file, bound)
-        shown = f"[{host}]" if ":" in host else host
-        print(f"twin: {config.replicas} replica(s) of config {config.config_id()} at "
-              f"http://{shown}:{bound}, speedup {speedup:g}x", flush=True)
-        print(READY_LINE, flush=True)
-
-    server = uvicorn.Server(uvicorn.Config(
-        service.app(ready), log_level="warning", access_log=False,
-        timeout_graceful_shutdown=1, lifespan="on"))
-    try:
-        server.run(sockets=[sock])
-    finally:
-        sock.close()
-    return 0 if server.started else 1
