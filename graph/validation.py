@@ -153,7 +153,7 @@ async def _measure_variant(ctx: StudyContext, parent: Trial, cfg: ServingConfig,
     if rep is None:
         return ctx.ledger.append(Trial(**row, status="crash",
                                        reason=f"retune {label}: did not start: {out.evidence}"))
-    met = (rep.summary.ttft_ms.p99 or float("inf")) <= slo and rep.summary.errors == 0
+    met = ctx.study.slo.met(rep.summary.ttft_ms.p99, rep.summary.errors)
     status = ("finalist" if met else "slo-miss") if ok else "discard"
     found = await admission_of(ctx, rep, cfg)
     return ctx.ledger.append(Trial(
