@@ -9,11 +9,16 @@ refusal is never retried: it fails the same way again and becomes a lesson.
 Every failure is appended to ``events.jsonl`` as a ``failure`` event (key, deployment, try,
 class, whether it was retried, the evidence), and retried ones are carried on the trial row
 (``Trial.retries``), so the report can list injected faults against classified failures.
+
+Teardown has one owner here: every phase holds its deployment inside :func:`deployment`, which
+tears it down however the block ends; :func:`launch` and :func:`measure` tear down only to
+deploy the same name again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 from agents.analyst import BenchOutcome
@@ -30,6 +35,19 @@ def _note(ctx: StudyContext, key: str, name: str, what: str, attempt: int, cls: 
            "evidence": evidence[:240]}
     ctx.event("failure", **row)
     return row
+
+
+@asynccontextmanager
+async def deployment(deployer: Deployer, name: str) -> AsyncIterator[None]:
+    """Hold deployment ``name`` for the block; it is torn down however the block ends.
+
+    Every phase (search, validation and its retune and quality reference, frontier) launches
+    inside such a block, so no path out of a trial leaves a server running.
+    """
+    try:
+        yield
+    finally:
+        await deployer.teardown(name)
 
 
 async def launch(ctx: StudyContext, deployer: Deployer, name: str, config: ServingConfig,

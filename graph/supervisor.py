@@ -43,7 +43,7 @@ from domain.ledger import Ledger
 from domain.study import Study
 from domain.trial import Trial, manifest_for
 from graph.research import run_research
-from graph.retry import launch, measure
+from graph.retry import deployment, launch, measure
 from graph.state import StudyContext, StudyState
 from graph.validation import (
     admission_of,
@@ -224,21 +224,26 @@ async def _launch_and_measure(ctx: StudyContext, key: str, phase: str, config: S
         return llm_usage(planner=planner, deployer=deployer, analyst=analyst)
 
     ctx.event("deploy", key=key, name=name)
-    try:
-        out = await launch(ctx, deployer, name, config, labels, key, retries)
-    except AgentFailure as e:
-        await deployer.teardown(name)
+    failed: AgentFailure | None = None
+    async with deployment(deployer, name):  # down before the row is committed
+        try:
+            out = await launch(ctx, deployer, name, config, labels, key, retries)
+        except AgentFailure as e:
+            failed = e
+        else:
+            runs = await measure(ctx, deployer, name, config, labels, key,
+                                 lambda: analyst.saturation_runs(name, repeats(ctx)),
+                                 retries) if out.ready else []
+    if failed is not None:
         return ctx.ledger.append(Trial(**base, status="failed", reason=failure_reason(
-            "deployer", e), llm_usage=usage(), wall_s=time.time() - t0))
+            "deployer", failed), llm_usage=usage(), wall_s=time.time() - t0))
     if not out.ready and rule(out.failure_class).retry:  # transient to the last try: no lesson
-        await deployer.teardown(name)
         return ctx.ledger.append(Trial(
             **base, status="failed", failure_class=out.failure_class,
             reason=f"{out.failure_class} at {out.stage} on every try: {out.evidence[:160]}",
             log_tail=out.log_tail, llm_usage=usage(), wall_s=time.time() - t0))
     if not out.ready:
         lesson = failure_lesson(config, out, ctx.run_id, key)
-        await deployer.teardown(name)
         # The trial (carrying its lesson) is committed before the lesson is stored, so a kill
         # in between cannot turn this crash into "pruned by its own lesson" on resume;
         # run_study stores the lessons of committed trials again when it resumes.
@@ -249,11 +254,6 @@ async def _launch_and_measure(ctx: StudyContext, key: str, phase: str, config: S
             llm_usage=usage(), wall_s=time.time() - t0))
         await call(ctx.lessons, "add_lesson", {"lesson": lesson.model_dump(mode="json")})
         return trial
-    try:
-        runs = await measure(ctx, deployer, name, config, labels, key,
-                             lambda: analyst.saturation_runs(name, repeats(ctx)), retries)
-    finally:
-        await deployer.teardown(name)
     bench = next((b for b in runs if not b.valid), runs[0])  # an invalid run is not scored
     objectives = [b.summary.output_tok_s_per_gpu for b in runs]
     measured: dict[str, Any] = dict(
@@ -466,16 +466,15 @@ async def validate(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
         ctx.event("deploy", key=key, name=name)
         rep, failed, outputs = None, None, None
         retried: list[dict[str, Any]] = []
-        try:
-            out = await launch(ctx, deployer, name, src.config,
-                               {"servetune/run-id": ctx.run_id}, key, retried)
-            rep = await analyst.replay(name) if out.ready else None
-            if rep is not None:  # while it is up: greedy outputs for the quality gate
-                outputs = await candidate_outputs(ctx, src.config, name)
-        except AgentFailure as e:
-            failed = failure_reason("deployer", e)
-        finally:
-            await deployer.teardown(name)
+        async with deployment(deployer, name):
+            try:
+                out = await launch(ctx, deployer, name, src.config,
+                                   {"servetune/run-id": ctx.run_id}, key, retried)
+                rep = await analyst.replay(name) if out.ready else None
+                if rep is not None:  # while it is up: greedy outputs for the quality gate
+                    outputs = await candidate_outputs(ctx, src.config, name)
+            except AgentFailure as e:
+                failed = failure_reason("deployer", e)
         slo = ctx.study.slo
         gate = found = None
         if failed is not None:
@@ -556,54 +555,63 @@ async def frontier(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
         labels = {"servetune/run-id": ctx.run_id}
         t0 = time.time()
         launch_retries: list[dict[str, Any]] = []
-        try:
-            out = await launch(ctx, deployer, name, config, labels, key, launch_retries)
-        except AgentFailure as e:  # the sweep of this config is skipped, with the reason
-            await deployer.teardown(name)
+        failed: str | None = None
+        async with deployment(deployer, name):
+            try:
+                out = await launch(ctx, deployer, name, config, labels, key, launch_retries)
+            except AgentFailure as e:  # the sweep of this config is skipped, with the reason
+                failed = failure_reason("deployer", e)
+            else:
+                _add_extra_usage(ctx.ledger, "deployer",
+                                 getattr(deployer, "usage", AgentUsage()))
+                if not out.ready:
+                    _frontier_no_start(ctx, key, config, changed, parent, out, launch_retries,
+                                       t0)
+                for c in todo if out.ready else []:
+                    t0 = time.time()
+                    # the launch's retried failures go on the first sweep point's row
+                    retried: list[dict[str, Any]] = launch_retries
+                    launch_retries = []
+
+                    async def one(c: int = c) -> list[BenchOutcome]:
+                        return [await analyst.saturation(name, concurrency=c)]
+
+                    b = (await measure(ctx, deployer, name, config, labels,
+                                       f"frontier:{config.config_id()}:{c}", one, retried))[0]
+                    ctx.ledger.append(Trial(
+                        run_id=ctx.run_id, seq=0, key=f"frontier:{config.config_id()}:{c}",
+                        phase="frontier", status="sweep", config=config, changed=changed,
+                        parent_seq=parent, reason=f"concurrency {c}", saturation=b.summary,
+                        objective=b.summary.output_tok_s_per_gpu, records_path=b.records_path,
+                        manifest=manifest_for(config, ctx.backend_kind), retries=retried,
+                        wall_s=time.time() - t0))
+                    if not b.valid and rule(bench_failure_class(
+                            False, b.invalid_reason, b.errors_by_class)).redeploy:
+                        break  # the server is gone and could not be brought back
+        if failed is not None:
             _add_extra_usage(ctx.ledger, "deployer", getattr(deployer, "usage", AgentUsage()))
-            ctx.report(phase="frontier", pruned=changed or "baseline",
-                       reason=failure_reason("deployer", e))
+            ctx.report(phase="frontier", pruned=changed or "baseline", reason=failed)
             return {"cursor": cursor + 1, "phase": "frontier"}
-        _add_extra_usage(ctx.ledger, "deployer", getattr(deployer, "usage", AgentUsage()))
-        if not out.ready:
-            ctx.report(phase="frontier", pruned=changed or "baseline",
-                       reason=f"did not start: {out.evidence[:160]}")
-            # persisted with its retried failures; a frontier launch writes no lesson (the
-            # config is a finalist or the winner's variant, not a search candidate)
-            transient = rule(out.failure_class).retry
-            ctx.ledger.append(Trial(
-                run_id=ctx.run_id, seq=0, key=key, phase="frontier",
-                status="failed" if transient else "crash", config=config, changed=changed,
-                parent_seq=parent, failure_class=out.failure_class,
-                reason=f"did not start: {out.failure_class} at {out.stage}: "
-                       f"{out.evidence[:160]}",
-                log_tail=out.log_tail, manifest=manifest_for(config, ctx.backend_kind),
-                retries=launch_retries, wall_s=time.time() - t0))
-        try:
-            for c in todo if out.ready else []:
-                t0 = time.time()
-                # the launch's retried failures go on the first sweep point's row
-                retried: list[dict[str, Any]] = launch_retries
-                launch_retries = []
-
-                async def one(c: int = c) -> list[BenchOutcome]:
-                    return [await analyst.saturation(name, concurrency=c)]
-
-                b = (await measure(ctx, deployer, name, config, labels,
-                                   f"frontier:{config.config_id()}:{c}", one, retried))[0]
-                ctx.ledger.append(Trial(
-                    run_id=ctx.run_id, seq=0, key=f"frontier:{config.config_id()}:{c}",
-                    phase="frontier", status="sweep", config=config, changed=changed,
-                    parent_seq=parent, reason=f"concurrency {c}", saturation=b.summary,
-                    objective=b.summary.output_tok_s_per_gpu, records_path=b.records_path,
-                    manifest=manifest_for(config, ctx.backend_kind), retries=retried,
-                    wall_s=time.time() - t0))
-                if not b.valid and rule(bench_failure_class(
-                        False, b.invalid_reason, b.errors_by_class)).redeploy:
-                    break  # the server is gone and could not be brought back
-        finally:
-            await deployer.teardown(name)
     return {"cursor": cursor + 1, "phase": "frontier"}
+
+
+def _frontier_no_start(ctx: StudyContext, key: str, config: ServingConfig, changed: str,
+                       parent: int, out: Any, retries: list[dict[str, Any]], t0: float) -> None:
+    """Commit the row of a frontier config that did not start (with its retried failures).
+
+    A frontier launch writes no lesson: the config is a finalist or the winner's variant, not
+    a search candidate.
+    """
+    ctx.report(phase="frontier", pruned=changed or "baseline",
+               reason=f"did not start: {out.evidence[:160]}")
+    transient = rule(out.failure_class).retry
+    ctx.ledger.append(Trial(
+        run_id=ctx.run_id, seq=0, key=key, phase="frontier",
+        status="failed" if transient else "crash", config=config, changed=changed,
+        parent_seq=parent, failure_class=out.failure_class,
+        reason=f"did not start: {out.failure_class} at {out.stage}: {out.evidence[:160]}",
+        log_tail=out.log_tail, manifest=manifest_for(config, ctx.backend_kind),
+        retries=retries, wall_s=time.time() - t0))
 
 
 def _route(state: StudyState) -> str:
