@@ -602,9 +602,16 @@ async def run_brain(table: Table, brain: str, seed: int, max_trials: int,
                         row["why"] or f"{row['objective']:,.1f} tok/s/GPU", objective=obj)
 
                 base = study.base_config()
+                async def prune(p: Pruned, parent: int | None) -> None:
+                    """The pruned row, then its new lesson (graph.state.StudyContext.commit)."""
+                    add("pruned", p.config, p.changed, parent, p.reason)
+                    if p.new_lesson is not None:
+                        await call(lessons, "add_lesson",
+                                   {"lesson": p.new_lesson.model_dump(mode="json")})
+
                 verdict = await planner.screen(base, "", run_id)
                 if isinstance(verdict, Pruned):
-                    add("pruned", base, "", None, verdict.reason)
+                    await prune(verdict, None)
                 else:
                     await launch(base, "", None, baseline=True)
                 while len(objectives) < max_trials:
@@ -620,7 +627,7 @@ async def run_brain(table: Table, brain: str, seed: int, max_trials: int,
                             kw["history"] = list(trials)
                         step = await planner.step(b.config, seen, run_id, **kw)
                         for p in step.pruned:
-                            add("pruned", p.config, p.changed, b.seq, p.reason)
+                            await prune(p, b.seq)
                         if not isinstance(step.decision, NoViableConfig):
                             break
                     if step is None or isinstance(step.decision, NoViableConfig | PlannerFailed):

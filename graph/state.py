@@ -20,10 +20,12 @@ from typing import Any, TypedDict
 from mcp import Client
 
 from agents.claude import ClaudeSetup
+from agents.mcp_tools import call
 from domain.config import ServingConfig
 from domain.estimate import ReplayProfile
 from domain.ledger import Ledger
 from domain.study import Study
+from domain.trial import Trial
 
 
 class StudyState(TypedDict, total=False):
@@ -72,6 +74,20 @@ class StudyContext:
         """
         run = hashlib.sha256(self.run_id.encode()).hexdigest()[:8]
         return f"trial-{config.config_id()}-{run}"
+
+    async def commit(self, trial: Trial) -> Trial:
+        """Commit ``trial`` to the ledger, then store the lessons it carries; the committed row.
+
+        The one order of a row and its lessons, on every path: the ledger row first (with the
+        ids of the lessons it carries), then each of its ``lessons_written`` through the lessons
+        server, idempotently (a lesson's id is its finding). A kill before the row leaves
+        neither; a kill after it leaves a row whose lessons the resumed run stores again
+        (:func:`graph.run.run_study`), so a resume has nothing to undo.
+        """
+        row = self.ledger.append(trial)
+        for lesson in trial.lessons_written:
+            await call(self.lessons, "add_lesson", {"lesson": lesson.model_dump(mode="json")})
+        return row
 
     def event(self, kind: str, **data: Any) -> None:
         """Append one audit event (e.g. every deploy) to ``events.jsonl``, flushed at once."""

@@ -27,7 +27,6 @@ from agents.analyst import (
 from agents.brains import GuidedPlanner, make_planner
 from agents.claude import AgentFailure, AgentUsage, failure_reason
 from agents.deployer import ClaudeDeployer, Deployer
-from agents.mcp_tools import call
 from agents.planner import (
     ClaudePlanner,
     NoViableConfig,
@@ -244,16 +243,11 @@ async def _launch_and_measure(ctx: StudyContext, key: str, phase: str, config: S
             log_tail=out.log_tail, llm_usage=usage(), wall_s=time.time() - t0))
     if not out.ready:
         lesson = failure_lesson(config, out, ctx.run_id, key)
-        # The trial (carrying its lesson) is committed before the lesson is stored, so a kill
-        # in between cannot turn this crash into "pruned by its own lesson" on resume;
-        # run_study stores the lessons of committed trials again when it resumes.
-        trial = ctx.ledger.append(Trial(
+        return await ctx.commit(Trial(
             **base, status="crash", failure_class=out.failure_class,
             reason=f"{out.failure_class} at {out.stage}: {out.evidence[:160]}",
             lesson_ids=[lesson.id], lessons_written=[lesson], log_tail=out.log_tail,
             llm_usage=usage(), wall_s=time.time() - t0))
-        await call(ctx.lessons, "add_lesson", {"lesson": lesson.model_dump(mode="json")})
-        return trial
     bench = next((b for b in runs if not b.valid), runs[0])  # an invalid run is not scored
     objectives = [b.summary.output_tok_s_per_gpu for b in runs]
     measured: dict[str, Any] = dict(
@@ -296,11 +290,11 @@ async def search(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
         ctx.report(phase="search", trial=1, total=budget.max_trials, config="baseline")
         verdict = await planner.screen(base, "", ctx.run_id)
         if isinstance(verdict, Pruned):
-            ledger.append(Trial(run_id=ctx.run_id, seq=0, key=f"search:{base.config_id()}",
-                                phase="search", status="pruned", config=base, changed="",
-                                reason=verdict.reason, lesson_ids=verdict.lesson_ids,
-                                lessons_written=[verdict.new_lesson] if verdict.new_lesson
-                                else []))
+            await ctx.commit(Trial(
+                run_id=ctx.run_id, seq=0, key=f"search:{base.config_id()}", phase="search",
+                status="pruned", config=base, changed="", reason=verdict.reason,
+                lesson_ids=verdict.lesson_ids,
+                lessons_written=[verdict.new_lesson] if verdict.new_lesson else []))
             ctx.report(phase="search", pruned="baseline", reason=verdict.reason)
         else:
             predicted = dict(verdict.predicted)
@@ -335,11 +329,11 @@ async def search(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
         step = await planner.step(base_trial.config, seen, ctx.run_id, losers=losers,
                                   history=trials)
         for p in step.pruned:
-            ledger.append(Trial(run_id=ctx.run_id, seq=0, key=f"search:{p.config.config_id()}",
-                                phase="search", status="pruned", config=p.config,
-                                changed=p.changed, parent_seq=base_trial.seq, reason=p.reason,
-                                lesson_ids=p.lesson_ids,
-                                lessons_written=[p.new_lesson] if p.new_lesson else []))
+            await ctx.commit(Trial(
+                run_id=ctx.run_id, seq=0, key=f"search:{p.config.config_id()}",
+                phase="search", status="pruned", config=p.config, changed=p.changed,
+                parent_seq=base_trial.seq, reason=p.reason, lesson_ids=p.lesson_ids,
+                lessons_written=[p.new_lesson] if p.new_lesson else []))
             ctx.report(phase="search", pruned=p.changed, reason=p.reason)
         if not isinstance(step.decision, NoViableConfig):
             break
@@ -395,15 +389,12 @@ async def search(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
                 lesson = decision.lesson
                 what = ("dropped" if decision.plan is None
                         else f"modified to {decision.plan.changed}")
-                # committed before the lesson is stored; a resumed run stores it again
-                ledger.append(Trial(**row, status="pruned", reason=f"research: {decision.reason}",
-                                    lesson_ids=[lesson.id] if lesson else [],
-                                    lessons_written=[lesson] if lesson else [],
-                                    research_decision=f"{what}: {decision.reason}",
-                                    llm_usage=llm_usage(planner=planner)))
-                if lesson is not None:
-                    await call(ctx.lessons, "add_lesson",
-                               {"lesson": lesson.model_dump(mode="json")})
+                await ctx.commit(Trial(**row, status="pruned",
+                                       reason=f"research: {decision.reason}",
+                                       lesson_ids=[lesson.id] if lesson else [],
+                                       lessons_written=[lesson] if lesson else [],
+                                       research_decision=f"{what}: {decision.reason}",
+                                       llm_usage=llm_usage(planner=planner)))
                 ctx.report(phase="search", pruned=plan.changed,
                            reason=f"research: {decision.reason}")
                 if decision.plan is None:
