@@ -524,7 +524,7 @@ async def run_brain(table: Table, brain: str, seed: int, max_trials: int,
                     shown: str = "gated") -> Run:
     """Search ``table``'s scenario with ``brain`` until it stops or ``max_trials`` launches.
 
-    The loop of ``graph.supervisor.search`` without LangGraph, research or a ledger file: the
+    The search loop of ``graph.search`` without LangGraph, research or a ledger file: the
     baseline is screened and launched first; then each step asks the planner for the next
     candidate from the incumbent (from each tried config in turn while none ran), ledgers
     the pruned ones, and "launches" the plan by looking it up in ``table``. The lesson store

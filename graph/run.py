@@ -43,9 +43,13 @@ def resume_input(run_id: str, values: dict[str, Any],
     """What to invoke the graph with, given the checkpointed state of ``run_id``.
 
     - no state yet: a fresh start in the search phase;
-    - a pending step (``next_nodes``): None, so LangGraph continues the interrupted step;
+    - a pending step (``next_nodes``): None, so LangGraph continues the interrupted step (a
+      search node this process holds no step for sends it back to ``plan``, see
+      :mod:`graph.search`);
     - state but no pending step (a kill landed between a node's writes and its routing):
       enter again at the phase the state names; nodes derive their position from the ledger.
+      A checkpoint of the three-node graph before issue 17 is one: its pending ``search`` is
+      no node of this graph, so LangGraph reports none, and the run enters at its phase.
     """
     if not values:
         return {"run_id": run_id, "phase": "search"}

@@ -33,6 +33,7 @@ class StudyState(TypedDict, total=False):
 
     run_id: str
     phase: str                 # search | validate | frontier | done
+    step: str                  # the search loop's next node (graph.search.NODES)
     best_seq: int | None       # ledger seq of the incumbent
     best_objective: float | None
     launched: int              # search trials launched (pruned ones are free)
@@ -65,6 +66,9 @@ class StudyContext:
     namespace: str = "servetune"  # the cluster server's namespace (fixed in deployer tools)
     repeats: int = 1  # saturation runs per candidate when the study's acceptance.repeats is unset
     replay: ReplayProfile | None = None  # the replay window's profile (guided brain's SLO prior)
+    # the search step in progress in this process (graph.search.SearchStep: live brains and a
+    # running deployment); never checkpointed, so None in a resumed process
+    step: Any = None
 
     def deployment_name(self, config: ServingConfig) -> str:
         """The deployment name of ``config`` in this run: ``trial-<config id>-<run hash>``.
