@@ -18,11 +18,12 @@ deploy the same name again.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 from agents.analyst import BenchOutcome
 from agents.deployer import Deployer, DeployOutcome
+from agents.mcp_tools import ToolCallFailed
 from domain.config import ServingConfig
 from domain.faults import bench_failure_class, rule, should_retry
 from graph.state import StudyContext
@@ -42,12 +43,18 @@ async def deployment(deployer: Deployer, name: str) -> AsyncIterator[None]:
     """Hold deployment ``name`` for the block; it is torn down however the block ends.
 
     Every phase (search, validation and its retune and quality reference, frontier) launches
-    inside such a block, so no path out of a trial leaves a server running.
+    inside such a block, so no path out of a trial leaves a server running. When the block
+    raises (an API error, a refused tool call), a teardown the cluster server refuses (e.g.
+    nothing was deployed yet) does not hide that error; the run's resume tears down by label
+    what is left (:func:`graph.run.tear_down_leftovers`).
     """
     try:
         yield
-    finally:
-        await deployer.teardown(name)
+    except BaseException:
+        with suppress(ToolCallFailed):
+            await deployer.teardown(name)
+        raise
+    await deployer.teardown(name)
 
 
 async def launch(ctx: StudyContext, deployer: Deployer, name: str, config: ServingConfig,
