@@ -108,6 +108,9 @@ class Planner:
         self.study, self.lessons = study, lessons
         # resolved_settings signature -> config id, for incumbents and launched candidates
         self.resolved: dict[tuple[Any, ...], str] = {}
+        # estimate lessons of this step's pruned candidates: the caller stores them once their
+        # rows are committed (ledger row first, then its lessons); until then they forbid here
+        self.unstored: list[Lesson] = []
 
     def remember(self, config: ServingConfig) -> None:
         """Record ``config``'s resolved settings (launched or incumbent) for :meth:`screened`."""
@@ -164,16 +167,24 @@ class Planner:
                     yield cand, f"{name}={_fmt(normalize_value(v))}"
 
     async def forbidding(self, config: ServingConfig) -> list[dict[str, Any]]:
-        """Lessons (id, title) that forbid ``config``, asked through the lessons server."""
+        """Lessons (id, title) that forbid ``config``.
+
+        The stored ones (asked through the lessons server, oldest first), then this step's
+        :attr:`unstored` ones.
+        """
         r = await call(self.lessons, "check_config", {"config": config.model_dump(mode="json")})
-        return list(r.get("forbidding", []))
+        found = list(r.get("forbidding", []))
+        ids = {f["id"] for f in found}
+        return found + [{"id": x.id, "title": x.title} for x in self.unstored
+                        if x.id not in ids and x.forbids(config)]
 
     async def screen(self, cand: ServingConfig, changed: str,
                      run_id: str) -> Pruned | TrialPlan:
         """Prune ``cand`` if a lesson forbids it or the memory-fit estimate rules it out.
 
         Returns:
-            Pruned (its new estimate lesson already stored through the lessons server), or a
+            Pruned (its new estimate lesson, with its id, in ``new_lesson`` and
+            :attr:`unstored`: the caller stores it after committing the pruned row), or a
             TrialPlan carrying the estimate's predictions.
         """
         forb = await self.forbidding(cand)
@@ -185,9 +196,8 @@ class Planner:
             rep = fit(cand)
         except DoesNotFit as e:
             lesson = estimate_lesson(cand, e, self.study).model_copy(update={"run_id": run_id})
-            stored = await call(self.lessons, "add_lesson",
-                                {"lesson": lesson.model_dump(mode="json")})
-            return Pruned(config=cand, changed=changed, lesson_ids=[stored["lesson"]["id"]],
+            self.unstored.append(lesson)
+            return Pruned(config=cand, changed=changed, lesson_ids=[lesson.id],
                           new_lesson=lesson,
                           reason=f"pruned by memory-fit estimate: {e.arithmetic}")
         predicted = {"kv_tokens_per_replica": rep.kv_tokens,
@@ -242,8 +252,8 @@ class Planner:
                 engine would run like one of them is skipped even by a fresh planner (the
                 space brains of ``agents.brains`` learn from the whole history).
 
-        Pruned candidates are returned (and their new lessons stored through the lessons
-        server) so the caller can ledger them before anything launches.
+        Pruned candidates are returned so the caller can ledger them before anything launches,
+        then store their new lessons (:attr:`Pruned.new_lesson`).
         """
         pruned: list[Pruned] = []
         for t in history:

@@ -528,7 +528,7 @@ async def run_brain(table: Table, brain: str, seed: int, max_trials: int,
                     shown: str = "gated") -> Run:
     """Search ``table``'s scenario with ``brain`` until it stops or ``max_trials`` launches.
 
-    The loop of ``graph.supervisor.search`` without LangGraph, research or a ledger file: the
+    The search loop of ``graph.search`` without LangGraph, research or a ledger file: the
     baseline is screened and launched first; then each step asks the planner for the next
     candidate from the incumbent (from each tried config in turn while none ran), ledgers
     the pruned ones, and "launches" the plan by looking it up in ``table``. The lesson store
@@ -606,9 +606,16 @@ async def run_brain(table: Table, brain: str, seed: int, max_trials: int,
                         row["why"] or f"{row['objective']:,.1f} tok/s/GPU", objective=obj)
 
                 base = study.base_config()
+                async def prune(p: Pruned, parent: int | None) -> None:
+                    """The pruned row, then its new lesson (graph.state.StudyContext.commit)."""
+                    add("pruned", p.config, p.changed, parent, p.reason)
+                    if p.new_lesson is not None:
+                        await call(lessons, "add_lesson",
+                                   {"lesson": p.new_lesson.model_dump(mode="json")})
+
                 verdict = await planner.screen(base, "", run_id)
                 if isinstance(verdict, Pruned):
-                    add("pruned", base, "", None, verdict.reason)
+                    await prune(verdict, None)
                 else:
                     await launch(base, "", None, baseline=True)
                 while len(objectives) < max_trials:
@@ -624,7 +631,7 @@ async def run_brain(table: Table, brain: str, seed: int, max_trials: int,
                             kw["history"] = list(trials)
                         step = await planner.step(b.config, seen, run_id, **kw)
                         for p in step.pruned:
-                            add("pruned", p.config, p.changed, b.seq, p.reason)
+                            await prune(p, b.seq)
                         if not isinstance(step.decision, NoViableConfig):
                             break
                     if step is None or isinstance(step.decision, NoViableConfig | PlannerFailed):

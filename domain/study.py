@@ -57,6 +57,18 @@ class SLO(BaseModel):
 
     ttft_p99_ms: float = Field(gt=0, description="TTFT p99 target on the replay, ms")
 
+    def met(self, ttft_p99_ms: float | None, errors: int) -> bool:
+        """Whether a replay met the SLO: TTFT p99 within the target and every request served.
+
+        The one statement of the SLO rule (the supervisor's validation, the admission retune
+        and the report all ask it).
+
+        Args:
+            ttft_p99_ms: the replay's TTFT p99, ms (None: no request produced a first token).
+            errors: requests of the replay that failed.
+        """
+        return ttft_p99_ms is not None and ttft_p99_ms <= self.ttft_p99_ms and errors == 0
+
 
 class Budget(BaseModel):
     """When the search stops."""

@@ -9,14 +9,20 @@ refusal is never retried: it fails the same way again and becomes a lesson.
 Every failure is appended to ``events.jsonl`` as a ``failure`` event (key, deployment, try,
 class, whether it was retried, the evidence), and retried ones are carried on the trial row
 (``Trial.retries``), so the report can list injected faults against classified failures.
+
+Teardown has one owner here: every phase holds its deployment inside :func:`deployment`, which
+tears it down however the block ends; :func:`launch` and :func:`measure` tear down only to
+deploy the same name again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 from agents.deployer import Deployer, DeployOutcome
+from agents.mcp_tools import ToolCallFailed
 from domain.bench import BenchResult
 from domain.config import ServingConfig
 from domain.faults import bench_failure_class, rule, should_retry
@@ -30,6 +36,25 @@ def _note(ctx: StudyContext, key: str, name: str, what: str, attempt: int, cls: 
            "evidence": evidence[:240]}
     ctx.event("failure", **row)
     return row
+
+
+@asynccontextmanager
+async def deployment(deployer: Deployer, name: str) -> AsyncIterator[None]:
+    """Hold deployment ``name`` for the block; it is torn down however the block ends.
+
+    Every phase (search, validation and its retune and quality reference, frontier) launches
+    inside such a block, so no path out of a trial leaves a server running. When the block
+    raises (an API error, a refused tool call), a teardown the cluster server refuses (e.g.
+    nothing was deployed yet) does not hide that error; the run's resume tears down by label
+    what is left (:func:`graph.run.tear_down_leftovers`).
+    """
+    try:
+        yield
+    except BaseException:
+        with suppress(ToolCallFailed):
+            await deployer.teardown(name)
+        raise
+    await deployer.teardown(name)
 
 
 async def launch(ctx: StudyContext, deployer: Deployer, name: str, config: ServingConfig,

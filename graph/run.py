@@ -44,9 +44,13 @@ def resume_input(run_id: str, values: dict[str, Any],
     """What to invoke the graph with, given the checkpointed state of ``run_id``.
 
     - no state yet: a fresh start in the search phase;
-    - a pending step (``next_nodes``): None, so LangGraph continues the interrupted step;
+    - a pending step (``next_nodes``): None, so LangGraph continues the interrupted step (a
+      search node this process holds no step for sends it back to ``plan``, see
+      :mod:`graph.search`);
     - state but no pending step (a kill landed between a node's writes and its routing):
       enter again at the phase the state names; nodes derive their position from the ledger.
+      A checkpoint of the three-node graph before issue 17 is one: its pending ``search`` is
+      no node of this graph, so LangGraph reports none, and the run enters at its phase.
     """
     if not values:
         return {"run_id": run_id, "phase": "search"}
@@ -118,22 +122,6 @@ def stop_run(backend: ClusterBackend, run_id: str) -> tuple[list[str], list[str]
             except BackendError as e:
                 failed.append(f"{d.name}: {e}")
     return stopped, failed
-
-
-def forget_uncommitted(store: LessonStore, ledger: Ledger, run_id: str) -> list[str]:
-    """Remove the lessons ``run_id`` stored that no committed ledger row carries; their ids.
-
-    The planner stores a memory-fit estimate's lesson before the pruned row carrying it is
-    committed; a kill in between left the lesson without its row, and the resumed step was then
-    pruned "forbidden by lesson" instead of "by memory-fit estimate", with no lesson on its row
-    (found by benchmarks/chaos_resume.py). The ledger is the record: with these removed, the
-    resumed step learns the lesson again and commits it with its row. A lesson another run
-    found first keeps that run's id and is never removed.
-    """
-    committed = {lesson.id for t in ledger.trials() for lesson in t.lessons_written}
-    stray = [lesson.id for lesson in store.list(run_id=run_id) if lesson.id not in committed]
-    store.remove(stray)
-    return stray
 
 
 @dataclass
@@ -220,9 +208,8 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
             cfg = {"configurable": {"thread_id": run_id}, "recursion_limit": 100_000}
             snap = await graph.aget_state(cfg)
             resumed = bool(snap.values)
-            if resumed:  # the store as the ledger has it: no lesson without its row, ...
-                forget_uncommitted(store, ledger, run_id)
-                # ... and the lessons of committed trials, in case a kill came before storing them
+            if resumed:  # rows commit before their lessons (StudyContext.commit): store the
+                # lessons of committed rows again, in case a kill came in between
                 for t in ledger.trials():
                     for lesson in t.lessons_written:
                         await call(c_lessons, "add_lesson",

@@ -27,6 +27,9 @@ CHECKPOINT_FILE = "checkpoint.sqlite"
 EVENTS_FILE = "events.jsonl"
 # tables each SQLite file must hold (domain/ledger.py SCHEMA; SqliteSaver.setup)
 TABLES = {LEDGER_FILE: ("meta", "trials"), CHECKPOINT_FILE: ("checkpoints", "writes")}
+# the phases the study graph enters a run at (graph.state.StudyState.phase); a checkpoint of
+# the three-node graph before issue 17 names these too and resumes (graph.run.resume_input)
+PHASES = ("search", "validate", "frontier", "done")
 
 
 @dataclass
@@ -142,6 +145,14 @@ def _read_checkpoint(path: Path, run_id: str, damaged: Any) -> _Checkpoint:
         db.close()
 
 
+def _check_phase(state: dict[str, Any], damaged: Any) -> None:
+    """The checkpoint's state names a phase the study graph can enter a run at, or none."""
+    phase = state.get("phase")
+    if phase is not None and phase not in PHASES:
+        raise damaged(f"its state names phase {phase!r}, which this version's study graph "
+                      f"has no node for (it knows {', '.join(PHASES)})")
+
+
 def _check_events(path: Path, damaged: Any) -> None:
     """Every line of ``events.jsonl`` is UTF-8 text that the JSON parser can read.
 
@@ -184,10 +195,11 @@ def check_run_files(run_dir: Path, run_id: str) -> None:
     Each SQLite file must open read-only, pass ``PRAGMA quick_check`` and hold its tables
     (every ledger row must be a trial), and their ``-wal``/``-shm`` files must be regular files
     where they exist; ``events.jsonl`` must be a regular file of UTF-8 lines, none nested too
-    deep to parse. A checkpoint of the run beside a ledger that is missing, empty or lacks
-    the trials the checkpoint refers to contradicts it (resuming would redo and redeploy
-    finished trials). Missing files are fine otherwise: a new run has none, and the ledger alone
-    resumes a run whose checkpoint is gone.
+    deep to parse. The checkpoint's state must name a phase the study graph knows
+    (:data:`PHASES`; one of the graph before issue 17 does). A checkpoint of the run beside
+    a ledger that is missing, empty or lacks the trials the checkpoint refers to contradicts
+    it (resuming would redo and redeploy finished trials). Missing files are fine otherwise:
+    a new run has none, and the ledger alone resumes a run whose checkpoint is gone.
 
     Raises:
         RunFileDamaged: naming the file, what is wrong and how to go on.
@@ -204,6 +216,7 @@ def check_run_files(run_dir: Path, run_id: str) -> None:
                               "checkpoint (a new events.jsonl is started)")
 
     ck = _read_checkpoint(checkpoint, run_id, ck_damaged)
+    _check_phase(ck.state, ck_damaged)
     stand_alone = (f"move it and {checkpoint} aside to start run {run_id} over (the checkpoint "
                    "cannot restore finished trials without the ledger)" if ck.steps else
                    f"move it aside to start run {run_id} over")

@@ -20,10 +20,12 @@ from typing import Any, TypedDict
 from mcp import Client
 
 from agents.claude import ClaudeSetup
+from agents.mcp_tools import call
 from domain.config import ServingConfig
 from domain.estimate import ReplayProfile
 from domain.ledger import Ledger
 from domain.study import Study
+from domain.trial import Trial
 
 
 class StudyState(TypedDict, total=False):
@@ -31,6 +33,7 @@ class StudyState(TypedDict, total=False):
 
     run_id: str
     phase: str                 # search | validate | frontier | done
+    step: str                  # the search loop's next node (graph.search.NODES)
     best_seq: int | None       # ledger seq of the incumbent
     best_objective: float | None
     launched: int              # search trials launched (pruned ones are free)
@@ -63,6 +66,9 @@ class StudyContext:
     namespace: str = "servetune"  # the cluster server's namespace (fixed in deployer tools)
     repeats: int = 1  # saturation runs per candidate when the study's acceptance.repeats is unset
     replay: ReplayProfile | None = None  # the replay window's profile (guided brain's SLO prior)
+    # the search step in progress in this process (graph.search.SearchStep: live brains and a
+    # running deployment); never checkpointed, so None in a resumed process
+    step: Any = None
 
     def deployment_name(self, config: ServingConfig) -> str:
         """The deployment name of ``config`` in this run: ``trial-<config id>-<run hash>``.
@@ -72,6 +78,20 @@ class StudyContext:
         """
         run = hashlib.sha256(self.run_id.encode()).hexdigest()[:8]
         return f"trial-{config.config_id()}-{run}"
+
+    async def commit(self, trial: Trial) -> Trial:
+        """Commit ``trial`` to the ledger, then store the lessons it carries; the committed row.
+
+        The one order of a row and its lessons, on every path: the ledger row first (with the
+        ids of the lessons it carries), then each of its ``lessons_written`` through the lessons
+        server, idempotently (a lesson's id is its finding). A kill before the row leaves
+        neither; a kill after it leaves a row whose lessons the resumed run stores again
+        (:func:`graph.run.run_study`), so a resume has nothing to undo.
+        """
+        row = self.ledger.append(trial)
+        for lesson in trial.lessons_written:
+            await call(self.lessons, "add_lesson", {"lesson": lesson.model_dump(mode="json")})
+        return row
 
     def event(self, kind: str, **data: Any) -> None:
         """Append one audit event (e.g. every deploy) to ``events.jsonl``, flushed at once."""

@@ -1,10 +1,11 @@
 """The supervisor: a LangGraph loop over planner, deployer and analyst, checkpointed in SQLite.
 
-Phases: ``search`` (one trial per step: plan -> deploy -> benchmark -> judge -> ledger),
-``validate`` (replay the real trace on the finalists, pick the winner under the SLO) and
-``frontier`` (concurrency sweep of the finalists). Every node first commits its trial to the
-ledger and derives the search position from the ledger, so a run killed anywhere and resumed
-with the same id reproduces an uninterrupted run without repeating a finished trial.
+The search is a loop of nodes, one pass per trial (:mod:`graph.search`): plan -> prune ->
+research -> deploy -> benchmark -> decide -> record. Then ``validate`` (replay the real trace on
+the finalists, pick the winner under the SLO) and ``frontier`` (concurrency sweep of the
+finalists). Every node commits its rows to the ledger and derives the search position from the
+ledger, so a run killed anywhere and resumed with the same id reproduces an uninterrupted run
+without repeating a finished trial. :func:`build_graph` at the end is the whole picture.
 """
 
 from __future__ import annotations
@@ -15,31 +16,20 @@ from typing import Any
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 
-from agents.analyst import (
-    Analyst,
-    ClaudeAnalyst,
-    acceptance,
-    failure_lesson,
-    replica_mean,
-)
+from agents.analyst import Analyst, ClaudeAnalyst, replica_mean
 from agents.brains import make_planner
 from agents.claude import AgentFailure, failure_reason
 from agents.claude_planner import ClaudePlanner
 from agents.deployer import ClaudeDeployer, Deployer
-from agents.guided_brain import GuidedPlanner
-from agents.mcp_tools import call
-from agents.planner import NoViableConfig, Planner, PlannerFailed, Pruned, TrialPlan
-from agents.research_questions import research_questions
+from agents.planner import Planner
 from domain.bench import BenchResult
 from domain.config import ServingConfig
 from domain.faults import bench_failure_class, rule
 from domain.ledger import Ledger
 from domain.study import Study
 from domain.trial import Trial, manifest_for
-from domain.usage import AgentUsage, llm_usage, spent
-from domain.usage import add_extra_usage as _add_extra_usage
-from graph.research import run_research
-from graph.retry import launch, measure
+from domain.usage import AgentUsage, add_extra_usage, llm_usage, spent
+from graph.retry import deployment, launch, measure
 from graph.state import StudyContext, StudyState
 from graph.validation import (
     admission_of,
@@ -136,232 +126,6 @@ def _planner(ctx: StudyContext) -> Planner:
     return ClaudePlanner(ctx.study, ctx.lessons, ctx.claude, ctx.ledger.trials("search"))
 
 
-async def _launch_and_measure(ctx: StudyContext, key: str, phase: str, config: ServingConfig,
-                              changed: str, parent: int | None, predicted: dict[str, Any],
-                              is_baseline: bool = False,
-                              extra: dict[str, Any] | None = None,
-                              planner: Planner | None = None) -> Trial:
-    """Deploy, benchmark (saturation), judge, tear down, and commit one search trial.
-
-    With Claude brains, an agent that gives no valid output (invalid twice, or out of budget)
-    makes the trial ``failed`` with the reason; the deployment is torn down and a saturation
-    run already measured is kept on the row.
-    """
-    t0 = time.time()
-    deployer, analyst = _brains(ctx)
-    name = ctx.deployment_name(config)
-    labels = {"servetune/run-id": ctx.run_id, "servetune/trial": key.replace(":", "-")[:63]}
-    retries: list[dict[str, Any]] = []  # filled by launch/measure before the row is built
-    base: dict[str, Any] = dict(run_id=ctx.run_id, seq=0, key=key, phase=phase, config=config,
-                                changed=changed, parent_seq=parent, predicted=predicted,
-                                manifest=manifest_for(config, ctx.backend_kind),
-                                retries=retries, **(extra or {}))
-
-    def usage() -> dict[str, dict[str, Any]]:
-        return llm_usage(planner=planner, deployer=deployer, analyst=analyst)
-
-    ctx.event("deploy", key=key, name=name)
-    try:
-        out = await launch(ctx, deployer, name, config, labels, key, retries)
-    except AgentFailure as e:
-        await deployer.teardown(name)
-        return ctx.ledger.append(Trial(**base, status="failed", reason=failure_reason(
-            "deployer", e), llm_usage=usage(), wall_s=time.time() - t0))
-    if not out.ready and rule(out.failure_class).retry:  # transient to the last try: no lesson
-        await deployer.teardown(name)
-        return ctx.ledger.append(Trial(
-            **base, status="failed", failure_class=out.failure_class,
-            reason=f"{out.failure_class} at {out.stage} on every try: {out.evidence[:160]}",
-            log_tail=out.log_tail, llm_usage=usage(), wall_s=time.time() - t0))
-    if not out.ready:
-        lesson = failure_lesson(config, out, ctx.run_id, key)
-        await deployer.teardown(name)
-        # The trial (carrying its lesson) is committed before the lesson is stored, so a kill
-        # in between cannot turn this crash into "pruned by its own lesson" on resume;
-        # run_study stores the lessons of committed trials again when it resumes.
-        trial = ctx.ledger.append(Trial(
-            **base, status="crash", failure_class=out.failure_class,
-            reason=f"{out.failure_class} at {out.stage}: {out.evidence[:160]}",
-            lesson_ids=[lesson.id], lessons_written=[lesson], log_tail=out.log_tail,
-            llm_usage=usage(), wall_s=time.time() - t0))
-        await call(ctx.lessons, "add_lesson", {"lesson": lesson.model_dump(mode="json")})
-        return trial
-    try:
-        runs = await measure(ctx, deployer, name, config, labels, key,
-                             lambda: analyst.saturation_runs(name, repeats(ctx)), retries)
-    finally:
-        await deployer.teardown(name)
-    bench = next((b for b in runs if not b.valid), runs[0])  # an invalid run is not scored
-    objectives = [b.summary.output_tok_s_per_gpu for b in runs]
-    measured: dict[str, Any] = dict(
-        saturation=bench.summary, records_path=bench.records_path,
-        decode_roofline_share=replica_mean(bench.replicas, "decode_roofline_share"),
-        objective_runs=objectives, objective_blocks=bench.block_tok_s_per_gpu)
-    pos = search_position(ctx.ledger, ctx.study)
-    gate = None
-    if bench.valid and bench.summary.completed and not is_baseline \
-            and pos["best_seq"] is not None:
-        inc = _by_seq(ctx.ledger, pos["best_seq"])
-        gate = acceptance(objectives, bench.block_tok_s_per_gpu,
-                          inc.objective_runs or [inc.objective or 0.0], inc.objective_blocks,
-                          ctx.study)
-    try:
-        verdict = await analyst.verdict(bench, pos["best_objective"], is_baseline, config,
-                                        changed, gate=gate, objective=(
-                                            sum(objectives) / len(objectives)
-                                            if len(objectives) > 1 else None))
-    except AgentFailure as e:
-        return ctx.ledger.append(Trial(**base, **measured, status="failed",
-                                       reason=failure_reason("analyst", e), llm_usage=usage(),
-                                       wall_s=time.time() - t0))
-    trial = Trial(**base, **measured, status=verdict.status, reason=verdict.reason,
-                  objective=verdict.objective, acceptance=gate, llm_usage=usage(),
-                  wall_s=time.time() - t0)
-    return ctx.ledger.append(trial)
-
-
-async def search(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str, Any]:
-    """One search step: baseline first, then the planner's next one-knob candidate."""
-    ctx = runtime.context
-    study, ledger = ctx.study, ctx.ledger
-    pos = search_position(ledger, study)
-    budget = study.budget
-    planner = _planner(ctx)
-    trials = ledger.trials("search")
-    if not trials:  # the baseline: screened like any candidate, then launched
-        base = study.base_config()
-        ctx.report(phase="search", trial=1, total=budget.max_trials, config="baseline")
-        verdict = await planner.screen(base, "", ctx.run_id)
-        if isinstance(verdict, Pruned):
-            ledger.append(Trial(run_id=ctx.run_id, seq=0, key=f"search:{base.config_id()}",
-                                phase="search", status="pruned", config=base, changed="",
-                                reason=verdict.reason, lesson_ids=verdict.lesson_ids,
-                                lessons_written=[verdict.new_lesson] if verdict.new_lesson
-                                else []))
-            ctx.report(phase="search", pruned="baseline", reason=verdict.reason)
-        else:
-            predicted = dict(verdict.predicted)
-            if isinstance(planner, GuidedPlanner):  # its prior for the baseline too
-                predicted.update(planner.prediction(base))
-            await _launch_and_measure(ctx, f"search:{base.config_id()}", "search", base, "",
-                                      None, predicted, is_baseline=True)
-        return {**search_position(ledger, study), "phase": "search"}
-    if pos["launched"] >= budget.max_trials:
-        return {**pos, "phase": "validate",
-                "stop_reason": f"trial budget reached ({budget.max_trials} launched)"}
-    if pos["since_improvement"] >= budget.patience:
-        return {**pos, "phase": "validate",
-                "stop_reason": f"no improvement for {budget.patience} trials"}
-    capped = budget_stop(ledger, study)
-    if capped is not None:
-        return {**pos, "phase": "validate", "stop_reason": capped}
-    # From the incumbent. While nothing has run yet (the baseline was pruned or crashed), the
-    # search widens breadth-first: one knob from the baseline, then one knob from each config
-    # tried so far, so a baseline that cannot run does not end the study.
-    seen = {t.config.config_id() for t in trials}
-    losers = _losers(trials, study.drop_regressions)
-    i = 0
-    step = None
-    while True:
-        trials = ledger.trials("search")
-        bases = [t for t in trials if t.seq == pos["best_seq"]] or trials
-        if i >= len(bases):
-            break  # every base said NoViableConfig: the last one's reason stands
-        base_trial = bases[i]
-        i += 1
-        step = await planner.step(base_trial.config, seen, ctx.run_id, losers=losers,
-                                  history=trials)
-        for p in step.pruned:
-            ledger.append(Trial(run_id=ctx.run_id, seq=0, key=f"search:{p.config.config_id()}",
-                                phase="search", status="pruned", config=p.config,
-                                changed=p.changed, parent_seq=base_trial.seq, reason=p.reason,
-                                lesson_ids=p.lesson_ids,
-                                lessons_written=[p.new_lesson] if p.new_lesson else []))
-            ctx.report(phase="search", pruned=p.changed, reason=p.reason)
-        if not isinstance(step.decision, NoViableConfig):
-            break
-    if step is not None and isinstance(step.decision, PlannerFailed):
-        n = sum(t.key.startswith("search:planner-failed:") for t in ledger.trials("search"))
-        ledger.append(Trial(run_id=ctx.run_id, seq=0, key=f"search:planner-failed:{n + 1}",
-                            phase="search", status="failed", config=base_trial.config,
-                            changed="", parent_seq=base_trial.seq, reason=step.decision.reason,
-                            llm_usage=llm_usage(planner=planner)))
-        ctx.report(phase="search", pruned="(planner)", reason=step.decision.reason)
-        return {**search_position(ledger, study), "phase": "search"}
-    if step is None or isinstance(step.decision, NoViableConfig):
-        _add_extra_usage(ledger, "planner", getattr(planner, "usage", AgentUsage()))
-        pos = search_position(ledger, study)
-        said = step.decision.reason if step is not None and isinstance(
-            step.decision, NoViableConfig) else None
-        space_brain = ctx.study.search.brain != "ovat"
-        reason = (said if said is not None and (pos["best_seq"] is not None or space_brain)
-                  else "every one-knob change of the best config was tried or pruned"
-                  if pos["best_seq"] is not None else
-                  "no config ran: every config reachable from the baseline was pruned or "
-                  "failed to start")
-        return {**pos, "phase": "validate", "stop_reason": reason}
-    plan = step.decision
-    assert isinstance(plan, TrialPlan)
-    extra: dict[str, Any] = {}
-    asked = int(spent(ledger)["questions"])
-    room = budget.max_research_questions
-    if ctx.researchers and (room is None or asked < room):
-        seen_changes = {t.changed for t in ledger.trials("search") if t.research}
-        questions = research_questions(plan.changed, plan.config, seen_changes)
-        if room is not None:
-            questions = questions[:room - asked]
-        if questions:
-            ctx.report(phase="search", trial=pos["launched"] + 1, total=budget.max_trials,
-                       config=f"research: {plan.changed}")
-            outcomes = await run_research(questions, ctx.researchers, ctx.research_parallel)
-            dumped = [o.model_dump(mode="json") for o in outcomes]
-            key = f"search:{plan.config.config_id()}"
-            row = dict(run_id=ctx.run_id, seq=0, key=key, phase="search", config=plan.config,
-                       changed=plan.changed, parent_seq=base_trial.seq, research=dumped)
-            try:
-                decision = await planner.decide(plan, dumped, ctx.run_id)
-            except AgentFailure as e:
-                ledger.append(Trial(**row, status="failed",
-                                    reason=failure_reason("planner", e),
-                                    research_decision="none: the planner gave no valid decision",
-                                    llm_usage=llm_usage(planner=planner)))
-                return {**search_position(ledger, study), "phase": "search"}
-            if decision.decision == "keep":
-                extra = {"research": dumped, "research_decision": f"kept: {decision.reason}"}
-            else:
-                lesson = decision.lesson
-                what = ("dropped" if decision.plan is None
-                        else f"modified to {decision.plan.changed}")
-                # committed before the lesson is stored; a resumed run stores it again
-                ledger.append(Trial(**row, status="pruned", reason=f"research: {decision.reason}",
-                                    lesson_ids=[lesson.id] if lesson else [],
-                                    lessons_written=[lesson] if lesson else [],
-                                    research_decision=f"{what}: {decision.reason}",
-                                    llm_usage=llm_usage(planner=planner)))
-                if lesson is not None:
-                    await call(ctx.lessons, "add_lesson",
-                               {"lesson": lesson.model_dump(mode="json")})
-                ctx.report(phase="search", pruned=plan.changed,
-                           reason=f"research: {decision.reason}")
-                if decision.plan is None:
-                    return {**search_position(ledger, study), "phase": "search"}
-                if ledger.get(f"search:{decision.plan.config.config_id()}") is not None:
-                    return {**search_position(ledger, study), "phase": "search"}
-                if isinstance(planner, ClaudePlanner):
-                    planner.usage = AgentUsage()  # counted on the pruned row
-                plan = decision.plan
-                extra = {"research": [], "research_decision": (
-                    f"launched instead of {row['changed']} (research: {decision.reason})")}
-    ctx.report(phase="search", trial=pos["launched"] + 1, total=budget.max_trials,
-               config=plan.changed)
-    ctx.event("plan", key=f"search:{plan.config.config_id()}", changed=plan.changed,
-              brain=study.search.brain, rationale=plan.rationale)
-    await _launch_and_measure(ctx, f"search:{plan.config.config_id()}", "search", plan.config,
-                              plan.changed, base_trial.seq, plan.predicted, extra=extra,
-                              planner=planner)
-    return {**search_position(ledger, study), "phase": "search"}
-
-
 def _finalists(ledger: Ledger, k: int) -> list[int]:
     """The best ``k`` layouts, one finalist per layout, topped up with the next best.
 
@@ -403,17 +167,16 @@ async def validate(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
         ctx.event("deploy", key=key, name=name)
         rep, failed, outputs = None, None, None
         retried: list[dict[str, Any]] = []
-        try:
-            out = await launch(ctx, deployer, name, src.config,
-                               {"servetune/run-id": ctx.run_id}, key, retried)
-            rep = await analyst.replay(name) if out.ready else None
-            if rep is not None:  # while it is up: greedy outputs for the quality gate
-                outputs = await candidate_outputs(ctx, src.config, name)
-        except AgentFailure as e:
-            failed = failure_reason("deployer", e)
-        finally:
-            await deployer.teardown(name)
-        slo = ctx.study.slo.ttft_p99_ms
+        async with deployment(deployer, name):
+            try:
+                out = await launch(ctx, deployer, name, src.config,
+                                   {"servetune/run-id": ctx.run_id}, key, retried)
+                rep = await analyst.replay(name) if out.ready else None
+                if rep is not None:  # while it is up: greedy outputs for the quality gate
+                    outputs = await candidate_outputs(ctx, src.config, name)
+            except AgentFailure as e:
+                failed = failure_reason("deployer", e)
+        slo = ctx.study.slo
         gate = found = None
         if failed is not None:
             status, reason, summary = "failed", failed, None
@@ -422,12 +185,13 @@ async def validate(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
         else:
             summary = rep.summary
             p99 = summary.ttft_ms.p99
-            p99_ok = p99 is not None and p99 <= slo
-            ok = p99_ok and summary.errors == 0
+            p99_ok = slo.met(p99, 0)  # the latency half, for the reason
+            ok = slo.met(p99, summary.errors)
             status = "finalist" if ok else "slo-miss"
             p99_txt = f"{p99:,.0f} ms" if p99 is not None else "n/a"
-            reason = (f"replay TTFT p99 {p99_txt} {'<=' if p99_ok else '>'} SLO {slo:,.0f} ms; "
-                      f"{summary.completed}/{summary.requests} completed")
+            reason = (f"replay TTFT p99 {p99_txt} {'<=' if p99_ok else '>'} SLO "
+                      f"{slo.ttft_p99_ms:,.0f} ms; {summary.completed}/{summary.requests} "
+                      "completed")
             if summary.errors:
                 reason += f"; {summary.errors} requests failed ({rep.first_error})"
             found = await admission_of(ctx, rep, src.config)
@@ -492,68 +256,101 @@ async def frontier(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
         labels = {"servetune/run-id": ctx.run_id}
         t0 = time.time()
         launch_retries: list[dict[str, Any]] = []
-        try:
-            out = await launch(ctx, deployer, name, config, labels, key, launch_retries)
-        except AgentFailure as e:  # the sweep of this config is skipped, with the reason
-            await deployer.teardown(name)
-            _add_extra_usage(ctx.ledger, "deployer", getattr(deployer, "usage", AgentUsage()))
-            ctx.report(phase="frontier", pruned=changed or "baseline",
-                       reason=failure_reason("deployer", e))
+        failed: str | None = None
+        async with deployment(deployer, name):
+            try:
+                out = await launch(ctx, deployer, name, config, labels, key, launch_retries)
+            except AgentFailure as e:  # the sweep of this config is skipped, with the reason
+                failed = failure_reason("deployer", e)
+            else:
+                add_extra_usage(ctx.ledger, "deployer",
+                                 getattr(deployer, "usage", AgentUsage()))
+                if not out.ready:
+                    _frontier_no_start(ctx, key, config, changed, parent, out, launch_retries,
+                                       t0)
+                for c in todo if out.ready else []:
+                    t0 = time.time()
+                    # the launch's retried failures go on the first sweep point's row
+                    retried: list[dict[str, Any]] = launch_retries
+                    launch_retries = []
+
+                    async def one(c: int = c) -> list[BenchResult]:
+                        return [await analyst.saturation(name, concurrency=c)]
+
+                    b = (await measure(ctx, deployer, name, config, labels,
+                                       f"frontier:{config.config_id()}:{c}", one, retried))[0]
+                    ctx.ledger.append(Trial(
+                        run_id=ctx.run_id, seq=0, key=f"frontier:{config.config_id()}:{c}",
+                        phase="frontier", status="sweep", config=config, changed=changed,
+                        parent_seq=parent, reason=f"concurrency {c}", saturation=b.summary,
+                        objective=b.summary.output_tok_s_per_gpu, records_path=b.records_path,
+                        manifest=manifest_for(config, ctx.backend_kind), retries=retried,
+                        wall_s=time.time() - t0))
+                    if not b.valid and rule(bench_failure_class(
+                            False, b.invalid_reason, b.errors_by_class)).redeploy:
+                        break  # the server is gone and could not be brought back
+        if failed is not None:
+            add_extra_usage(ctx.ledger, "deployer", getattr(deployer, "usage", AgentUsage()))
+            ctx.report(phase="frontier", pruned=changed or "baseline", reason=failed)
             return {"cursor": cursor + 1, "phase": "frontier"}
-        _add_extra_usage(ctx.ledger, "deployer", getattr(deployer, "usage", AgentUsage()))
-        if not out.ready:
-            ctx.report(phase="frontier", pruned=changed or "baseline",
-                       reason=f"did not start: {out.evidence[:160]}")
-            # persisted with its retried failures; a frontier launch writes no lesson (the
-            # config is a finalist or the winner's variant, not a search candidate)
-            transient = rule(out.failure_class).retry
-            ctx.ledger.append(Trial(
-                run_id=ctx.run_id, seq=0, key=key, phase="frontier",
-                status="failed" if transient else "crash", config=config, changed=changed,
-                parent_seq=parent, failure_class=out.failure_class,
-                reason=f"did not start: {out.failure_class} at {out.stage}: "
-                       f"{out.evidence[:160]}",
-                log_tail=out.log_tail, manifest=manifest_for(config, ctx.backend_kind),
-                retries=launch_retries, wall_s=time.time() - t0))
-        try:
-            for c in todo if out.ready else []:
-                t0 = time.time()
-                # the launch's retried failures go on the first sweep point's row
-                retried: list[dict[str, Any]] = launch_retries
-                launch_retries = []
-
-                async def one(c: int = c) -> list[BenchResult]:
-                    return [await analyst.saturation(name, concurrency=c)]
-
-                b = (await measure(ctx, deployer, name, config, labels,
-                                   f"frontier:{config.config_id()}:{c}", one, retried))[0]
-                ctx.ledger.append(Trial(
-                    run_id=ctx.run_id, seq=0, key=f"frontier:{config.config_id()}:{c}",
-                    phase="frontier", status="sweep", config=config, changed=changed,
-                    parent_seq=parent, reason=f"concurrency {c}", saturation=b.summary,
-                    objective=b.summary.output_tok_s_per_gpu, records_path=b.records_path,
-                    manifest=manifest_for(config, ctx.backend_kind), retries=retried,
-                    wall_s=time.time() - t0))
-                if not b.valid and rule(bench_failure_class(
-                        False, b.invalid_reason, b.errors_by_class)).redeploy:
-                    break  # the server is gone and could not be brought back
-        finally:
-            await deployer.teardown(name)
     return {"cursor": cursor + 1, "phase": "frontier"}
 
 
-def _route(state: StudyState) -> str:
-    return {"search": "search", "validate": "validate", "frontier": "frontier"}.get(
+def _frontier_no_start(ctx: StudyContext, key: str, config: ServingConfig, changed: str,
+                       parent: int, out: Any, retries: list[dict[str, Any]], t0: float) -> None:
+    """Commit the row of a frontier config that did not start (with its retried failures).
+
+    A frontier launch writes no lesson: the config is a finalist or the winner's variant, not
+    a search candidate.
+    """
+    ctx.report(phase="frontier", pruned=changed or "baseline",
+               reason=f"did not start: {out.evidence[:160]}")
+    transient = rule(out.failure_class).retry
+    ctx.ledger.append(Trial(
+        run_id=ctx.run_id, seq=0, key=key, phase="frontier",
+        status="failed" if transient else "crash", config=config, changed=changed,
+        parent_seq=parent, failure_class=out.failure_class,
+        reason=f"did not start: {out.failure_class} at {out.stage}: {out.evidence[:160]}",
+        log_tail=out.log_tail, manifest=manifest_for(config, ctx.backend_kind),
+        retries=retries, wall_s=time.time() - t0))
+
+
+def _phase(state: StudyState) -> str:
+    """Where a run is entered (a start, or a resume with no pending step): by its phase."""
+    return {"search": "plan", "validate": "validate", "frontier": "frontier"}.get(
         state.get("phase", "search"), END)
 
 
+def _next(state: StudyState) -> str:
+    """The node after a node: in the search, the loop's ``step``; else by phase."""
+    if state.get("phase", "search") == "search":
+        return state.get("step") or "plan"
+    return _phase(state)
+
+
 def build_graph() -> StateGraph:
-    """The uncompiled supervisor graph (compile it with a checkpointer)."""
+    """The uncompiled supervisor graph (compile it with a checkpointer).
+
+    Its picture, ``build_graph().compile().get_graph().draw_mermaid()``, is
+    docs/architecture-graph.mmd (tests/test_graph.py keeps the two equal). Every search node
+    may go back to ``plan``: a step that ends early, or one this process does not hold (a
+    resume).
+    """
+    from graph import search  # here: the search nodes use this module's helpers
+
     g = StateGraph(StudyState, context_schema=StudyContext)
-    g.add_node("search", search)
+    for node in search.NODES:
+        g.add_node(node, getattr(search, node))
     g.add_node("validate", validate)
     g.add_node("frontier", frontier)
-    g.add_conditional_edges(START, _route, ["search", "validate", "frontier", END])
-    for node in ("search", "validate", "frontier"):
-        g.add_conditional_edges(node, _route, ["search", "validate", "frontier", END])
+    g.add_conditional_edges(START, _phase, ["plan", "validate", "frontier", END])
+    g.add_conditional_edges("plan", _next, ["prune", "validate"])
+    g.add_conditional_edges("prune", _next, ["research", "record", "plan"])
+    g.add_conditional_edges("research", _next, ["deploy", "record", "plan"])
+    g.add_conditional_edges("deploy", _next, ["benchmark", "record", "plan"])
+    g.add_conditional_edges("benchmark", _next, ["decide", "plan"])
+    g.add_conditional_edges("decide", _next, ["record", "plan"])
+    g.add_edge("record", "plan")
+    g.add_conditional_edges("validate", _next, ["validate", "frontier"])
+    g.add_conditional_edges("frontier", _next, ["frontier", END])
     return g

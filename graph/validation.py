@@ -46,7 +46,7 @@ from domain.quality import (
 )
 from domain.study import Study
 from domain.trial import Trial, manifest_for
-from graph.retry import launch, measure
+from graph.retry import deployment, launch, measure
 from graph.state import StudyContext
 
 REPEAT_HITS = 0.05  # prefix-cache hit rate from which a trace's prefixes "repeat" (HiCache pays)
@@ -132,7 +132,7 @@ async def _measure_variant(ctx: StudyContext, parent: Trial, cfg: ServingConfig,
     rep = sat = None
     labels = {"servetune/run-id": ctx.run_id}
     retried: list[dict[str, Any]] = []
-    try:
+    async with deployment(deployer, name):
         out = await launch(ctx, deployer, name, cfg, labels, key, retried)
         if out.ready:
             rep = await analyst.replay(name)
@@ -145,8 +145,6 @@ async def _measure_variant(ctx: StudyContext, parent: Trial, cfg: ServingConfig,
                     return [await analyst.saturation(name)]
 
                 sat = (await measure(ctx, deployer, name, cfg, labels, key, one, retried))[0]
-    finally:
-        await deployer.teardown(name)
     row: dict[str, Any] = dict(
         run_id=ctx.run_id, seq=0, key=key, phase="validate", config=cfg, changed=label,
         parent_seq=parent.seq, manifest=manifest_for(cfg, ctx.backend_kind), quality=gate,
@@ -154,7 +152,7 @@ async def _measure_variant(ctx: StudyContext, parent: Trial, cfg: ServingConfig,
     if rep is None:
         return ctx.ledger.append(Trial(**row, status="crash",
                                        reason=f"retune {label}: did not start: {out.evidence}"))
-    met = (rep.summary.ttft_ms.p99 or float("inf")) <= slo and rep.summary.errors == 0
+    met = ctx.study.slo.met(rep.summary.ttft_ms.p99, rep.summary.errors)
     status = ("finalist" if met else "slo-miss") if ok else "discard"
     found = await admission_of(ctx, rep, cfg)
     return ctx.ledger.append(Trial(
@@ -208,16 +206,15 @@ async def _reference_outputs(ctx: StudyContext, deployer: Deployer
             return [str(x) for x in cached["outputs"]]
     name = ctx.deployment_name(ref)
     ctx.event("deploy", key=f"quality:{ref.config_id()}", name=name)
-    try:
-        out = await launch(ctx, deployer, name, ref, {"servetune/run-id": ctx.run_id},
-                           f"quality:{ref.config_id()}")
-        if not out.ready:
-            return f"the reference (baseline) did not start: {out.evidence[:160]}"
-        r = await call(ctx.bench, "run_greedy", {"deployment": name})
-    except ToolCallFailed as e:
-        return f"the reference's outputs could not be read: {e}"
-    finally:
-        await deployer.teardown(name)
+    async with deployment(deployer, name):
+        try:
+            out = await launch(ctx, deployer, name, ref, {"servetune/run-id": ctx.run_id},
+                               f"quality:{ref.config_id()}")
+            if not out.ready:
+                return f"the reference (baseline) did not start: {out.evidence[:160]}"
+            r = await call(ctx.bench, "run_greedy", {"deployment": name})
+        except ToolCallFailed as e:
+            return f"the reference's outputs could not be read: {e}"
     if r.get("simulated"):
         return Simulated(str(r["simulated"]))
     outputs = [str(x) for x in r["outputs"]]

@@ -352,17 +352,6 @@ class LessonStore:
                                     metadatas=[_flat_metadata(lesson, seq)])
         return lesson
 
-    def remove(self, lesson_ids: Iterable[str]) -> None:
-        """Delete the lessons with these ids (unknown ids are ignored).
-
-        Only a resumed run calls it, for lessons its killed process stored before the ledger
-        row that carries them was committed (see :func:`graph.run.forget_uncommitted`).
-        """
-        ids = list(lesson_ids)
-        if ids:
-            with self._guard("write"):
-                self._collection.delete(ids=ids)
-
     def add_many(self, lessons: Iterable[Lesson]) -> list[Lesson]:
         """:meth:`add` each lesson in turn; returns the stored lessons."""
         return [self.add(lesson) for lesson in lessons]

@@ -198,35 +198,45 @@ async def test_research_fan_out_leaves_nothing_in_the_run_checkpoint(tmp_path):
     assert nss == {""}  # the supervisor's own checkpoints only
 
 
-def test_resume_forgets_lessons_of_this_run_that_no_committed_row_carries(tmp_path, store):
-    """Found by the chaos run: the planner stores a memory-fit lesson before the pruned row that
-    carries it is committed; a kill in between left the lesson without its row, and the resumed
+@pytest.mark.anyio
+async def test_a_pruned_rows_lesson_reaches_the_store_only_after_the_row(tmp_path, store):
+    """Found by the chaos run: the planner stored a memory-fit lesson before the pruned row that
+    carried it was committed; a kill in between left the lesson without its row, and the resumed
     step was pruned "forbidden by lesson" instead of "by memory-fit estimate" (another reason,
-    no lesson on the row). On resume the run's lessons without a committed row are removed; the
-    committed ones and other runs' lessons stay."""
-    from domain.config import ServingConfig
+    no lesson on the row). Now a row and its lessons are committed in one order on every path
+    (``StudyContext.commit``: the row first, then its lessons): screening stores nothing (its
+    lesson still forbids the rest of the step's family), so a kill before the row leaves nothing
+    to undo, and the row's commit stores the lesson; other runs' lessons are left alone."""
+    from agents.planner import Planner, Pruned
     from domain.ledger import Ledger
-    from domain.lesson import Clause, Lesson, Scope
     from domain.trial import Trial
-    from graph.run import forget_uncommitted
+    from graph.state import StudyContext
+    from mcp_servers.lessons.server import build_server as lessons_server
+    from servetune.study_file import load_study
+    from tests.test_cli import tiny_study, write
 
-    def lesson(title: str, run_id: str) -> Lesson:
-        return Lesson(title=title, scope=Scope(gpu="B200", model="glm-5"),
-                      condition=[Clause(field="tp_size", op="le", value=len(title))],
-                      outcome="oom", root_cause="the shard exceeds HBM", fix="tp_size 8",
-                      evidence="estimate", source="estimate", run_id=run_id).with_id()
-
-    kept, stray, theirs = lesson("kept", "r1"), lesson("stray!", "r1"), lesson("their one", "r0")
-    for x in (kept, stray, theirs):
-        store.add(x)
+    study = load_study(write(tmp_path, "tiny.yaml", tiny_study()))
+    big = study.base_config().model_copy(update={"tp_size": 4, "weights": "fp8",
+                                                 "kv_cache_dtype": "bf16"})
+    kin = big.model_copy(update={"kv_cache_dtype": "fp8_e4m3"})  # same family
     ledger = Ledger(tmp_path / "ledger.sqlite")
     try:
-        cfg = ServingConfig(model="glm-5", gpu="B200", tp_size=4, weights="fp8")
-        ledger.append(Trial(run_id="r1", seq=0, key="search:x", phase="search", status="pruned",
-                            config=cfg, reason="pruned by memory-fit estimate",
-                            lesson_ids=[kept.id], lessons_written=[kept]))
-        assert forget_uncommitted(store, ledger, "r1") == [stray.id]
-        assert forget_uncommitted(store, ledger, "r1") == []
+        async with Client(lessons_server(store, "r1")) as lessons:
+            planner = Planner(study, lessons)
+            p = await planner.screen(big, "tp_size=4", "r1")
+            assert isinstance(p, Pruned) and p.reason.startswith("pruned by memory-fit")
+            assert p.new_lesson is not None and p.lesson_ids == [p.new_lesson.id]
+            assert store.list() == []  # a kill now leaves no lesson without its row
+            q = await planner.screen(kin, "kv_cache_dtype=fp8_e4m3", "r1")
+            assert isinstance(q, Pruned) and q.new_lesson is None
+            assert q.reason.startswith(f"forbidden by lesson {p.new_lesson.id}")
+            ctx = StudyContext(run_id="r1", study=study, ledger=ledger, cluster=None,
+                               bench=None, lessons=lessons)
+            row = await ctx.commit(Trial(run_id="r1", seq=0, key=f"search:{big.config_id()}",
+                                         phase="search", status="pruned", config=big,
+                                         reason=p.reason, lesson_ids=p.lesson_ids,
+                                         lessons_written=[p.new_lesson]))
+        assert [t.key for t in ledger.trials()] == [row.key]
     finally:
         ledger.close()
-    assert {x.id for x in store.list()} == {kept.id, theirs.id}
+    assert [x.id for x in store.list()] == p.lesson_ids

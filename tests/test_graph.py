@@ -116,3 +116,17 @@ def test_host_oom_lesson_uses_the_engine_arithmetic_for_the_ratio_limit():
     assert (ratio.op, ratio.value) == ("gt", 4.0)  # 50 x 160 / 2000
     assert all(c.matches(cfg.model_copy(update={"hicache_ratio": 8.0})) for c in clauses)
     assert not all(c.matches(cfg.model_copy(update={"hicache_ratio": 3.0})) for c in clauses)
+
+
+def test_the_graph_draws_the_loop_and_docs_hold_its_picture():
+    from pathlib import Path
+
+    from graph.supervisor import build_graph
+
+    g = build_graph().compile().get_graph()
+    edges = {(e.source, e.target) for e in g.edges}
+    loop = ["plan", "prune", "research", "deploy", "benchmark", "decide", "record", "plan"]
+    assert set(zip(loop, loop[1:], strict=False)) <= edges
+    assert {("plan", "validate"), ("validate", "frontier"), ("frontier", "__end__")} <= edges
+    doc = Path(__file__).resolve().parent.parent / "docs" / "architecture-graph.mmd"
+    assert doc.read_text() == g.draw_mermaid()  # regenerate the file when the graph changes

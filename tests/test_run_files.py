@@ -160,3 +160,94 @@ def test_read_events_skips_lines_it_cannot_decode(tmp_path):
     p.write_bytes(b'{"kind": "a"}\n' + RANDOM_BYTES + LATIN1_LINE + DEEP_LINE
                   + b"[1]\nnot json\n" + b'{"kind": "b"}\n')
     assert [e["kind"] for e in read_events(p)] == ["a", "b"]
+
+
+def _old_graph_checkpoint(path: Path, run_id: str, state: dict, pending: str) -> None:
+    """Write ``path`` as the three-node graph before issue 17 (``search``, ``validate``,
+    ``frontier``, routed by phase) checkpointed a run killed in ``pending`` with ``state``."""
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    from langgraph.graph import END, START, StateGraph
+
+    from graph.state import StudyState
+
+    def killed(state):  # no hints: LangGraph resolves them, and StudyState is local here
+        raise KeyboardInterrupt  # the kill, inside the pending node
+
+    def route(state) -> str:
+        return {n: n for n in ("search", "validate", "frontier")}.get(
+            state.get("phase", "search"), END)
+
+    g = StateGraph(StudyState)
+    for node in ("search", "validate", "frontier"):
+        g.add_node(node, killed)
+        g.add_conditional_edges(node, route, ["search", "validate", "frontier", END])
+    g.add_conditional_edges(START, route, ["search", "validate", "frontier", END])
+    with SqliteSaver.from_conn_string(str(path)) as saver:
+        cfg = {"configurable": {"thread_id": run_id}}
+        with pytest.raises(KeyboardInterrupt):
+            g.compile(checkpointer=saver).invoke({**state, "phase": pending}, cfg,
+                                                 durability="sync")
+        assert g.compile(checkpointer=saver).get_state(cfg).next == (pending,)
+
+
+def _keep_rows(ledger: Path, upto: int) -> None:
+    import sqlite3
+    db = sqlite3.connect(ledger)
+    try:
+        db.execute("DELETE FROM trials WHERE seq > ?", (upto,))
+        db.commit()
+    finally:
+        db.close()
+
+
+def test_a_run_checkpointed_by_the_old_graph_resumes_to_the_same_ledger(finished, tmp_path):
+    """A run the old three-node graph checkpointed mid-search (pending node ``search``, which
+    the graph no longer has) resumes: it enters at its phase and, since every node derives its
+    position from the ledger, finishes with the ledger of the uninterrupted run."""
+    from tests.test_cli import ledger_rows
+
+    run_dir, study = finished
+    ref = [(seq, key, status) for seq, key, status, *_ in ledger_rows(run_dir / "ledger.sqlite")]
+    search = [seq for seq, key, _ in ref if key.startswith("search:")]
+    assert len(search) >= 3
+    runs = tmp_path / "runs" / "f1"
+    runs.mkdir(parents=True)
+    shutil.copy(run_dir / "ledger.sqlite", runs / "ledger.sqlite")
+    _keep_rows(runs / "ledger.sqlite", search[1])
+    _old_graph_checkpoint(runs / "checkpoint.sqlite", "f1",
+                          {"run_id": "f1", "best_seq": search[0], "launched": 1,
+                           "since_improvement": 0}, "search")
+    r = servetune("run", str(study), "--run-id", "f1", tmp=tmp_path, env=ENV)
+    assert r.returncode == 0, r.stderr
+    got = [(seq, key, status) for seq, key, status, *_ in ledger_rows(runs / "ledger.sqlite")]
+    assert got == ref
+
+
+def test_a_checkpoint_in_a_phase_the_graph_lacks_is_refused_in_one_line(finished, tmp_path):
+    """A checkpoint whose state names a phase this graph has no node for is refused with one
+    line naming the file and the ways on (exit 2), before anything is written."""
+    run_dir, study = finished
+    runs = tmp_path / "runs" / "f1"
+    runs.mkdir(parents=True)
+    shutil.copy(run_dir / "ledger.sqlite", runs / "ledger.sqlite")
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    from langgraph.graph import END, START, StateGraph
+
+    from graph.state import StudyState
+
+    g = StateGraph(StudyState)
+    g.add_node("explore", lambda s: {"phase": "explore"})
+    g.add_edge(START, "explore")
+    g.add_edge("explore", END)
+    with SqliteSaver.from_conn_string(str(runs / "checkpoint.sqlite")) as saver:
+        g.compile(checkpointer=saver).invoke({"run_id": "f1"},
+                                             {"configurable": {"thread_id": "f1"}})
+    before = _snapshot(runs)
+    r = servetune("run", str(study), "--run-id", "f1", tmp=tmp_path, env=ENV)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and r.stderr.startswith("error:"), r.stderr[-3000:]
+    assert len(r.stderr.strip().splitlines()) <= 4, r.stderr  # one line, soft-wrapped at most
+    line = " ".join(r.stderr.split())
+    assert "checkpoint.sqlite" in line and "phase 'explore'" in line, line
+    assert line.endswith("start a new run with another --run-id"), line
+    assert _snapshot(runs) == before

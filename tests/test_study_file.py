@@ -104,3 +104,12 @@ def test_study_numbers_and_booleans_are_strict(tmp_path, monkeypatch, case):
     assert r.stderr.startswith("error:") and field in r.stderr, r.stderr
     assert "Traceback" not in r.output
     assert not (tmp_path / "runs").exists()
+
+
+def test_slo_is_met_only_within_the_target_with_every_request_served():
+    from domain.study import SLO
+    slo = SLO(ttft_p99_ms=500.0)
+    assert slo.met(500.0, 0) and slo.met(12.0, 0)
+    assert not slo.met(500.1, 0)
+    assert not slo.met(100.0, 1)  # a failed request misses it whatever the latency
+    assert not slo.met(None, 0)  # no first token at all

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from domain.pareto import dominated_by, pareto_front
-from domain.study import Study
+from domain.study import SLO, Study
 from domain.trial import Trial
 from servetune.report.format import _changed, _fence, _num, _pct, _table
 from servetune.report.plots import FRONTIER_PNG, REPLAY_PNG, _xy
@@ -99,7 +99,7 @@ def _numbers(t: Trial, slo_ms: float) -> list[str]:
                    f"{_num(t.saturation.tok_s_per_user)} tok/s/user")
     if t.replay is not None:
         p99 = t.replay.ttft_ms.p99
-        ok = p99 is not None and p99 <= slo_ms and t.replay.errors == 0
+        ok = SLO(ttft_p99_ms=slo_ms).met(p99, t.replay.errors)
         verdict = "meets" if ok else "misses"
         line = (f"- Replay: TTFT p50 {_num(t.replay.ttft_ms.p50)} ms, p99 {_num(p99)} ms "
                 f"({verdict} the SLO of p99 <= {slo_ms:,.0f} ms with every request served); "
