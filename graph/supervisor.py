@@ -332,9 +332,9 @@ def build_graph() -> StateGraph:
     """The uncompiled supervisor graph (compile it with a checkpointer).
 
     Its picture, ``build_graph().compile().get_graph().draw_mermaid()``, is
-    docs/architecture-graph.mmd (tests/test_graph.py keeps the two equal). Every search node
-    may go back to ``plan``: a step that ends early, or one this process does not hold (a
-    resume).
+    docs/architecture-graph.mmd (tests/unit/test_resume_rules.py keeps the two equal). Every
+    search node may go back to ``plan``: a step that ends early, or one this process does not
+    hold (a resume).
     """
     from graph import search  # here: the search nodes use this module's helpers
 

@@ -4,7 +4,7 @@ Pure functions over manifest dicts (no cluster): each refusal names the object, 
 it (``spec.template.spec.containers[0].securityContext.privileged``), what is wrong and what to do
 instead, so an agent can fix its request without reading Kubernetes documentation.
 
-Rules (one test each in ``tests/test_policy.py``):
+Rules (one test each in ``tests/unit/test_sandbox_policy.py``):
 
 - **namespace**: every object lives in ``Policy.namespace`` (a missing namespace is refused too:
   the server would put it in the client's default namespace);

@@ -27,6 +27,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 break
 
 
+TIERS = ("unit", "integration", "e2e")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Mark each test with its tier, the folder under tests/ it is in (``-m unit``)."""
+    try:
+        parts = item.path.relative_to(item.config.rootpath).parts
+    except ValueError:  # a test file outside the rootdir
+        return
+    if len(parts) > 2 and parts[0] == "tests" and parts[1] in TIERS:
+        item.add_marker(parts[1])
+
+
 @pytest.fixture
 def anyio_backend():
     """Async tests (``pytest.mark.anyio``) run on asyncio, the loop the MCP servers use."""

@@ -33,7 +33,8 @@ from twin_http.protocol import WORDS, BadRequest, ParsedRequest, error_body, par
 
 # Tokens are released this long (wall s) before their engine time: the event loop's timer
 # wakes up late by about 1 ms (epoll waits in whole milliseconds, rounded up), so releasing
-# half of that early centres the emission error on zero (measured in tests/test_twin_server.py).
+# half of that early centres the emission error on zero (measured in
+# tests/integration/test_twin_server.py).
 EMIT_AHEAD_S = 0.0005
 # how often a non-streamed request checks that its client is still connected (s)
 DISCONNECT_POLL_S = 0.5

@@ -17,7 +17,7 @@ only when ``v`` passes their times. Hence, for the same arrival times, the onlin
 equal the offline ones (:func:`~domain.twin.cluster.simulate_open_loop`) exactly; what differs
 is the clock: an arrival is stamped when the server reads the request, and a token leaves when
 the event loop wakes after its time (timer granularity, about 1 ms, and the loop's load).
-``tests/test_twin_server.py`` measures both against the offline simulation.
+``tests/integration/test_twin_server.py`` measures both against the offline simulation.
 
 Prefix caching. Requests carry the block hashes of their prompt (:func:`block_hashes`: one
 hash per ``BLOCK_TOKENS`` full tokens, chained, so equal blocks after different prefixes differ);

@@ -23,8 +23,8 @@ from domain.knobs import KNOBS
 from domain.study import Study, parse_study
 from servetune.study_file import check_replay, load_study
 
-REPO = Path(__file__).resolve().parent.parent
-CORPUS = Path(__file__).resolve().parent / "fuzz" / "studies"
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = Path(__file__).resolve().parents[1] / "fuzz" / "studies"
 MANIFEST = json.loads((CORPUS / "MANIFEST.json").read_text())
 DEFAULT = yaml.safe_load((REPO / "studies" / "default.yaml").read_text())
 FUZZ = settings(max_examples=100, deadline=None, derandomize=True,

@@ -51,7 +51,7 @@ from mcp_servers.bench.aiperf import (
 from mcp_servers.bench.aiperf.artifacts import _error_class
 from mcp_servers.bench.aiperf.tokenizer import _WORDS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TRACES = REPO / "data" / "traces"
 MOONCAKE = TRACES / "mooncake_fast25_conversation_trace.jsonl"
 AZURE = TRACES / "AzureLLMInferenceTrace_conv.csv"

@@ -12,7 +12,7 @@ import anyio
 import pytest
 from fixtures.benchmarks import load_benchmark
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 se = load_benchmark("search_efficiency")

@@ -21,7 +21,7 @@ from domain.traces import load_trace
 from domain.twin.cluster import ReplicaStats, simulate_closed_loop, simulate_open_loop
 from domain.twin.startup import start
 
-TRACE = Path(__file__).resolve().parent.parent / "data" / "traces" / \
+TRACE = Path(__file__).resolve().parents[2] / "data" / "traces" / \
     "mooncake_fast25_conversation_trace.jsonl"
 # the practice's serving layout: GLM-5 NVFP4 on TP4 replicas, fp8 KV, mem fraction 0.9
 PRACTICE = dict(model="glm-5", gpu="B200", tp_size=4, weights="nvfp4",

@@ -36,7 +36,7 @@ from mcp_servers.lessons.server import build_server
 from memory.store import LessonStore
 from servetune.study_file import load_study
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT = REPO / "studies" / "default.yaml"
 TRACE = REPO / "data" / "traces" / "mooncake_fast25_conversation_trace.jsonl"
 KNOBS = yaml.safe_load(DEFAULT.read_text())["knobs"]  # 2*3*2*2*2*4 = 192 points
@@ -229,7 +229,7 @@ async def test_measured_residuals_correct_a_systematic_overestimate(lessons):
 # -- the SLO probability ---------------------------------------------------------------------
 
 def test_the_brain_feeds_its_ratio_and_boundary_to_the_slo_probability():
-    """The normal CDF itself: tests/test_search.py (domain.search.p_meets_slo)."""
+    """The normal CDF itself: tests/unit/test_search.py (domain.search.p_meets_slo)."""
     st = study(knobs=SMALL, search={"brain": "guided"})
     g = GuidedPlanner(st, None, replay=REPLAY)
     assert g.theta == 1.0
@@ -253,7 +253,7 @@ async def test_an_unmeasured_knob_value_is_more_optimistic_than_a_measured_one(l
     pts = [(r, w) for r in range(2) for w in range(2)]
     est = {q: g.estimate(g.config_of(q)) for q in pts}
     assert est[(0, 0)].output_tok_s_per_gpu == est[(1, 0)].output_tok_s_per_gpu
-    # the residual model on these points alone: tests/test_search.py (ResidualModel).
+    # the residual model on these points alone: tests/unit/test_search.py (ResidualModel).
     # through the brain: after the baseline (round_robin, fp8), the unmeasured policy's bonus
     # outranks the tie-break on fewer knobs changed; measured to change nothing, the search
     # stops without trying (cache_aware, fp8)

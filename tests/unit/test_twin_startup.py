@@ -40,7 +40,7 @@ from domain.speculative import (
 from domain.study import parse_study
 from domain.twin.startup import start
 
-DEFAULT_STUDY = Path(__file__).resolve().parent.parent / "studies" / "default.yaml"
+DEFAULT_STUDY = Path(__file__).resolve().parents[2] / "studies" / "default.yaml"
 GLM5_BF16_KV = 78 * (576 * 2 + 132)  # 100,152 B/token: latent (512 + 64) x 2 B + indexer 132 B
 GLM5_FP8_KV = 78 * (576 + 132)  # 55,224 B/token
 MRR_LINE = ("Max running requests is reset to 48 for speculative decoding. You can override "

@@ -22,7 +22,7 @@ from sandbox.rbac import role_rules
 from sandbox.validate import check_k8s_version, supported_versions, validate
 from servetune.cli import app
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 STUDY = REPO / "studies" / "default.yaml"
 NS = "servetune-sbx"
 LABELS = {"app.kubernetes.io/managed-by": "servetune", "servetune.io/study": "glm5-b200",

@@ -32,7 +32,7 @@ from mcp_servers.cluster.server import build_server as cluster_server
 from mcp_servers.cluster.twin import TwinBackend
 
 pytestmark = pytest.mark.anyio
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TRACES = REPO / "data" / "traces"
 TTFT_MS, ITL_MS = 20.0, 5.0
 LOCAL = ["http://127.0.0.1"]

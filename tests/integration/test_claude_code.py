@@ -19,7 +19,7 @@ import yaml
 from mcp import Client, StdioServerParameters
 
 pytestmark = pytest.mark.anyio
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
 
 

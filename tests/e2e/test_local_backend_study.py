@@ -27,7 +27,7 @@ from fixtures.benchmarks import load_benchmark
 from mcp_servers.cluster.local import gpu_present
 from mcp_servers.cluster.procs import proc_stat, running
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 cr = load_benchmark("chaos_resume")
 twin_servers = pytest.mark.skipif(gpu_present(), reason="trial servers are twin servers only "
                                   "without a GPU")

@@ -19,7 +19,7 @@ from domain.models import glm5
 from domain.twin.engine import EngineLimits, TwinEngine
 from domain.twin.startup import start
 
-DEFAULT_STUDY = Path(__file__).resolve().parent.parent / "studies" / "default.yaml"
+DEFAULT_STUDY = Path(__file__).resolve().parents[2] / "studies" / "default.yaml"
 
 
 def cfg(**kw) -> ServingConfig:

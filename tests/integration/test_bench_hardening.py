@@ -34,7 +34,7 @@ from mcp_servers.cluster.backend import BackendError
 from mcp_servers.cluster.twin import TwinBackend
 
 pytestmark = pytest.mark.anyio
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT = REPO / "studies" / "default.yaml"
 SMALL = {"isl": 8, "osl": 4, "concurrency": 1, "duration_s": 0.2}
 CONFIG = dict(model="glm-5", gpu="B200", tp_size=8, replicas=1, weights="fp8",

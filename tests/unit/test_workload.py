@@ -14,7 +14,7 @@ from domain.synthetic import synthetic_fixed
 from domain.traces import load_azure, load_bailian, load_mooncake, load_trace
 from domain.workload import Request, Trace
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MOONCAKE_CONV = ROOT / "data/traces/mooncake_fast25_conversation_trace.jsonl"
 AZURE_CONV = ROOT / "data/traces/AzureLLMInferenceTrace_conv.csv"
 MOONCAKE_SYNTH = ROOT.parent / "shared" / "traces" / "mooncake_fast25_synthetic_trace.jsonl"

@@ -34,7 +34,7 @@ from mcp_servers.source.server import build_server as source_server
 from mcp_servers.source.tree import SourceTree
 from memory.store import LessonStore
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 CORPUS = TESTS / "fuzz" / "mcp"
 CONFIG = {"model": "glm-5", "gpu": "B200", "tp_size": 8, "replicas": 1, "weights": "nvfp4",
           "kv_cache_dtype": "fp8_e4m3"}

@@ -231,7 +231,7 @@ def test_bailian_16_token_blocks_hit_the_radix_cache():
     from pathlib import Path
 
     from domain.traces import load_bailian
-    trace = load_bailian(Path(__file__).parent / "fixtures" / "qwen_bailian_tiny.jsonl")
+    trace = load_bailian(Path(__file__).parents[1] / "fixtures" / "qwen_bailian_tiny.jsonl")
     eng, idx = engine()
     for q in trace.requests:
         eng.submit(q.arrival_s, q.input_tokens, q.output_tokens, idx.path(q.hash_ids),

@@ -37,7 +37,7 @@ from mcp_servers.lessons.server import build_server as lessons_server
 from memory.store import LessonStore
 
 pytestmark = pytest.mark.anyio
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "anthropic"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "anthropic"
 ROLES = ("planner", "deployer", "analyst", "source_researcher", "memory_researcher")
 
 

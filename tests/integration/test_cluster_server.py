@@ -26,7 +26,7 @@ from mcp_servers.cluster.server import build_server as cluster_server
 from mcp_servers.cluster.twin import TwinBackend
 
 pytestmark = pytest.mark.anyio
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TOOLS = {"deploy", "get_status", "get_logs", "get_events", "tear_down", "list_deployments"}
 
 

@@ -27,7 +27,7 @@ from mcp_servers.cluster.backend import BackendError
 from mcp_servers.cluster.twin import TwinBackend
 from tests.fixtures.stub_process import running_stub, running_twin_server
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT = REPO / "studies" / "default.yaml"
 TRACE = REPO / "data" / "traces" / "mooncake_fast25_conversation_trace.jsonl"
 

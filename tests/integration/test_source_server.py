@@ -36,7 +36,7 @@ from mcp_servers.source.server import build_server, open_tree, servetune_executa
 from mcp_servers.source.tree import SourceError, SourceTree
 
 pytestmark = pytest.mark.anyio
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 FETCH_HINT = "servetune source fetch --version 0.5.23"
 
 

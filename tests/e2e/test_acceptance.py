@@ -33,7 +33,7 @@ from mcp_servers.cluster.twin import TwinBackend
 from servetune.report import render_report
 from servetune.study_file import load_study
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def rec(arrival: float, first: float, gaps: list[float], out: int | None = None) -> RequestRecord:

@@ -32,7 +32,7 @@ from mcp_servers.cluster.procs import group_members, proc_stat, running
 from mcp_servers.cluster.server import build_server as cluster_server
 
 pytestmark = pytest.mark.anyio
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 STUB = str(REPO / "tests" / "fixtures" / "openai_stub.py")
 NS = "local-test"
 

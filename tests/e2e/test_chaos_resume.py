@@ -24,7 +24,7 @@ from mcp_servers.cluster.local import LocalProcessBackend
 from mcp_servers.cluster.procs import proc_stat, running
 from mcp_servers.cluster.server import build_server as cluster_server
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 STUB = str(REPO / "tests" / "fixtures" / "openai_stub.py")
 NS = "chaos-test"
 
@@ -207,13 +207,14 @@ async def test_a_pruned_rows_lesson_reaches_the_store_only_after_the_row(tmp_pat
     (``StudyContext.commit``: the row first, then its lessons): screening stores nothing (its
     lesson still forbids the rest of the step's family), so a kill before the row leaves nothing
     to undo, and the row's commit stores the lesson; other runs' lessons are left alone."""
+    from tests.test_cli import tiny_study, write
+
     from agents.planner import Planner, Pruned
     from domain.ledger import Ledger
     from domain.trial import Trial
     from graph.state import StudyContext
     from mcp_servers.lessons.server import build_server as lessons_server
     from servetune.study_file import load_study
-    from tests.test_cli import tiny_study, write
 
     study = load_study(write(tmp_path, "tiny.yaml", tiny_study()))
     big = study.base_config().model_copy(update={"tp_size": 4, "weights": "fp8",

@@ -27,7 +27,7 @@ from domain.study import parse_study
 from domain.trial import Trial
 from mcp_servers.lessons.server import build_server
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT = REPO / "studies" / "default.yaml"
 TRACE = REPO / "data" / "traces" / "mooncake_fast25_conversation_trace.jsonl"
 KNOBS = yaml.safe_load(DEFAULT.read_text())["knobs"]  # 2*3*2*2*2*4 = 192 points

@@ -1,7 +1,7 @@
 """The Kubernetes Job that runs aiperf beside the engine (sandbox/aiperf_job.py).
 
-Moved from tests/test_aiperf_adapter.py with the renderer (issue 17); the argv comes from the
-adapter's :func:`~mcp_servers.bench.aiperf.argv.profile_argv`.
+Moved from tests/integration/test_bench_aiperf.py with the renderer (issue 17); the argv comes
+from the adapter's :func:`~mcp_servers.bench.aiperf.argv.profile_argv`.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from mcp_servers.lessons.server import build_server
 from memory.store import LessonStore
 
 pytestmark = pytest.mark.anyio
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT = REPO / "studies" / "default.yaml"
 TRACE = REPO / "data" / "traces" / "mooncake_fast25_conversation_trace.jsonl"
 CONFIG = {"model": "glm-5", "gpu": "B200", "weights": "fp8", "tp_size": 8}

@@ -128,5 +128,5 @@ def test_the_graph_draws_the_loop_and_docs_hold_its_picture():
     loop = ["plan", "prune", "research", "deploy", "benchmark", "decide", "record", "plan"]
     assert set(zip(loop, loop[1:], strict=False)) <= edges
     assert {("plan", "validate"), ("validate", "frontier"), ("frontier", "__end__")} <= edges
-    doc = Path(__file__).resolve().parent.parent / "docs" / "architecture-graph.mmd"
+    doc = Path(__file__).resolve().parents[2] / "docs" / "architecture-graph.mmd"
     assert doc.read_text() == g.draw_mermaid()  # regenerate the file when the graph changes

@@ -39,7 +39,7 @@ from mcp_servers.bench.server import build_server as bench_server
 from mcp_servers.cluster.twin import TwinBackend
 
 pytestmark = pytest.mark.anyio
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LOCAL = ["http://127.0.0.1"]
 LAX = Quality(max_dispatch_lag_p99_ms=1000)  # no lag flag from a loaded test machine
 

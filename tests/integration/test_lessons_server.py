@@ -16,7 +16,7 @@ from mcp_servers.lessons.server import build_server
 from memory.store import LessonStore
 
 pytestmark = pytest.mark.anyio
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 

@@ -19,7 +19,7 @@ from domain.errors import ConfigInvalid, TraceInvalid
 from domain.traces import MAX_TRACE_TOKENS, load_trace
 from domain.workload import Trace
 
-CORPUS = Path(__file__).resolve().parent / "fuzz" / "traces"
+CORPUS = Path(__file__).resolve().parents[1] / "fuzz" / "traces"
 MANIFEST = json.loads((CORPUS / "MANIFEST.json").read_text())
 FUZZ = settings(max_examples=120, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow])

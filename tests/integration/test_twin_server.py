@@ -39,7 +39,7 @@ from domain.twin.realtime import BLOCK_TOKENS, RealtimeTwin, block_hashes
 from domain.twin.startup import start
 from servetune.cli import app
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SPEEDUP = 4.0
 # Llama-3.1-70B FP8 on one H200: TTFT ~0.14 s, ITL ~24 ms at low load (slow enough that the
 # timing at 4x is several milliseconds per token); 2 replicas with an admission cap of 4 each.
