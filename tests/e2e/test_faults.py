@@ -1,11 +1,11 @@
 """Fault injection on the twin and retry by failure class.
 
-Units check the seeded draws, that each injected fault looks to the classifier like the real
-thing and gets its named class, the retry rule per class, the bench server's sanity checks and
-the lesson-store outage with the callers' retry. The graph run injects 30 % failed launches and
-30 % failed benchmarks (plus lesson-store outages) into a tiny study: it completes, every
-failure has a named class, exactly the transient ones are retried, and the report lists
-injected against classified.
+Units check the seeded draws, the retry rule per class, the twin backend's injection by launch
+number, the bench server's sanity checks and the lesson-store outage with the callers' retry
+(that each injected startup gets its named class is in unit/test_failure_classifier.py). The
+graph run injects 30 % failed launches and 30 % failed benchmarks (plus lesson-store outages)
+into a tiny study: it completes, every failure has a named class, exactly the transient ones
+are retried, and the report lists injected against classified.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Twin v1: ServingConfig flags, SGLang's default rules, speculative decoding, HiCache and the
-ways a server start fails -- each checked against arithmetic done by hand in the comments."""
+startup logs of a server that starts -- each checked against arithmetic done by hand in the
+comments. The failed starts and their classes are in test_failure_classifier.py."""
 
 from __future__ import annotations
 
