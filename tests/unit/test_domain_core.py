@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixtures.configs import serving_config as cfg
 
-from domain.config import ServingConfig
 from domain.engines import engine
 from domain.engines.sglang.flags import flag_inventory
 from domain.errors import ConfigInvalid, DoesNotFit, UnknownFlag
@@ -20,12 +20,6 @@ from domain.twin.engine import EngineLimits, TwinEngine
 from domain.twin.startup import start
 
 DEFAULT_STUDY = Path(__file__).resolve().parents[2] / "studies" / "default.yaml"
-
-
-def cfg(**kw) -> ServingConfig:
-    base = dict(model="glm-5", gpu="B200", tp_size=8, replicas=1, weights="fp8")
-    base.update(kw)
-    return ServingConfig(**base)
 
 
 # ---------------------------------------------------------------- catalog
@@ -263,18 +257,6 @@ def test_forbidding_lesson_needs_a_condition():
     # an informative lesson may be unconditional
     Lesson(title="fp8 KV helps", scope=Scope(), condition=[], outcome="improvement",
            root_cause="x", fix="y", evidence="z")
-
-
-def test_tp_divisibility_and_single_node_refused_like_the_engine():
-    from domain.engines.sglang.failures import classify
-
-    s = start(cfg(weights="nvfp4", tp_size=3, replicas=2))
-    assert (s.phase, classify(s.log)[0]) == ("model_init", "TP_DIVISIBILITY")
-    assert s.reason == "AssertionError: 64 is not divisible by 3"
-    s = start(cfg(weights="nvfp4", tp_size=16, replicas=1))
-    assert classify(s.log)[0] == "MULTI_NODE_REQUIRED"
-    with pytest.raises(ConfigInvalid, match="spans more than one B200 node"):
-        apply_knob(cfg(), "tp_size", 16, 16)
 
 
 def test_estimate_lesson_for_kv_pool_covers_exactly_the_memory_layout():

@@ -1,5 +1,6 @@
 """Twin v1: ServingConfig flags, SGLang's default rules, speculative decoding, HiCache and the
-ways a server start fails -- each checked against arithmetic done by hand in the comments."""
+startup logs of a server that starts -- each checked against arithmetic done by hand in the
+comments. The failed starts and their classes are in test_failure_classifier.py."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fixtures.configs import GLM5_BF16_KV, GLM5_FP8_KV, fraction_for_tokens
+from fixtures.configs import serving_config as cfg
+from fixtures.configs import speculative_config as spec
 
 from domain.config import ServingConfig
 from domain.engines import engine
-from domain.engines.sglang.failures import classify
 from domain.engines.sglang.flags import flag_inventory
 from domain.errors import ConfigInvalid, DoesNotFit, InvalidCombination
 from domain.fit import (
@@ -19,7 +22,6 @@ from domain.fit import (
     default_mem_fraction,
     fit,
     hicache_host_pool,
-    host_pool_shortfall,
     resolve_attention_backend,
     resolve_max_running_requests,
 )
@@ -41,20 +43,8 @@ from domain.study import parse_study
 from domain.twin.startup import start
 
 DEFAULT_STUDY = Path(__file__).resolve().parents[2] / "studies" / "default.yaml"
-GLM5_BF16_KV = 78 * (576 * 2 + 132)  # 100,152 B/token: latent (512 + 64) x 2 B + indexer 132 B
-GLM5_FP8_KV = 78 * (576 + 132)  # 55,224 B/token
 MRR_LINE = ("Max running requests is reset to 48 for speculative decoding. You can override "
             "this by explicitly setting --max-running-requests.")
-
-
-def cfg(**kw) -> ServingConfig:
-    base = dict(model="glm-5", gpu="B200", tp_size=8, replicas=1, weights="fp8")
-    base.update(kw)
-    return ServingConfig(**base)
-
-
-def spec(**kw) -> ServingConfig:
-    return cfg(speculative_algorithm="NEXTN", **kw)
 
 
 def chain(steps: int, alpha: float = MTP_ACCEPT_RATE, adaptive: bool = False) -> SpecParams:
@@ -205,32 +195,6 @@ def test_speculative_defaults_and_aliases():
     assert (p.num_steps, p.topk, p.draft_tokens, p.accept_rate) == (5, 4, 8, 0.0)
 
 
-@pytest.mark.parametrize("kw, exc, message", [
-    (dict(speculative_eagle_topk=1), "AssertionError", ""),
-    (dict(speculative_num_draft_tokens=4), "AssertionError", ""),
-    (dict(speculative_num_steps=3), "TypeError",
-     "'>' not supported between instances of 'NoneType' and 'int'"),
-    (dict(speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_draft_tokens=4),
-     "ValueError", "speculative_eagle_topk > 1 with page_size > 1 is only supported on "
-     "('flashinfer', 'fa3', 'triton'); got attention_backend='dsa'. Use page_size == 1 or one "
-     "of those backends."),
-    (dict(speculative_adaptive=True, speculative_num_steps=2), "ValueError",
-     "--speculative-num-steps=2 is not in the adaptive config candidate_steps [0, 1, 3, 5, 7]. "
-     "Pass one of those values."),
-    # adaptive is switched off for topk 2, and then the partial triple trips the assert
-    (dict(speculative_adaptive=True, speculative_eagle_topk=2), "AssertionError", ""),
-], ids=["topk-only", "draft-only", "steps-only", "dsa-tree", "adaptive-steps", "adaptive-topk2"])
-def test_partial_or_refused_speculative_combinations(kw, exc, message):
-    with pytest.raises(InvalidCombination) as e:
-        resolve_speculative(spec(**kw))
-    assert (e.value.exception, e.value.message) == (exc, message)
-    s = start(spec(**kw))
-    assert (s.ready, s.phase, s.exit_code) == (False, "resolve", 1)
-    assert s.log[-1] == e.value.line
-    assert not any(line.startswith("Load weight begin") for line in s.log)
-    assert classify(s.log)[0] == "INVALID_COMBINATION"
-
-
 def test_trtllm_mha_refuses_trees_and_picks_flashinfer_for_spec_without_topk1():
     llama = dict(model="llama-3.1-8b", gpu="B200", weights="bf16", tp_size=1)
     c = ServingConfig(**llama, attention_backend="trtllm_mha", speculative_algorithm="EAGLE",
@@ -312,27 +276,6 @@ def test_adaptive_steps_other_acceptance_rates():
 
 
 # ---------------------------------------------------------------- HiCache
-def test_hicache_host_pool_default_ratio_and_shortfall():
-    r = fit(cfg(enable_hierarchical_cache=True, mem_fraction_static=0.85))
-    # auto KV dtype on B200 for DSA: fp8, 55,224 B/token; host = 2 x device tokens
-    assert (r.hicache_ratio, r.host_kv_tokens) == (2.0, 2 * r.kv_tokens)
-    assert r.host_kv_bytes_per_gpu == 2 * r.kv_tokens * GLM5_FP8_KV
-    assert host_pool_shortfall(cfg(enable_hierarchical_cache=True), r) is None
-    # ratio 5: x = 5 x kv x 55,224 B per process; 8 processes share 2 TB; process j sees
-    # 2e12 - j x x - 10 GiB free and the first with x > free fails
-    c5 = cfg(enable_hierarchical_cache=True, hicache_ratio=5.0, mem_fraction_static=0.85)
-    r5 = fit(c5)
-    x = int(r5.kv_tokens * 5.0) * GLM5_FP8_KV
-    j = next(j for j in range(8) if x > 2e12 - j * x - 10 * 2**30)
-    assert host_pool_shortfall(c5, r5) == pytest.approx((x / 1e9, (2e12 - j * x - 2**30 * 10)
-                                                          / 1e9))
-    s = start(c5)
-    assert (s.phase, s.exit_code, classify(s.log)[0]) == ("host_pool", 1, "HOST_OOM_HICACHE")
-    assert s.reason == (f"ValueError: Not enough host memory available. Requesting {x / 1e9:.2f} "
-                        f"GB but only have {(2e12 - j * x - 10 * 2**30) / 1e9:.2f} GB free. "
-                        "Please reduce the size of the hierarchical cache.")
-
-
 def test_hicache_unset_ratio_shrinks_to_fit_a_small_host():
     gpu = get_gpu("B200").model_copy(update={"host_mem_gb_per_node": 500.0})
     kv, per_tok = 1_000_000, 55_224.0  # device pool 55.224 GB per process
@@ -345,16 +288,6 @@ def test_hicache_unset_ratio_shrinks_to_fit_a_small_host():
     assert hicache_host_pool(cfg(enable_hierarchical_cache=True, hicache_ratio=3.0), gpu, kv,
                              per_tok) == (3.0, 3_000_000)
     assert hicache_host_pool(cfg(), gpu, kv, per_tok) == (0.0, 0)
-
-
-def test_hicache_ready_log_and_ratio_not_above_one():
-    ok = start(cfg(enable_hierarchical_cache=True))
-    assert ok.ready
-    line = (f"Allocating {ok.fit.host_kv_bytes_per_gpu / 1e9:.2f} GB host memory for "
-            "hierarchical KV cache.")
-    assert line in ok.log
-    s = start(cfg(enable_hierarchical_cache=True, hicache_ratio=1.0))
-    assert (s.phase, classify(s.log)[0]) == ("host_pool", "HICACHE_HOST_TOO_SMALL")
 
 
 # ---------------------------------------------------------------- startup failures and logs
@@ -373,91 +306,13 @@ def test_speculative_ready_log_has_the_engine_lines():
                                          + s.fit.draft_weight_bytes_per_gpu) / 2.5e9 + 60)
 
 
-def test_resolve_failures_before_weights_with_engine_messages():
-    s = start(cfg(enable_hierarchical_cache=True, disable_radix_cache=True))
-    assert (s.phase, s.exit_code) == ("resolve", 1)
-    assert s.reason == ("ValueError: The arguments enable-hierarchical-cache and "
-                        "disable-radix-cache are mutually exclusive and cannot be used at the "
-                        "same time. Please use only one of them.")
-    s = start(cfg(schedule_conservativeness=-0.1))
-    assert (s.phase, s.reason) == ("resolve", "AssertionError: schedule_conservativeness must "
-                                              "be non-negative")
-    assert classify(s.log)[0] == "INVALID_COMBINATION"
-    assert start(cfg(schedule_conservativeness=0.0)).ready
-
-
-def test_speculation_without_a_draft_head_fails_at_model_init():
-    s = start(ServingConfig(model="qwen3-32b", gpu="H200", tp_size=8, weights="bf16",
-                            speculative_algorithm="NEXTN"))
-    assert (s.phase, classify(s.log)[0]) == ("model_init", "NO_DRAFT_MODEL")
-    assert any(x.startswith("Load weight end") for x in s.log)
-
-
-def test_draft_layers_can_tip_weight_loading_into_oom(monkeypatch):
-    # a 113 GB GPU: NVFP4 TP4 target 110.2 GB + 1.5 GB context fits; its bf16 NextN layer
-    # (19.9 GB / 4 = 5.0 GB) does not
-    import domain.hardware as hw
-
-    monkeypatch.setitem(hw.GPUS, "B200", hw.GPUS["B200"].model_copy(update={"hbm_gb": 113.0}))
-    m = glm5()
-    w, draft_w = m.weight_bytes("nvfp4") / 4, m.draft_weight_bytes("nvfp4") / 4
-    assert w + 1.5e9 <= 113e9 < w + draft_w + 1.5e9
-    c = cfg(weights="nvfp4", tp_size=4, replicas=2)
-    assert start(c).phase == "kv_pool"  # without speculation the target loads (no KV room)
-    with pytest.raises(DoesNotFit) as e:
-        fit(c.model_copy(update={"speculative_algorithm": "NEXTN"}))
-    assert e.value.phase == "weights_load"
-    assert e.value.required_gb == pytest.approx((w + draft_w + 1.5e9) / 1e9)
-    s = start(c.model_copy(update={"speculative_algorithm": "NEXTN"}))
-    assert (s.phase, classify(s.log)[0]) == ("load_weights", "OOM_WEIGHTS")
-    assert sum(x.startswith("Load weight end") for x in s.log) == 1  # the target loaded
-
-
-def _fraction_for_tokens(tokens: float, per_tok: float = GLM5_BF16_KV) -> float:
-    """mem_fraction_static leaving ``tokens`` bf16 KV tokens for GLM-5 FP8 TP8 on B200."""
-    return (glm5().weight_bytes("fp8") / 8 + tokens * per_tok) / 180e9
-
-
-def test_kv_pool_too_small_for_one_request():
-    # 1.5 tokens of pool: max_running_requests = 1 // 2 = 0 -> the server dies
-    c = cfg(kv_cache_dtype="bf16", mem_fraction_static=_fraction_for_tokens(1.5))
-    with pytest.raises(DoesNotFit) as e:
-        fit(c)
-    assert (e.value.phase, e.value.cause) == ("kv_pool", "zero_requests")
-    s = start(c)
-    assert (s.phase, s.reason) == ("kv_pool", "AssertionError: max_running_request is zero")
-    assert classify(s.log)[0] == "KV_NO_ROOM"
-    # 4.5 tokens: 2 requests allowed, but min(202,751, 3) - 5 <= 0 tokens per request
-    c = cfg(kv_cache_dtype="bf16", mem_fraction_static=_fraction_for_tokens(4.5))
-    s = start(c)
-    assert (s.phase, s.reason) == ("kv_pool", "AssertionError: Memory pool size is too small")
-    # 100,000 tokens < the 202,752-token context: a warning, and the server starts
-    c = cfg(kv_cache_dtype="bf16", mem_fraction_static=_fraction_for_tokens(100_000.5))
-    s = start(c)
-    assert s.ready and s.fit.kv_tokens == 100_000 and s.fit.kv_smaller_than_context
-    assert "KV pool holds 100000 tokens, fewer than --context-length 202752" in s.log
-    # max_running_requests: int(100,000 / 202,752 x 512) = 252 -> floor 2,048 (<= 50,000)
-    assert s.fit.max_running_requests == 2048
-
-
 def test_reduced_max_running_requests_warning():
-    c = cfg(kv_cache_dtype="bf16", mem_fraction_static=_fraction_for_tokens(100.5),
+    c = cfg(kv_cache_dtype="bf16", mem_fraction_static=fraction_for_tokens(100.5),
             max_running_requests=64)
     s = start(c)
     assert s.ready and s.fit.max_running_requests == 50  # 100 // 2
     assert ("max_running_requests was reduced from the requested 64 to 50 (per dp worker) due "
             "to the available KV cache capacity.") in s.log
-
-
-def test_existing_failure_modes_keep_their_phase_and_class():
-    assert (start(cfg(tp_size=4, replicas=2)).phase, "OOM_WEIGHTS") == \
-        ("load_weights", classify(start(cfg(tp_size=4, replicas=2)).log)[0])
-    s = start(cfg(mem_fraction_static=0.5))
-    assert (s.phase, classify(s.log)[0]) == ("kv_pool", "KV_NO_ROOM")
-    s = start(cfg(mem_fraction_static=0.99))
-    assert (s.phase, classify(s.log)[0]) == ("cuda_graph", "GRAPH_CAPTURE_OOM")
-    s = start(cfg(attention_backend="fa3"))
-    assert (s.phase, classify(s.log)[0]) == ("model_init", "UNSUPPORTED_BACKEND")
 
 
 # ---------------------------------------------------------------- knobs and studies
