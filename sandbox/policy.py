@@ -44,6 +44,9 @@ Rules (one test each in ``tests/unit/test_sandbox_policy.py``):
 Pod templates are read from Deployments, Jobs, LeaderWorkerSets (``leaderTemplate`` and
 ``workerTemplate``), and, so that one answer lists every problem, also from kinds the Role refuses
 (Pod, ReplicaSet, StatefulSet, DaemonSet, CronJob).
+
+Longer than 500 lines on purpose: one rule per refusal, each with its message; the rules are one
+list that ``enforce`` runs in order, and reading them together is the review of the policy.
 """
 
 from __future__ import annotations

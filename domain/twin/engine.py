@@ -40,6 +40,10 @@ reads back the token times a request has so far (the same times :meth:`TwinEngin
 with), :meth:`TwinEngine.load` the scheduler's queues and KV use, and :meth:`TwinEngine.abort`
 drops a request (a client that disconnected): what the real-time driver
 (:mod:`domain.twin.realtime`) needs to serve the twin over HTTP.
+
+Longer than 500 lines on purpose: one scheduler iteration (admission, prefill, decode, retraction,
+radix cache, speculation) is one simulation loop whose parts share its state; split, they would
+trade that state through arguments on every step of the hot loop.
 """
 
 from __future__ import annotations

@@ -48,6 +48,10 @@ torn-down name keeps the earlier runs' events. Exit codes are known
 to the process that started a server (it reaps it); others report None. Log lines carry the
 time a reader first saw them on disk (the log file's mtime at that read), so ``since_s`` is as
 precise as the polling.
+
+Longer than 500 lines on purpose: process start, readiness, log reading and group teardown of one
+replica share its record and its safety checks (the replica token, start-time checks), which a
+split would have to pass between modules.
 """
 
 from __future__ import annotations
