@@ -27,6 +27,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 
 from domain.errors import ServetuneError
 from servetune.cli_common import (
+    LESSONS_DIR_HELP,
     ContextOpt,
     KubeconfigOpt,
     ModelTokenSecretOpt,
@@ -89,8 +90,7 @@ def run(
         "--out", help="folder of run folders: outputs go to OUT/<run-id>/ (default ./runs, "
                       "or $SERVETUNE_RUNS_DIR)")] = None,
     lessons_dir: Annotated[Path | None, typer.Option(
-        "--lessons-dir", help="lesson store (default $SERVETUNE_LESSONS_DIR or "
-                              "./.servetune/lessons)")] = None,
+        "--lessons-dir", help=LESSONS_DIR_HELP)] = None,
     brains: Annotated[str | None, typer.Option(
         "--brains", help="auto (Claude when ANTHROPIC_API_KEY is set), claude or "
                          "deterministic (default $SERVETUNE_BRAINS or auto)")] = None,

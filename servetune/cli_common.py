@@ -15,6 +15,10 @@ from rich.text import Text
 
 from servetune.settings import Settings
 
+LESSONS_DIR_HELP = "lesson store (default $SERVETUNE_LESSONS_DIR or ./.servetune/lessons)"
+# the --lessons-dir option of every command that opens the lesson store
+LessonsDir = Annotated[Path | None, typer.Option("--lessons-dir", help=LESSONS_DIR_HELP)]
+
 console = Console()
 err_console = Console(stderr=True)
 

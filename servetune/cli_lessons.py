@@ -11,6 +11,7 @@ from rich.table import Table
 
 from domain.errors import ServetuneError
 from servetune.cli_common import (
+    LessonsDir,
     console,
     fail,
     load_settings,
@@ -25,7 +26,7 @@ def lessons_query(
     text: Annotated[str, typer.Argument(help="what you want to know, in words")],
     k: Annotated[int, typer.Option("-k", min=1, max=50, help="how many lessons")] = 5,
     gpu: Annotated[str | None, typer.Option(help="only lessons that apply to this GPU")] = None,
-    lessons_dir: Annotated[Path | None, typer.Option("--lessons-dir")] = None,
+    lessons_dir: LessonsDir = None,
 ) -> None:
     """Lessons most similar to TEXT, best first."""
     if not text.strip():
@@ -53,7 +54,7 @@ def lessons_query(
 @lessons_app.command("list")
 def lessons_list(
     gpu: Annotated[str | None, typer.Option(help="only lessons that apply to this GPU")] = None,
-    lessons_dir: Annotated[Path | None, typer.Option("--lessons-dir")] = None,
+    lessons_dir: LessonsDir = None,
 ) -> None:
     """Every lesson in the store, oldest first."""
     settings = load_settings()
@@ -81,7 +82,7 @@ def lessons_export_skill(
     name: Annotated[str, typer.Option(help="skill name")] = "servetune-lessons",
     gpu: Annotated[str | None, typer.Option(help="only lessons that apply to this GPU")] = None,
     model: Annotated[str | None, typer.Option(help="only lessons for this model")] = None,
-    lessons_dir: Annotated[Path | None, typer.Option("--lessons-dir")] = None,
+    lessons_dir: LessonsDir = None,
 ) -> None:
     """Write the lessons as a Claude Code skill file, so chat sessions know them."""
     from mcp_servers.lessons.ops import export_skill

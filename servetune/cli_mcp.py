@@ -19,6 +19,7 @@ from domain.errors import ServetuneError
 from servetune.cli_common import (
     ContextOpt,
     KubeconfigOpt,
+    LessonsDir,
     ModelTokenSecretOpt,
     console,
     fail,
@@ -31,7 +32,7 @@ source_app = typer.Typer(no_args_is_help=True, help="The SGLang source tree the 
 
 
 @mcp_app.command("lessons")
-def mcp_lessons(lessons_dir: Annotated[Path | None, typer.Option("--lessons-dir")] = None,
+def mcp_lessons(lessons_dir: LessonsDir = None,
                 ) -> None:
     """The lessons server over stdio (for Claude Code)."""
     from mcp_servers.lessons.server import main
