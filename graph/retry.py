@@ -46,11 +46,14 @@ async def deployment(deployer: Deployer, name: str) -> AsyncIterator[None]:
     inside such a block, so no path out of a trial leaves a server running. When the block
     raises (an API error, a refused tool call), a teardown the cluster server refuses (e.g.
     nothing was deployed yet) does not hide that error; the run's resume tears down by label
-    what is left (:func:`graph.run.tear_down_leftovers`).
+    what is left (:func:`graph.run.tear_down_leftovers`). A cancelled run (SIGINT/SIGTERM) or a
+    block closed at loop shutdown tears nothing down here: its MCP sessions may be closed
+    already, and the interrupt path tears down this run's deployments by label
+    (:func:`graph.run.stop_run`).
     """
     try:
         yield
-    except BaseException:
+    except Exception:
         with suppress(ToolCallFailed):
             await deployer.teardown(name)
         raise
