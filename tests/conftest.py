@@ -24,7 +24,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             if defs and defs[-1].scope in ("module", "session") \
                     and defs[-1].baseid.split("::", 1)[0] == module:
                 item.add_marker(pytest.mark.xdist_group(module))
+                _suffix_group(item, module)
                 break
+
+
+def _suffix_group(item: pytest.Item, group: str) -> None:
+    """Add ``@group`` to the node id, the suffix ``--dist loadgroup`` schedules by.
+
+    pytest-xdist (3.8) adds it by assigning ``item._nodeid``, which pytest 9.2 no longer reads
+    (``nodeid`` is ``str(item._id)``): without this every grouped test was spread over the
+    workers and each worker made the module's study run again. Only in an xdist worker run
+    with ``--dist loadgroup`` (the worker's ``loadgroup`` option).
+    """
+    if not hasattr(item.config, "workerinput") or not item.config.getvalue("loadgroup"):
+        return
+    if not hasattr(item, "_id") or "@" in item.nodeid.rsplit("]", 1)[-1]:
+        return  # an older pytest (xdist's own hook works there), or already suffixed
+    from _pytest.nodeid import coerce_node_id
+
+    item._id = coerce_node_id(f"{item.nodeid}@{group}")
 
 
 TIERS = ("unit", "integration", "e2e")

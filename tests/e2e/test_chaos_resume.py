@@ -207,7 +207,7 @@ async def test_a_pruned_rows_lesson_reaches_the_store_only_after_the_row(tmp_pat
     (``StudyContext.commit``: the row first, then its lessons): screening stores nothing (its
     lesson still forbids the rest of the step's family), so a kill before the row leaves nothing
     to undo, and the row's commit stores the lesson; other runs' lessons are left alone."""
-    from tests.test_cli import tiny_study, write
+    from fixtures.cli import tiny_study, write
 
     from agents.planner import Planner, Pruned
     from domain.ledger import Ledger

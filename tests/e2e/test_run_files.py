@@ -204,7 +204,7 @@ def test_a_run_checkpointed_by_the_old_graph_resumes_to_the_same_ledger(finished
     """A run the old three-node graph checkpointed mid-search (pending node ``search``, which
     the graph no longer has) resumes: it enters at its phase and, since every node derives its
     position from the ledger, finishes with the ledger of the uninterrupted run."""
-    from tests.test_cli import ledger_rows
+    from fixtures.cli import ledger_rows
 
     run_dir, study = finished
     ref = [(seq, key, status) for seq, key, status, *_ in ledger_rows(run_dir / "ledger.sqlite")]

@@ -4,13 +4,8 @@ study key search.brain."""
 
 from __future__ import annotations
 
-import json
-import sqlite3
-from pathlib import Path
-
 import pytest
-import yaml
-from fixtures.cli import run_deterministic as servetune
+from fixtures.brain_studies import KNOBS, study_dict
 from fixtures.planning import drive as drive_with
 from fixtures.planning import forbid_fa3, row
 from mcp import Client
@@ -27,25 +22,9 @@ from domain.study import parse_study
 from domain.trial import Trial
 from mcp_servers.lessons.server import build_server
 
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT = REPO / "studies" / "default.yaml"
-TRACE = REPO / "data" / "traces" / "mooncake_fast25_conversation_trace.jsonl"
-KNOBS = yaml.safe_load(DEFAULT.read_text())["knobs"]  # 2*3*2*2*2*4 = 192 points
-
-
-def study_dict(**over) -> dict:
-    s = yaml.safe_load(DEFAULT.read_text())
-    s.update(name="brains", saturation={"isl": 1024, "osl": 128, "concurrency": 256,
-                                        "duration_s": 10},
-             replay={"trace": str(TRACE), "format": "mooncake", "start_s": 600,
-                     "duration_s": 60, "time_scale": 0.5},
-             finalists=1, sweep_concurrency=[8], budget={"max_trials": 5, "patience": 5})
-    s.update(over)
-    return s
-
 
 def study(**over):
-    return parse_study(study_dict(**over))
+    return parse_study(study_dict("brains", **over))
 
 
 def objective(c) -> float:
@@ -173,37 +152,3 @@ def test_research_asks_about_one_research_worthy_change_of_a_multi_knob_candidat
     lesson = research_lesson(cfg, changed, "FA3 requires SM>=80 and SM<=90", "r")
     assert [(c.field, c.value) for c in lesson.condition] == [("attention_backend", "fa3")]
     assert research_change("tp_size=4") == "tp_size=4" and research_change("") is None
-
-
-# -- through the graph, as a user runs it ---------------------------------------------------
-
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("brain", ["tpe", "grid"])
-def test_servetune_run_with_a_space_brain(tmp_path, brain):
-    knobs = {"attention_backend": ["unset", "fa3"], "tp_size": [4, 8],
-             "weights": ["fp8", "nvfp4"], "kv_cache_dtype": ["bf16", "fp8_e4m3"]}
-    p = tmp_path / "s.yaml"
-    p.write_text(yaml.safe_dump(study_dict(knobs=knobs, search={"brain": brain, "seed": 3})))
-    r = servetune(tmp_path, p, "b1")
-    assert r.returncode == 0, r.stderr[-2000:]
-    db = sqlite3.connect(tmp_path / "runs" / "b1" / "ledger.sqlite")
-    try:
-        rows = [(s, json.loads(b)) for s, b in db.execute(
-            "SELECT status, body FROM trials WHERE key LIKE 'search:%' ORDER BY seq")]
-    finally:
-        db.close()
-    launched = [b for s, b in rows if s != "pruned"]
-    assert rows[0][0] == "baseline" and 2 <= len(launched) <= 5
-    assert any("," in b["changed"] for b in launched[1:])  # several knobs at once
-    # FP8 on TP4 never launches: the estimate prunes it (arithmetic in the reason)
-    assert not any(b["config"]["weights"] == "fp8" and b["config"]["tp_size"] == 4
-                   for b in launched)
-    assert all("memory-fit estimate" in b["reason"] for s, b in rows if s == "pruned"
-               and b["config"]["weights"] == "fp8" and b["config"]["tp_size"] == 4)
-    # fa3 crashes at most once; later fa3 candidates are pruned by its lesson
-    fa3 = [(s, b) for s, b in rows if b["config"].get("attention_backend") == "fa3"]
-    assert sum(s == "crash" for s, _ in fa3) <= 1
-    assert all(s == "pruned" for s, _ in fa3[1:])
-    assert (tmp_path / "runs" / "b1" / "report.md").exists()

@@ -1,20 +1,15 @@
 """The estimate-guided planner brain (agents/guided_brain.py GuidedPlanner, search.brain "guided"):
 ranking by the steady-state prior, the residual correction and its optimism (UCB), the SLO
 probability and boundary, the stop rule, lessons ranked last and screening, the memory fit,
-the equivalence skip, and a whole `servetune run` with it."""
+the equivalence skip (a whole `servetune run` with it: tests/e2e/test_search_brains_cli.py)."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import math
-import sqlite3
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
-import yaml
-from fixtures.cli import run_deterministic as servetune
+from fixtures.brain_studies import KNOBS, study_dict
 from fixtures.planning import drive, forbid_fa3, row
 from mcp import Client
 
@@ -27,19 +22,10 @@ from domain.engines import resolved_settings
 from domain.errors import ConfigInvalid
 from domain.estimate import Estimate, ReplayProfile
 from domain.fit import fit
-from domain.lesson_builders import research_lesson
 from domain.search import p_meets_slo
 from domain.study import Study, parse_study
-from domain.traces import load_trace
-from domain.trial import Trial
 from mcp_servers.lessons.server import build_server
-from memory.store import LessonStore
-from servetune.study_file import load_study
 
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT = REPO / "studies" / "default.yaml"
-TRACE = REPO / "data" / "traces" / "mooncake_fast25_conversation_trace.jsonl"
-KNOBS = yaml.safe_load(DEFAULT.read_text())["knobs"]  # 2*3*2*2*2*4 = 192 points
 SLO_MS = 8000.0  # the default study's TTFT p99 SLO
 
 # A replay profile for the scripted estimators: only its presence matters (the ratio is then
@@ -48,19 +34,8 @@ REPLAY = ReplayProfile(rate_req_s=1.0, isl_mean=4000, isl_p99=12000, osl_mean=30
                        reuse_share=0.0, requests=60)
 
 
-def study_dict(**over) -> dict:
-    s = yaml.safe_load(DEFAULT.read_text())
-    s.update(name="guided", saturation={"isl": 1024, "osl": 128, "concurrency": 256,
-                                        "duration_s": 10},
-             replay={"trace": str(TRACE), "format": "mooncake", "start_s": 600,
-                     "duration_s": 60, "time_scale": 0.5},
-             finalists=1, sweep_concurrency=[8], budget={"max_trials": 5, "patience": 5})
-    s.update(over)
-    return s
-
-
 def study(**over) -> Study:
-    return parse_study(study_dict(**over))
+    return parse_study(study_dict("guided", **over))
 
 
 # weights x kv_cache_dtype x mem_fraction_static on GLM-5 TP8: all 8 configs fit
@@ -411,89 +386,6 @@ async def test_a_point_the_engine_runs_like_a_measured_config_is_not_launched(le
     ids = {c.config_id() for c in launched}
     assert same.config_id() not in ids and len(launched) == 2  # 4 points, baseline + its twin
     assert same.config_id() in seen  # skipped for good, without a ledger row
-
-
-# -- through the graph, as a user runs it ---------------------------------------------------
-
-
-
-@pytest.mark.slow
-def test_servetune_run_with_the_guided_brain(tmp_path):
-    knobs = {"attention_backend": ["unset", "fa3"], "tp_size": [4, 8],
-             "weights": ["fp8", "nvfp4"], "kv_cache_dtype": ["bf16", "fp8_e4m3"]}
-    sd = study_dict(knobs=knobs, search={"brain": "guided"},
-                    budget={"max_trials": 3, "patience": 3})
-    st = parse_study(sd)
-    # a lesson store that already knows fa3 is refused on B200 (the CLI reuses its embedding)
-    store = LessonStore(tmp_path / "lessons", embedding="hashing")
-    try:
-        cfg = st.base_config().model_copy(update={"attention_backend": "fa3"})
-        fa3_id = store.add(research_lesson(cfg, "attention_backend=fa3",
-                                           "FA3 requires SM>=80 and SM<=90", "r0")).id
-    finally:
-        store.close()
-    p = tmp_path / "s.yaml"
-    p.write_text(yaml.safe_dump(sd))
-    r = servetune(tmp_path, p, "g1")
-    assert r.returncode == 0, r.stderr[-2000:]
-    db = sqlite3.connect(tmp_path / "runs" / "g1" / "ledger.sqlite")
-    try:
-        rows = [(s, json.loads(b)) for s, b in db.execute(
-            "SELECT status, body FROM trials WHERE key LIKE 'search:%' ORDER BY seq")]
-    finally:
-        db.close()
-    launched = [b for s, b in rows if s != "pruned"]
-    assert rows[0][0] == "baseline" and 2 <= len(launched) <= 3
-    # the baseline carries the guided brain's prediction too (report: predicted vs measured)
-    assert rows[0][1]["predicted"]["output_tok_s_per_gpu"] > 0
-    assert "replay_ttft_p99_ms" in rows[0][1]["predicted"]
-    ids = [ServingConfig.model_validate(b["config"]).config_id() for b in launched]
-    assert len(set(ids)) == len(ids)
-    assert not any(b["config"].get("attention_backend") == "fa3" for b in launched)
-    # fa3 points are ranked last: never launched, and pruned by the stored lesson if reached
-    fa3 = [b for s, b in rows if s == "pruned" and b["config"].get("attention_backend") == "fa3"]
-    assert all(fa3_id in b["lesson_ids"] for b in fa3)
-    # the second launch is the brain's step after the baseline, with the replay's SLO prior
-    # (graph.run gives the brain the window's profile) and the baseline's residual, on the
-    # study as the CLI read it (safe_dump sorted the knobs: their order breaks exact ties)
-    st = load_study(p)
-    rp = st.replay
-    prof = ReplayProfile.of(load_trace(rp.trace, rp.format).window(rp.start_s, rp.duration_s)
-                            .scaled(rp.time_scale), rp.duration_s / rp.time_scale)
-    baseline = Trial.model_validate(rows[0][1])
-
-    async def second_step(replay: ReplayProfile | None):
-        store = LessonStore(tmp_path / "lessons", embedding="hashing")
-        try:
-            async with Client(build_server(store)) as client:
-                g = GuidedPlanner(st, client, replay=replay)
-                return await g.step(baseline.config, {baseline.config.config_id()}, "g1",
-                                    history=[baseline])
-        finally:
-            store.close()
-
-    with_slo, blind = asyncio.run(second_step(prof)), asyncio.run(second_step(None))
-    assert isinstance(with_slo.decision, TrialPlan) and isinstance(blind.decision, TrialPlan)
-    pick = with_slo.decision.config
-    # the SLO prior matters: blind, TP4 nvfp4 fp8 KV (the best throughput) would come first;
-    # with it, the TP8 twin predicted further under the SLO does
-    assert blind.decision.config != pick and blind.decision.config.tp_size == 4
-    assert pick.tp_size == 8
-    second = launched[1]
-    assert ServingConfig.model_validate(second["config"]) == pick, second
-    assert second["changed"] == with_slo.decision.changed
-    assert "," in second["changed"] and "weights=nvfp4" in second["changed"], second
-    # a plan event (key, changed, brain, rationale) before each search launch after the baseline
-    events = [json.loads(line) for line in
-              (tmp_path / "runs" / "g1" / "events.jsonl").read_text().splitlines()]
-    plans = [e for e in events if e["kind"] == "plan"]
-    assert [e["key"] for e in plans] == [f"search:{i}" for i in ids[1:]]
-    for e, b in zip(plans, launched[1:], strict=True):
-        assert e["brain"] == "guided" and e["changed"] == b["changed"]
-        assert e["rationale"].startswith("guided: predicted ")
-        assert "the SLO (boundary 1.00x)" in e["rationale"]
-    assert plans[0]["rationale"] == with_slo.decision.rationale
-    assert (tmp_path / "runs" / "g1" / "report.md").exists()
 
 
 @pytest.mark.anyio
