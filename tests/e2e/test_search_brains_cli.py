@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
+from pathlib import Path
 
 import pytest
 import yaml
 from fixtures.brain_studies import study_dict
+from fixtures.cli import ledger_rows
 from fixtures.cli import run_deterministic as servetune
 from mcp import Client
 
@@ -25,23 +26,26 @@ from mcp_servers.lessons.server import build_server
 from memory.store import LessonStore
 from servetune.study_file import load_study
 
+# the 16-point knob space of the tiny GLM-5 study
+KNOBS = {"attention_backend": ["unset", "fa3"], "tp_size": [4, 8],
+         "weights": ["fp8", "nvfp4"], "kv_cache_dtype": ["bf16", "fp8_e4m3"]}
+
+
+def search_rows(ledger: Path) -> list[tuple[str, dict]]:
+    """(status, body) of the search rows of a run's ledger, in order."""
+    return [(status, json.loads(body)) for _, key, status, _, body in ledger_rows(ledger)
+            if key.startswith("search:")]
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("brain", ["tpe", "grid"])
 def test_servetune_run_with_a_space_brain(tmp_path, brain):
-    knobs = {"attention_backend": ["unset", "fa3"], "tp_size": [4, 8],
-             "weights": ["fp8", "nvfp4"], "kv_cache_dtype": ["bf16", "fp8_e4m3"]}
     p = tmp_path / "s.yaml"
-    sd = study_dict("brains", knobs=knobs, search={"brain": brain, "seed": 3})
+    sd = study_dict("brains", knobs=KNOBS, search={"brain": brain, "seed": 3})
     p.write_text(yaml.safe_dump(sd))
     r = servetune(tmp_path, p, "b1")
     assert r.returncode == 0, r.stderr[-2000:]
-    db = sqlite3.connect(tmp_path / "runs" / "b1" / "ledger.sqlite")
-    try:
-        rows = [(s, json.loads(b)) for s, b in db.execute(
-            "SELECT status, body FROM trials WHERE key LIKE 'search:%' ORDER BY seq")]
-    finally:
-        db.close()
+    rows = search_rows(tmp_path / "runs" / "b1" / "ledger.sqlite")
     launched = [b for s, b in rows if s != "pruned"]
     assert rows[0][0] == "baseline" and 2 <= len(launched) <= 5
     assert any("," in b["changed"] for b in launched[1:])  # several knobs at once
@@ -59,9 +63,7 @@ def test_servetune_run_with_a_space_brain(tmp_path, brain):
 
 @pytest.mark.slow
 def test_servetune_run_with_the_guided_brain(tmp_path):
-    knobs = {"attention_backend": ["unset", "fa3"], "tp_size": [4, 8],
-             "weights": ["fp8", "nvfp4"], "kv_cache_dtype": ["bf16", "fp8_e4m3"]}
-    sd = study_dict("guided", knobs=knobs, search={"brain": "guided"},
+    sd = study_dict("guided", knobs=KNOBS, search={"brain": "guided"},
                     budget={"max_trials": 3, "patience": 3})
     st = parse_study(sd)
     # a lesson store that already knows fa3 is refused on B200 (the CLI reuses its embedding)
@@ -76,12 +78,7 @@ def test_servetune_run_with_the_guided_brain(tmp_path):
     p.write_text(yaml.safe_dump(sd))
     r = servetune(tmp_path, p, "g1")
     assert r.returncode == 0, r.stderr[-2000:]
-    db = sqlite3.connect(tmp_path / "runs" / "g1" / "ledger.sqlite")
-    try:
-        rows = [(s, json.loads(b)) for s, b in db.execute(
-            "SELECT status, body FROM trials WHERE key LIKE 'search:%' ORDER BY seq")]
-    finally:
-        db.close()
+    rows = search_rows(tmp_path / "runs" / "g1" / "ledger.sqlite")
     launched = [b for s, b in rows if s != "pruned"]
     assert rows[0][0] == "baseline" and 2 <= len(launched) <= 3
     # the baseline carries the guided brain's prediction too (report: predicted vs measured)
