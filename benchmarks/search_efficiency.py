@@ -99,7 +99,7 @@ from domain.trial import Trial  # noqa: E402
 from domain.twin.cluster import simulate_closed_loop, simulate_open_loop  # noqa: E402
 from domain.twin.startup import start  # noqa: E402
 from domain.workload import Trace  # noqa: E402
-from graph.supervisor import _losers  # noqa: E402  (the product's no-retry rule)
+from graph.search import _losers  # noqa: E402  (the product's no-retry rule)
 from mcp_servers.bench.targets.twin import MAX_SATURATION_REQUESTS  # noqa: E402
 from mcp_servers.lessons.server import build_server as lessons_server  # noqa: E402
 from memory.store import LessonStore  # noqa: E402

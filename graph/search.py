@@ -27,6 +27,7 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from agents.analyst import Analyst, acceptance, failure_lesson, replica_mean
+from agents.brains import make_planner
 from agents.claude import AgentFailure, failure_reason
 from agents.claude_planner import ClaudePlanner
 from agents.deployer import Deployer, DeployOutcome
@@ -34,20 +35,73 @@ from agents.guided_brain import GuidedPlanner
 from agents.planner import NoViableConfig, Planner, PlannerFailed, Pruned, TrialPlan
 from agents.research_questions import research_questions
 from domain.faults import rule
+from domain.ledger import Ledger
+from domain.study import Study
 from domain.trial import Trial, manifest_for
 from domain.usage import AgentUsage, add_extra_usage, llm_usage, spent
+from graph.brains import llm_capped, repeats, trial_brains, trial_by_seq
 from graph.research import run_research
 from graph.retry import deployment, launch, measure
 from graph.state import StudyContext, StudyState
-from graph.supervisor import (
-    _brains,
-    _by_seq,
-    _losers,
-    _planner,
-    budget_stop,
-    repeats,
-    search_position,
-)
+
+
+def search_position(ledger: Ledger, study: Study) -> dict[str, Any]:
+    """Incumbent, launches and trials-since-improvement, recomputed from the ledger."""
+    best_seq, best_obj, launched, since = None, None, 0, 0
+    for t in ledger.trials("search"):
+        if t.status == "pruned":
+            continue
+        launched += 1  # a failed trial (an agent's invalid output) uses a slot too
+        if t.status in ("baseline", "keep"):
+            best_seq, best_obj, since = t.seq, t.objective, 0
+        else:
+            since += 1
+    return {"best_seq": best_seq, "best_objective": best_obj, "launched": launched,
+            "since_improvement": since}
+
+
+def budget_stop(ledger: Ledger, study: Study) -> str | None:
+    """Which per-study cap (wall time, GPU-hours, LLM tokens) the search has reached, if any."""
+    b, used = study.budget, spent(ledger)
+    for cap, key, unit in ((b.max_wall_s, "wall_s", "s of wall time"),
+                           (b.max_gpu_hours, "gpu_hours", "GPU-hours")):
+        if cap is not None and used[key] >= cap:
+            return f"{unit} budget reached ({used[key]:,.2f} of {cap:,.2f} {unit.split()[0]})"
+    if b.max_llm_tokens is not None and used["llm_tokens"] >= b.max_llm_tokens:
+        return (f"LLM tokens budget reached ({used['llm_tokens']:,.0f} of "
+                f"{b.max_llm_tokens:,} tokens); validation and the frontier run with the "
+                "deterministic brains")
+    return None
+
+
+def _losers(trials: list[Trial], share: float) -> dict[str, str]:
+    """``knob=value`` changes that cost more than ``share`` of their parent's tok/s/GPU."""
+    by_seq = {t.seq: t for t in trials}
+    out: dict[str, str] = {}
+    for t in trials:
+        parent = by_seq.get(t.parent_seq or -1)
+        if (t.status == "discard" and t.changed and parent is not None and parent.objective
+                and t.objective is not None and t.objective < (1 - share) * parent.objective):
+            loss = 1 - t.objective / parent.objective
+            out.setdefault(t.changed, f"{t.changed} cost {loss:.0%} of the tok/s/GPU of trial "
+                                      f"#{parent.seq} in trial #{t.seq}; not retried")
+    return out
+
+
+def _planner(ctx: StudyContext) -> Planner:
+    """The planner brain of one search step.
+
+    ``search.brain`` guided, tpe or grid: that space brain
+    (:func:`agents.brains.make_planner`; guided gets the replay profile), with or without
+    Claude. ovat: Claude picks among the one-knob neighbours when the run has
+    a key and its LLM-token budget is not spent, else the deterministic :class:`Planner`.
+    """
+    if ctx.study.search.brain != "ovat":
+        return make_planner(ctx.study, ctx.lessons, replay=ctx.replay)
+    if ctx.claude is None or llm_capped(ctx):
+        return Planner(ctx.study, ctx.lessons)
+    return ClaudePlanner(ctx.study, ctx.lessons, ctx.claude, ctx.ledger.trials("search"))
+
 
 NODES = ("plan", "prune", "research", "deploy", "benchmark", "decide", "record")
 
@@ -273,7 +327,7 @@ async def deploy(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
         ctx.event("plan", key=key, changed=plan.changed, brain=ctx.study.search.brain,
                   rationale=plan.rationale)
     s.t0 = time.time()
-    s.deployer, s.analyst = _brains(ctx)
+    s.deployer, s.analyst = trial_brains(ctx)
     s.name = name = ctx.deployment_name(plan.config)
     s.labels = labels = {"servetune/run-id": ctx.run_id,
                          "servetune/trial": key.replace(":", "-")[:63]}
@@ -355,7 +409,7 @@ async def decide(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
     gate = None
     if bench.valid and bench.summary.completed and not s.is_baseline \
             and pos["best_seq"] is not None:
-        inc = _by_seq(ctx.ledger, pos["best_seq"])
+        inc = trial_by_seq(ctx.ledger, pos["best_seq"])
         gate = acceptance(objectives, bench.block_tok_s_per_gpu,
                           inc.objective_runs or [inc.objective or 0.0], inc.objective_blocks,
                           ctx.study)

@@ -16,19 +16,16 @@ from typing import Any
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 
-from agents.analyst import Analyst, ClaudeAnalyst, replica_mean
-from agents.brains import make_planner
+from agents.analyst import replica_mean
 from agents.claude import AgentFailure, failure_reason
-from agents.claude_planner import ClaudePlanner
-from agents.deployer import ClaudeDeployer, Deployer
-from agents.planner import Planner
 from domain.bench import BenchResult
 from domain.config import ServingConfig
 from domain.faults import bench_failure_class, rule
 from domain.ledger import Ledger
-from domain.study import Study
 from domain.trial import Trial, manifest_for
-from domain.usage import AgentUsage, add_extra_usage, llm_usage, spent
+from domain.usage import AgentUsage, add_extra_usage, llm_usage
+from graph import search
+from graph.brains import trial_brains, trial_by_seq
 from graph.retry import deployment, launch, measure
 from graph.state import StudyContext, StudyState
 from graph.validation import (
@@ -40,90 +37,6 @@ from graph.validation import (
 )
 
 SUCCESS = ("baseline", "keep", "discard")
-
-
-def search_position(ledger: Ledger, study: Study) -> dict[str, Any]:
-    """Incumbent, launches and trials-since-improvement, recomputed from the ledger."""
-    best_seq, best_obj, launched, since = None, None, 0, 0
-    for t in ledger.trials("search"):
-        if t.status == "pruned":
-            continue
-        launched += 1  # a failed trial (an agent's invalid output) uses a slot too
-        if t.status in ("baseline", "keep"):
-            best_seq, best_obj, since = t.seq, t.objective, 0
-        else:
-            since += 1
-    return {"best_seq": best_seq, "best_objective": best_obj, "launched": launched,
-            "since_improvement": since}
-
-
-def budget_stop(ledger: Ledger, study: Study) -> str | None:
-    """Which per-study cap (wall time, GPU-hours, LLM tokens) the search has reached, if any."""
-    b, used = study.budget, spent(ledger)
-    for cap, key, unit in ((b.max_wall_s, "wall_s", "s of wall time"),
-                           (b.max_gpu_hours, "gpu_hours", "GPU-hours")):
-        if cap is not None and used[key] >= cap:
-            return f"{unit} budget reached ({used[key]:,.2f} of {cap:,.2f} {unit.split()[0]})"
-    if b.max_llm_tokens is not None and used["llm_tokens"] >= b.max_llm_tokens:
-        return (f"LLM tokens budget reached ({used['llm_tokens']:,.0f} of "
-                f"{b.max_llm_tokens:,} tokens); validation and the frontier run with the "
-                "deterministic brains")
-    return None
-
-
-def _losers(trials: list[Trial], share: float) -> dict[str, str]:
-    """``knob=value`` changes that cost more than ``share`` of their parent's tok/s/GPU."""
-    by_seq = {t.seq: t for t in trials}
-    out: dict[str, str] = {}
-    for t in trials:
-        parent = by_seq.get(t.parent_seq or -1)
-        if (t.status == "discard" and t.changed and parent is not None and parent.objective
-                and t.objective is not None and t.objective < (1 - share) * parent.objective):
-            loss = 1 - t.objective / parent.objective
-            out.setdefault(t.changed, f"{t.changed} cost {loss:.0%} of the tok/s/GPU of trial "
-                                      f"#{parent.seq} in trial #{t.seq}; not retried")
-    return out
-
-
-def repeats(ctx: StudyContext) -> int:
-    """Saturation runs per launched search candidate.
-
-    The study's ``acceptance.repeats``, else the run's setting (``SERVETUNE_REPEATS``, default 1).
-    """
-    return ctx.study.acceptance.repeats or ctx.repeats
-
-
-def llm_capped(ctx: StudyContext) -> bool:
-    """Whether the study's ``max_llm_tokens`` is spent (then no agent calls the API again)."""
-    cap = ctx.study.budget.max_llm_tokens
-    return cap is not None and spent(ctx.ledger)["llm_tokens"] >= cap
-
-
-def _brains(ctx: StudyContext) -> tuple[Deployer, Analyst]:
-    """The deployer and analyst of one trial.
-
-    Claude agents when the run has a key and its LLM-token budget is not spent, else the
-    deterministic brains.
-    """
-    if ctx.claude is None or llm_capped(ctx):
-        return Deployer(ctx.cluster), Analyst(ctx.bench, ctx.study)
-    return (ClaudeDeployer(ctx.cluster, ctx.lessons, ctx.claude, ctx.namespace),
-            ClaudeAnalyst(ctx.bench, ctx.lessons, ctx.study, ctx.claude))
-
-
-def _planner(ctx: StudyContext) -> Planner:
-    """The planner brain of one search step.
-
-    ``search.brain`` guided, tpe or grid: that space brain
-    (:func:`agents.brains.make_planner`; guided gets the replay profile), with or without
-    Claude. ovat: Claude picks among the one-knob neighbours when the run has
-    a key and its LLM-token budget is not spent, else the deterministic :class:`Planner`.
-    """
-    if ctx.study.search.brain != "ovat":
-        return make_planner(ctx.study, ctx.lessons, replay=ctx.replay)
-    if ctx.claude is None or llm_capped(ctx):
-        return Planner(ctx.study, ctx.lessons)
-    return ClaudePlanner(ctx.study, ctx.lessons, ctx.claude, ctx.ledger.trials("search"))
 
 
 def _finalists(ledger: Ledger, k: int) -> list[int]:
@@ -144,10 +57,6 @@ def _finalists(ledger: Ledger, k: int) -> list[int]:
     return sorted(picked, key=lambda s: [t.seq for t in ok].index(s))
 
 
-def _by_seq(ledger: Ledger, seq: int) -> Trial:
-    return next(t for t in ledger.trials() if t.seq == seq)
-
-
 async def validate(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str, Any]:
     """Replay the trace on the next finalist; after the last one, name the winner."""
     ctx = runtime.context
@@ -156,13 +65,13 @@ async def validate(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
     if cursor >= len(finalists):
         winner = _pick_winner(ctx.ledger)
         return {"finalists": finalists, "cursor": 0, "phase": "frontier", "winner_seq": winner}
-    src = _by_seq(ctx.ledger, finalists[cursor])
+    src = trial_by_seq(ctx.ledger, finalists[cursor])
     key = f"validate:{src.config.config_id()}"
     ctx.report(phase="validate", trial=cursor + 1, total=len(finalists), config=src.changed
                or "baseline")
     if ctx.ledger.get(key) is None:
         t0 = time.time()
-        deployer, analyst = _brains(ctx)
+        deployer, analyst = trial_brains(ctx)
         name = ctx.deployment_name(src.config)
         ctx.event("deploy", key=key, name=name)
         rep, failed, outputs = None, None, None
@@ -212,7 +121,7 @@ async def validate(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
     done = ctx.ledger.get(key)
     if ctx.study.validation.tune_admission and done is not None and done.admission is not None \
             and done.admission.detected:  # idempotent per variant: a resumed run skips done ones
-        deployer, analyst = _brains(ctx)
+        deployer, analyst = trial_brains(ctx)
         await retune(ctx, done, deployer, analyst, done.quality)
     return {"finalists": finalists, "cursor": cursor + 1, "phase": "validate"}
 
@@ -250,7 +159,7 @@ async def frontier(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
     todo = [] if ctx.ledger.get(key) is not None else [
         c for c in conc if ctx.ledger.get(f"{key}:{c}") is None]
     if todo:
-        deployer, analyst = _brains(ctx)
+        deployer, analyst = trial_brains(ctx)
         name = ctx.deployment_name(config)
         ctx.event("deploy", key=key, name=name)
         labels = {"servetune/run-id": ctx.run_id}
@@ -336,8 +245,6 @@ def build_graph() -> StateGraph:
     search node may go back to ``plan``: a step that ends early, or one this process does not
     hold (a resume).
     """
-    from graph import search  # here: the search nodes use this module's helpers
-
     g = StateGraph(StudyState, context_schema=StudyContext)
     for node in search.NODES:
         g.add_node(node, getattr(search, node))

@@ -32,7 +32,7 @@ def test_ledger_append_is_idempotent_and_survives_reopen(tmp_path):
 
 
 def test_big_regressions_are_not_retried_from_later_incumbents():
-    from graph.supervisor import _losers
+    from graph.search import _losers
 
     cfg = ServingConfig(model="glm-5", gpu="B200", tp_size=8, weights="fp8")
 
