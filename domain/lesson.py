@@ -299,6 +299,12 @@ class Lesson(BaseModel):
     source: Literal["trial", "estimate", "research", "user"] = "trial"
     run_id: RedactedStr | None = None
     trial_id: RedactedStr | None = None
+    verified: bool = Field(False, description="the condition was read from the guard of the "
+                           "engine's raise/assert site (source_site) in the pinned source tree; "
+                           "False: built from the failure taxonomy's rule alone (unverified)")
+    source_site: RedactedStr | None = Field(None, max_length=300, description="file:line of "
+                                            "the engine check the failure came from, e.g. "
+                                            "'sglang/srt/layers/attention/vision.py:1331'")
 
     @model_validator(mode="after")
     def _not_universal(self, info: ValidationInfo) -> Lesson:
