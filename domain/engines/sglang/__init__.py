@@ -26,6 +26,7 @@ from domain.engines.sglang.metrics import METRICS, PREFIX
 if TYPE_CHECKING:
     from domain.config import ServingConfig
     from domain.engines import Engine
+    from domain.failures import Diagnosis
     from domain.lesson import Lesson
     from domain.twin.startup import Startup
 
@@ -76,6 +77,17 @@ class SglangEngine:
     def classify(self, log: Sequence[str]) -> tuple[str, str]:
         """Failure class and evidence line of a failed startup log (:func:`failures.classify`)."""
         return failures.classify(log)
+
+    def diagnose(self, log: Sequence[str]) -> Diagnosis:
+        """Class, phase and evidence of a failed log (:func:`failures.diagnose`)."""
+        return failures.diagnose(log)
+
+    def diagnosis_lesson(self, config: ServingConfig, diagnosis: Diagnosis,
+                         log_tail: Sequence[str]) -> Lesson:
+        """The lesson of ``diagnosis`` for ``config`` (:func:`lessons.diagnosis_lesson`)."""
+        from domain.engines.sglang import lessons
+
+        return lessons.diagnosis_lesson(config, diagnosis, log_tail)
 
     def failure_lesson(self, config: ServingConfig, failure_class: str | None, stage: str | None,
                        evidence: str, log_tail: Sequence[str], run_id: str,
