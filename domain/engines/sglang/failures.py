@@ -204,16 +204,22 @@ def bad_flag_name(evidence: str) -> str | None:
     return None
 
 
+VERDICT = re.compile(r"^servetune: |; last log line: |^pod \S+ container ")  # a backend's line
+
+
 def _best(log: Sequence[str], at: list[Phase]) -> tuple[FailurePattern, int] | None:
-    best: tuple[int, int, int, FailurePattern] | None = None  # (rank, -index, row order, row)
+    """The deciding row and line: best rank, then an engine line over a backend's verdict
+    (which may quote the engine's last line), then the LAST such line, then table order."""
+    best: tuple[tuple[int, bool, int, int], FailurePattern] | None = None
     for order, p in enumerate(FAILURE_PATTERNS):
         for i in range(len(log) - 1, -1, -1):
             if at[i] in p.phases and not _is_args_line(log[i]) and p.regex.search(log[i]):
-                key = (p.rank, -i, order, p)
-                if best is None or key[:3] < best[:3]:
-                    best = key
-                break
-    return None if best is None else (best[3], -best[1])
+                key = (p.rank, bool(VERDICT.search(log[i])), -i, order)
+                if best is None or key < best[0]:
+                    best = key, p
+                if not key[1]:
+                    break
+    return None if best is None else (best[1], -best[0][2])
 
 
 def diagnose(log: Sequence[str]) -> Diagnosis:
