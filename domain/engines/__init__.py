@@ -69,8 +69,10 @@ class Engine(Protocol):
         ...
 
     def diagnose(self, log: Sequence[str]) -> Diagnosis:
-        """Class, phase, evidence line, flags and retry rule of a failed log
-        (:class:`domain.failures.Diagnosis`; the taxonomy's rule, ``verified`` False)."""
+        """Class, phase, evidence line, flags and retry rule of a failed log.
+
+        A :class:`domain.failures.Diagnosis` by the taxonomy's rule (``verified`` False).
+        """
         ...
 
     def diagnosis_lesson(self, config: ServingConfig, diagnosis: Diagnosis,

@@ -37,22 +37,23 @@ from domain.failures import PHASES, TAXONOMY, Diagnosis, Phase, failure_class
 # ------------------------------------------------------------------------------------- phases
 # (phase, line regex, may the phase go back to it): the engine's own phase lines, then the
 # frames of a traceback that say where it was raised (a log excerpt may hold only the traceback)
+_MARKERS: tuple[tuple[Phase, str, bool], ...] = (
+    ("args", r"^usage: |: error: (argument|unrecognized arguments|ambiguous option)", False),
+    ("init", r"server_args=|Init torch distributed begin|Started server process|Scheduler "
+     r"hit an exception|, in run_scheduler_process$", False),
+    ("weights_load", r"Load weight begin", True),  # a draft model loads after the target
+    ("weights_load", r"Loading safetensors checkpoint shards|, in (load_model|load_weights)"
+     r"$|model_loader/", False),
+    ("kv_pool", r"Load weight end|KV Cache is allocated|Memory pool end|, in "
+     r"(init_memory_pool|profile_max_num_token)$", False),
+    ("cuda_graph", r"Capture .*(CUDA|cuda) graph begin|Capture cuda graph bs|Capture (cuda|"
+     r"CUDA|prefill CUDA) graph failed|, in (init_cuda_graphs|capture|"
+     r"capture_one_batch_size)$|Capturing batches", False),
+    ("serving", r"The server is fired up and ready to roll|Prefill batch[ ,]|Decode batch[ ,]|"
+     r", in (event_loop_overlap|event_loop_normal|run_batch)$", False),
+)
 PHASE_MARKERS: tuple[tuple[Phase, re.Pattern[str], bool], ...] = tuple(
-    (p, re.compile(r), back) for p, r, back in (
-        ("args", r"^usage: |: error: (argument|unrecognized arguments|ambiguous option)", False),
-        ("init", r"server_args=|Init torch distributed begin|Started server process|Scheduler "
-         r"hit an exception|, in run_scheduler_process$", False),
-        ("weights_load", r"Load weight begin", True),  # a draft model loads after the target
-        ("weights_load", r"Loading safetensors checkpoint shards|, in (load_model|load_weights)"
-         r"$|model_loader/", False),
-        ("kv_pool", r"Load weight end|KV Cache is allocated|Memory pool end|, in "
-         r"(init_memory_pool|profile_max_num_token)$", False),
-        ("cuda_graph", r"Capture .*(CUDA|cuda) graph begin|Capture cuda graph bs|Capture (cuda|"
-         r"CUDA|prefill CUDA) graph failed|, in (init_cuda_graphs|capture|"
-         r"capture_one_batch_size)$|Capturing batches", False),
-        ("serving", r"The server is fired up and ready to roll|Prefill batch[ ,]|Decode batch[ ,]|"
-         r", in (event_loop_overlap|event_loop_normal|run_batch)$", False),
-    ))
+    (p, re.compile(r), back) for p, r, back in _MARKERS)
 
 
 def phase_at(log: Sequence[str]) -> list[Phase]:
@@ -208,8 +209,11 @@ VERDICT = re.compile(r"^servetune: |; last log line: |^pod \S+ container ")  # a
 
 
 def _best(log: Sequence[str], at: list[Phase]) -> tuple[FailurePattern, int] | None:
-    """The deciding row and line: best rank, then an engine line over a backend's verdict
-    (which may quote the engine's last line), then the LAST such line, then table order."""
+    """The deciding row and line of ``log`` (None: no row matched).
+
+    Best rank first, then an engine line over a backend's verdict (which may quote the engine's
+    last line), then the LAST such line, then table order.
+    """
     best: tuple[tuple[int, bool, int, int], FailurePattern] | None = None
     for order, p in enumerate(FAILURE_PATTERNS):
         for i in range(len(log) - 1, -1, -1):
