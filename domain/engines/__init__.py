@@ -75,6 +75,10 @@ class Engine(Protocol):
         """
         ...
 
+    def logged_settings(self, log: Sequence[str]) -> dict[str, Any]:
+        """``{dest: value}`` of the server arguments the log states ({} if it states none)."""
+        ...
+
     def diagnosis_lesson(self, config: ServingConfig, diagnosis: Diagnosis,
                          log_tail: Sequence[str]) -> Lesson:
         """The lesson ``diagnosis`` teaches for ``config``.

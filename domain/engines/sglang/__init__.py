@@ -7,7 +7,8 @@ Where each SGLang rule lives:
 - resolved defaults (what SGLang runs a config with): :mod:`domain.engines.sglang.defaults`
   (the memory-fit rules themselves: :mod:`domain.fit`, :mod:`domain.speculative`);
 - startup log phases, log lines and refusals the twin prints: :mod:`domain.engines.sglang.startup`;
-- failure classification of a log: :mod:`domain.engines.sglang.failures`;
+- failure classification of a log (phase, class, evidence): :mod:`domain.engines.sglang.failures`;
+- the server arguments a log states: :mod:`domain.engines.sglang.logargs`;
 - the lesson each failure teaches (family, fix, outcome): :mod:`domain.engines.sglang.lessons`;
 - Prometheus metric names: :mod:`domain.engines.sglang.metrics`.
 
@@ -81,6 +82,12 @@ class SglangEngine:
     def diagnose(self, log: Sequence[str]) -> Diagnosis:
         """Class, phase and evidence of a failed log (:func:`failures.diagnose`)."""
         return failures.diagnose(log)
+
+    def logged_settings(self, log: Sequence[str]) -> dict[str, Any]:
+        """The server arguments of the log's ``server_args=`` line (:mod:`logargs`)."""
+        from domain.engines.sglang import logargs
+
+        return logargs.logged_settings(log, self.version)
 
     def diagnosis_lesson(self, config: ServingConfig, diagnosis: Diagnosis,
                          log_tail: Sequence[str]) -> Lesson:
