@@ -248,3 +248,47 @@ def export_skill(store: LessonStore, name: str = "servetune-lessons", gpu: str |
         out += ["No lessons are stored yet for this scope: run `servetune run` first."]
     return SkillFile(name=name, path=f".claude/skills/{name}/SKILL.md",
                      lesson_count=len(lessons), content="\n".join(out) + "\n")
+
+
+# ------------------------------------------------------------------ diagnose_log (a pasted log)
+class LogDiagnosis(BaseModel):
+    """What a pasted engine log shows (:func:`domain.diagnosis.diagnose_log`)."""
+
+    failure_class: str = Field(description="e.g. GRAPH_CAPTURE_OOM, UNSUPPORTED_BACKEND, UNKNOWN")
+    phase: str = Field(description="where it failed: args, init, weights_load, kv_pool, "
+                                   "cuda_graph or serving")
+    evidence: str = Field(description="the log line that decided the class")
+    source: str | None = Field(description="file:line of the engine check, if known")
+    flags: list[str] = Field(description="the server flags the lesson's condition tests")
+    retry: bool = Field(description="a retry can cure it (transient), so no lesson is learned")
+    fix: str
+    verified: bool = Field(description="source and flags read from the engine's source tree")
+    lesson: Lesson | None = Field(description="the lesson it would write (not stored)")
+    no_lesson: str | None = Field(description="why no lesson can be formed, when none is")
+
+
+MAX_LOG_CHARS = 200_000  # a pasted log: the lines around the failure, not a day of serving
+
+
+def diagnose_log(log: str, engine: str = "sglang", version: str | None = None,
+                 gpu: str | None = None, model: str | None = None) -> LogDiagnosis:
+    """Diagnose a pasted engine log: class, phase, evidence, fix and the lesson (not stored).
+
+    Raises:
+        ValueError: an empty or oversized log, or an engine, version, GPU or model servetune
+            does not know (the message names the supported ones).
+    """
+    from domain.diagnosis import diagnose_log as run
+    from domain.errors import ConfigInvalid
+
+    if len(log) > MAX_LOG_CHARS:
+        raise ValueError(f"the log has {len(log)} characters; paste at most {MAX_LOG_CHARS} "
+                         "(the lines around the failure)")
+    try:
+        r = run(log.splitlines(), engine, version, gpu, model)
+    except ConfigInvalid as e:
+        raise ValueError(str(e)) from e
+    d = r.diagnosis
+    return LogDiagnosis(failure_class=d.failure_class, phase=d.phase, evidence=d.evidence,
+                        source=d.source, flags=d.flags, retry=d.retry, fix=d.fix,
+                        verified=d.verified, lesson=r.lesson, no_lesson=r.no_lesson)

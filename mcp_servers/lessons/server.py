@@ -56,7 +56,8 @@ def build_server(store: LessonStore, run_id: str | None = None) -> MCPServer:
         run_id: recorded on lessons added through ``add_lesson`` that name no run.
 
     Returns:
-        The server, with tools query_lessons, list_lessons, add_lesson and check_config.
+        The server, with tools query_lessons, list_lessons, add_lesson, check_config,
+        export_skill and diagnose_log.
     """
     server = StrictMCPServer(SERVER_NAME, instructions=INSTRUCTIONS)
 
@@ -131,6 +132,29 @@ def build_server(store: LessonStore, run_id: str | None = None) -> MCPServer:
         with as_tool_errors(ValueError, StoreUnavailable):
             return ops.export_skill(store, name=name, gpu=gpu, model=model,
                                     quantization=quantization)
+
+    @server.tool(annotations=READ_ONLY)
+    def diagnose_log(
+        log: Annotated[str, Field(min_length=1, max_length=ops.MAX_LOG_CHARS, description=(
+            "the engine's log as pasted: the lines around the failure (server_args line "
+            "included if you have it)"))],
+        engine: Annotated[str, Field(description="the engine that wrote it",
+                                     pattern=KEY_PATTERN)] = "sglang",
+        version: Annotated[str | None, Field(description="engine version, e.g. '0.5.23' "
+                                             "(default: the newest shipped)",
+                                             pattern=KEY_PATTERN)] = None,
+        gpu: Annotated[str | None, Field(description="GPU catalog key, e.g. 'B200' (needed "
+                                         "for the lesson)", pattern=KEY_PATTERN)] = None,
+        model: Annotated[str | None, Field(description="model catalog key, e.g. 'glm-5' "
+                                           "(default: from the log's model_path)",
+                                           pattern=KEY_PATTERN)] = None,
+    ) -> ops.LogDiagnosis:
+        """Diagnose a failed engine log: failure class, phase, evidence line and fix.
+
+        Also the lesson it would teach (returned, not stored: add it with add_lesson).
+        """
+        with as_tool_errors(ValueError):
+            return ops.diagnose_log(log, engine=engine, version=version, gpu=gpu, model=model)
 
     return server
 

@@ -72,6 +72,8 @@ SEEDS: dict[str, dict[str, dict[str, Any]]] = {
         "add_lesson": {"lesson": LESSON},
         "check_config": {"config": CONFIG},
         "export_skill": {"name": "fz-skill", "gpu": "B200"},
+        "diagnose_log": {"log": "Capture cuda graph failed: CUDA out of memory.", "gpu": "B200",
+                         "model": "glm-5"},
     },
     "source": {
         "source_info": {},
