@@ -199,3 +199,16 @@ def test_server_args_line_is_read_back_in_each_form():
                            "0.5.23") == {"model_path": "a/b", "tp_size": 8,
                                          "disable_radix_cache": True}
     assert logged_settings(["no args here"], "0.5.23") == {}
+
+
+def test_the_lessons_page_lists_every_class_as_the_taxonomy_states_it():
+    from fixtures.paths import REPO
+
+    text = (REPO / "docs" / "lessons.md").read_text()
+    rows = {r.split("|")[1].strip(" `"): [c.strip() for c in r.split("|")[2:-1]]
+            for r in text.splitlines() if r.startswith("| `")}
+    for name, fc in TAXONOMY.items():
+        assert name in rows, name
+        phases, _retry, outcome, condition = rows[name]
+        assert (phases, outcome, condition) == (", ".join(fc.phases), fc.outcome or "-",
+                                                fc.condition), name

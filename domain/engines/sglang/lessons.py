@@ -244,11 +244,11 @@ def lesson_problem(config: ServingConfig, d: Diagnosis) -> str | None:
     return None
 
 
-def diagnosis_lesson(config: ServingConfig, d: Diagnosis, log_tail: Sequence[str],
-                     run_id: str = "diagnose", trial_key: str = "log") -> Lesson:
+def diagnosis_lesson(config: ServingConfig, d: Diagnosis, log_tail: Sequence[str]) -> Lesson:
     """The lesson a diagnosed log teaches for ``config`` (what ``servetune diagnose`` prints).
 
-    ``verified`` and ``source_site`` are the diagnosis's (source-grounded or not).
+    ``verified`` and ``source_site`` are the diagnosis's (source-grounded or not); the lesson's
+    source is ``user`` (a log handed in, no run or trial of servetune's).
 
     Raises:
         NoLesson: the class is transient or its rule cannot name the failing setting for
@@ -258,9 +258,9 @@ def diagnosis_lesson(config: ServingConfig, d: Diagnosis, log_tail: Sequence[str
     if problem is not None:
         raise NoLesson(problem)
     try:
-        lesson = failure_lesson(config, d.failure_class, d.phase, d.evidence, log_tail, run_id,
-                                trial_key)
+        lesson = failure_lesson(config, d.failure_class, d.phase, d.evidence, log_tail, "", "")
     except ValueError as e:  # the condition names no family (e.g. a default-only clause)
         raise NoLesson(f"the {d.failure_class} rule names no family for this config: {e}") \
             from e
-    return lesson.model_copy(update={"verified": d.verified, "source_site": d.source})
+    return lesson.model_copy(update={"verified": d.verified, "source_site": d.source,
+                                     "source": "user", "run_id": None, "trial_id": None})
