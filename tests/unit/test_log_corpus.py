@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import pytest
 import yaml
-from fixtures.pinned_source import pinned_tree  # noqa: F401
+from fixtures.pinned_source import pinned_tree  # noqa: F401  (the session fixture)
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from domain.config import ServingConfig
@@ -159,7 +159,9 @@ def _literal_fragments(code: str) -> list[str]:
     return [f for f in frags if len(f) >= 12]
 
 
-def test_raise_sites_exist_in_the_pinned_tree_and_carry_the_message(pinned_tree: Path) -> None:
+def test_raise_sites_exist_in_the_pinned_tree_and_carry_the_message(
+        pinned_tree: Path,  # noqa: F811  (the fixture imported above)
+) -> None:
     for e in ENTRIES:
         m = SOURCE_SITE.match(e.source)
         if m is None:
