@@ -25,81 +25,24 @@ import hashlib
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any, Literal
 
 import pytest
-import yaml
+from fixtures.log_corpus import CLASSES, CORPUS, SOURCE_SITE, THREAD_URL, Entry, load_index
 from fixtures.pinned_source import pinned_tree  # noqa: F401  (the session fixture)
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from domain.config import ServingConfig
 from domain.engines import engine
 from domain.hardware import GPUS
 from domain.models import MODELS
 
-CORPUS = Path(__file__).resolve().parents[1] / "data" / "sglang_logs"
 MAX_LINES = 40  # issue 18: "at most 40 lines each"
 MIN_ENTRIES = 40  # issue 18: "at least 40 SGLang log excerpts"
 MIN_PER_CLASS = 2  # issue 18: "every class at least twice"
 MIN_TODAY_WRONG = 15  # issue 18: "at least 15 that today's classifier gets wrong"
 
-# The engine-output failure classes of issue 18 (IMAGE_PULL and the bench classes are not
-# engine output, UNKNOWN is not a label).
-CLASSES = ("BAD_FLAG", "UNSUPPORTED_BACKEND", "BACKEND_MODEL_MISMATCH", "OOM_WEIGHTS",
-           "GRAPH_CAPTURE_OOM", "KV_NO_ROOM", "HOST_OOM_HICACHE", "HICACHE_HOST_TOO_SMALL",
-           "NO_DRAFT_MODEL", "TP_DIVISIBILITY", "MULTI_NODE_REQUIRED", "INVALID_COMBINATION",
-           "CRASH_LOOP", "READY_TIMEOUT", "KV_THRASH", "MODEL_LOAD", "NCCL")
-Phase = Literal["args", "init", "weights_load", "kv_pool", "cuda_graph", "serving"]
-
-THREAD_URL = re.compile(r"^https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+$")
-SOURCE_SITE = re.compile(r"^(sglang/srt/[\w/]+\.py):(\d+)$")
-
 # sha256 of the 942ff3d classifier's table ("class<TAB>regex" per row, in order): while the
 # current table is that one, the today_wrong column is re-measured live.
 CLASSIFIER_942FF3D = "e6ab18f6372420bc74fe804fabdecc38861aec3641231144bd042443be33f0e5"
-
-
-class Entry(BaseModel):
-    """One labelled excerpt of ``index.yaml``."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    file: str = Field(pattern=r"^\d\d-[a-z0-9.-]+\.log$")
-    source: str
-    built_from: Literal["thread", "source"]
-    failure_class: str = Field(alias="class")
-    phase: Phase
-    flags: list[str]
-    config: dict[str, Any]
-    why: str = Field(min_length=20)
-    today_class: str
-    today_wrong: bool
-
-    @field_validator("failure_class")
-    @classmethod
-    def _known_class(cls, v: str) -> str:
-        if v not in CLASSES:
-            raise ValueError(f"class {v!r} is not one of {CLASSES}")
-        return v
-
-    @field_validator("source")
-    @classmethod
-    def _source_form(cls, v: str) -> str:
-        if not (THREAD_URL.match(v) or SOURCE_SITE.match(v)):
-            raise ValueError(f"source {v!r} is neither a GitHub issue/PR URL nor "
-                             "sglang/srt/...py:LINE")
-        return v
-
-    def lines(self) -> list[str]:
-        """The excerpt's log lines."""
-        return (CORPUS / self.file).read_text().splitlines()
-
-
-def load_index() -> list[Entry]:
-    """The corpus index (``tests/data/sglang_logs/index.yaml``), validated."""
-    raw = yaml.safe_load((CORPUS / "index.yaml").read_text())
-    return [Entry.model_validate(e) for e in raw["entries"]]
-
 
 ENTRIES = load_index()
 
