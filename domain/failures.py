@@ -133,8 +133,9 @@ TAXONOMY: dict[str, FailureClass] = {c.name: c for c in (
        "than the device KV pool", "use --hicache-ratio above 1 (the host pool must exceed the "
        "device pool)", "crash", "HiCache on with a host ratio <= 1, any model",
        ("enable_hierarchical_cache", "hicache_ratio")),
-    _c("NO_DRAFT_MODEL", ("kv_pool", "init", "weights_load"), "speculative decoding on a model "
-       "whose checkpoint ships no draft head", "speculative decoding needs a model with "
+    _c("NO_DRAFT_MODEL", ("kv_pool", "args", "init", "weights_load"),
+       "speculative decoding on a model whose checkpoint ships no draft head (or without the "
+       "draft model path the algorithm needs)", "speculative decoding needs a model with "
        "MTP/NextN layers or a draft model", "unsupported",
        "this speculative algorithm on this model", ("speculative_algorithm",)),
     _c("TP_DIVISIBILITY", ("init", "weights_load"), "attention heads or MLP sizes do not split "
@@ -148,13 +149,14 @@ TAXONOMY: dict[str, FailureClass] = {c.name: c for c in (
        "crash", "the combination the message names (e.g. HiCache with the radix cache disabled, "
        "a partial speculative triple), this engine version on any GPU or model; a message the "
        "builder does not know: exactly the failed config's set knobs"),
-    _c("MODEL_LOAD", ("init", "weights_load"), "the weights or the model config are missing, "
+    _c("MODEL_LOAD", ("weights_load", "init"), "the weights or the model config are missing, "
        "need remote code, or are in a format the engine cannot read",
        "check --model-path (downloaded, complete, readable), pass --trust-remote-code when the "
        "model ships its own code, or use a checkpoint format the engine reads", "crash",
        "these weights at this exact tp_size on this model (the checkpoint, not the flags, is at "
        "fault)", ("weights", "tp_size")),
-    _c("NCCL", ("init", "serving"), "a collective (NCCL) failed to initialise or timed out",
+    _c("NCCL", ("init", "cuda_graph", "serving"),
+       "a collective (NCCL, or gloo's TCP transport) failed to initialise or timed out",
        "check the GPUs' interconnect and the NCCL environment (NCCL_DEBUG=INFO names the failing "
        "link); a retry on a fresh pod often clears a stuck collective", None,
        "no lesson: a retry on a fresh deployment decides (a failure on every try is recorded, "

@@ -32,7 +32,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from domain.engines.sglang.flags import VERSIONS, flag_inventory
 from domain.failures import PHASES, TAXONOMY, Diagnosis, Phase, failure_class
+
+VERSION = VERSIONS[-1]  # the version whose log wording and flag names these rows are
 
 # ------------------------------------------------------------------------------------- phases
 # (phase, line regex, may the phase go back to it): the engine's own phase lines, then the
@@ -46,7 +49,8 @@ _MARKERS: tuple[tuple[Phase, str, bool], ...] = (
      r"$|model_loader/", False),
     ("kv_pool", r"Load weight end|KV Cache is allocated|Memory pool end|, in "
      r"(init_memory_pool|profile_max_num_token)$", False),
-    ("cuda_graph", r"Capture .*(CUDA|cuda) graph begin|Capture cuda graph bs|Capture (cuda|"
+    ("cuda_graph", r"Capture .*(CUDA|cuda) graph begin|Capture cuda graph bs|Running FlashInfer "
+     r"autotune|Capture (cuda|"
      r"CUDA|prefill CUDA) graph failed|, in (init_cuda_graphs|capture|"
      r"capture_one_batch_size)$|Capturing batches", False),
     ("serving", r"The server is fired up and ready to roll|Prefill batch[ ,]|Decode batch[ ,]|"
@@ -84,8 +88,12 @@ class FailurePattern:
     """One row of the classifier: ``regex`` over a line, in ``phases``, at ``rank``.
 
     ``failure_class`` "OOM" is classed by its phase (:data:`OOM_BY_PHASE`). ``site`` is the
-    0.5.23 raise site of the message when one file raises it; ``fields`` the ServingConfig
-    fields it names (else the taxonomy's).
+    0.5.23 raise site of the message when one file raises it; ``flags`` the dests of the server
+    flags its check tests (else the taxonomy's fields of the class); ``phase`` where the message
+    is raised: the phase of an excerpt without any phase line (else the class's own phase) and,
+    when ``floor``, the earliest phase the failure can be in (a log cut short, or whose only
+    phase line is the scheduler's, reached at least that far). A kernel's runtime refusal has
+    no floor: it is raised wherever the kernel first runs.
     """
 
     failure_class: str
@@ -93,7 +101,9 @@ class FailurePattern:
     rank: int = 1
     phases: tuple[Phase, ...] = PHASES
     site: str | None = None
-    fields: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()
+    phase: Phase | None = None
+    floor: bool = True
 
 
 OOM_BY_PHASE: dict[Phase, str] = {"args": "OOM_WEIGHTS", "init": "OOM_WEIGHTS",
@@ -101,38 +111,61 @@ OOM_BY_PHASE: dict[Phase, str] = {"args": "OOM_WEIGHTS", "init": "OOM_WEIGHTS",
                                   "cuda_graph": "GRAPH_CAPTURE_OOM", "serving": "CRASH_LOOP"}
 _EXC = r"(?<![\w.])(ValueError|AssertionError|NotImplementedError|TypeError)(: |:?$)"
 _START: tuple[Phase, ...] = ("args", "init")
+_ATTN = "sglang/srt/layers/attention/attention_registry.py"
+_HOST = ("hicache_ratio", "hicache_size")
 
 
 def _row(cls: str, rx: str, rank: int = 1, phases: tuple[Phase, ...] = PHASES,
-         site: str | None = None, fields: tuple[str, ...] = ()) -> FailurePattern:
-    return FailurePattern(cls, re.compile(rx), rank, phases, site, fields)
+         site: str | None = None, flags: tuple[str, ...] = (),
+         phase: Phase | None = None, floor: bool = True) -> FailurePattern:
+    return FailurePattern(cls, re.compile(rx), rank, phases, site, flags, phase, floor)
 
 
 FAILURE_PATTERNS: tuple[FailurePattern, ...] = (
     # rank 1: the engine's own refusal or resource message
     _row("BAD_FLAG", r"error: (ambiguous option|unrecognized arguments|argument \S+)"),
     _row("UNSUPPORTED_BACKEND", r"The '\w+' backend is not supported on Blackwell GPUs",
-         site="sglang/srt/layers/attention/vision.py:1331", fields=("mm_attention_backend",)),
-    _row("UNSUPPORTED_BACKEND",
-         r"FlashAttention v3 Backend requires SM>=80 and SM<=90|backend is only supported on|"
-         r"is only supported on (Blackwell|Hopper|Ampere|SM ?\d+|sm_?\d+)|"
-         r"is not supported on (Blackwell|Hopper|Ampere|Blackwell|this GPU|SM ?\d+|sm_?\d+)|"
+         site="sglang/srt/layers/attention/vision.py:1331", flags=("mm_attention_backend",),
+         phase="weights_load"),  # the vision encoder's attention, built with the model
+    _row("UNSUPPORTED_BACKEND", r"backends are supported on Blackwell GPUs for hybrid GDN",
+         site=f"{_ATTN}:474", flags=("attention_backend",), phase="kv_pool"),
+    _row("UNSUPPORTED_BACKEND", r"FlashAttention v3 Backend requires SM>=80 and SM<=90",
+         site=f"{_ATTN}:244", flags=("attention_backend",), phase="kv_pool"),
+    _row("UNSUPPORTED_BACKEND",  # an argument check of the attention backends
+         r"backends? (is|are) only supported on|is only supported on (Blackwell|Hopper|Ampere|"
+         r"SM ?\d+|sm_?\d+)|is not supported on (Blackwell|Hopper|Ampere|this GPU|SM ?\d+|"
+         r"sm_?\d+)|requires (GPUs with )?(SM|sm_?) ?\d+", flags=("attention_backend",),
+         phase="kv_pool"),
+    _row("UNSUPPORTED_BACKEND",  # a kernel's runtime refusal (FlashInfer, a CUDA build)
          r"Unsupported architecture(?!: *[A-Za-z_])|no kernel image is available for execution|"
-         r"not (available or )?supported on this (GPU|hardware|device|architecture)|"
-         r"requires (GPUs with )?(SM|sm_?) ?\d+"),
-    _row("BACKEND_MODEL_MISMATCH", r"backend can only be used with (MLA|non-MLA) models"),
+         r"not (available or )?supported on this (GPU|hardware|device|architecture)",
+         flags=("attention_backend",), phase="serving", floor=False),
+    _row("BACKEND_MODEL_MISMATCH", r"backend can only be used with (MLA|non-MLA) models",
+         site=_ATTN, phase="kv_pool"),
     _row("OOM", r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory"),
     _row("KV_NO_ROOM", r"Loaded weights leave no GPU memory for the KV cache|Not enough memory\. "
          r"Please try to increase --mem-fraction-static|max_running_request is zero|Memory pool "
          r"size is too small"),
     _row("HOST_OOM_HICACHE", r"Not enough host memory available\. Requesting .* GB but only "
-         r"have .* GB free", site="sglang/srt/mem_cache/pool_host/base.py"),
+         r"have .* GB free", site="sglang/srt/mem_cache/pool_host/base.py:253",
+         flags=("enable_hierarchical_cache", *_HOST)),
     _row("HICACHE_HOST_TOO_SMALL", r"The host memory should be larger than the device memory",
-         site="sglang/srt/mem_cache/pool_host/base.py"),
+         flags=("enable_hierarchical_cache", *_HOST)),
+    _row("HICACHE_HOST_TOO_SMALL", r"Unified host backing must fit at least one page",
+         site="sglang/srt/mem_cache/pool_host/unified.py:158", flags=_HOST),
+    _row("HICACHE_HOST_TOO_SMALL", r"Host token capacity must be positive and page-aligned",
+         site="sglang/srt/mem_cache/pool_host/base.py:215", flags=_HOST),
     _row("NO_DRAFT_MODEL", r"has no MTP/NextN draft layer"),
-    _row("GRAPH_CAPTURE_OOM", r"Capture (cuda|CUDA|prefill CUDA) graph failed", rank=2),
-    _row("TP_DIVISIBILITY", r"AssertionError: \d+ is not divisible by \d+"),
-    _row("MULTI_NODE_REQUIRED", r"invalid device ordinal"),
+    _row("NO_DRAFT_MODEL", r"speculative decoding requires setting\s+"
+         r"(--speculative-draft-model-path)?", site="sglang/srt/arg_groups/speculative_hook.py",
+         flags=("speculative_draft_model_path",), phase="args"),
+    _row("TP_DIVISIBILITY", r"AssertionError: \d+ is not divisible by \d+",
+         site="sglang/srt/distributed/utils.py:70", flags=("tp_size",), phase="weights_load"),
+    _row("TP_DIVISIBILITY", r"is not divisible by weight quantization block_n",
+         flags=("tp_size",), phase="weights_load"),
+    _row("MULTI_NODE_REQUIRED", r"invalid device ordinal", flags=("tp_size", "nnodes")),
+    _row("INVALID_COMBINATION", r"multi-node data-parallel replicas are not supported",
+         site="sglang/srt/arg_groups/validation_hook.py:199", flags=("dp_size", "nnodes")),
     _row("MODEL_LOAD", r"Cannot find any model weights|No model weights found|Model architectures "
          r"\[.*\] are not supported|Unsupported architecture: *[A-Za-z_]|is not a local folder "
          r"and is not a valid model identifier|does not appear to have a file named|Can't load "
@@ -140,21 +173,27 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = (
          r"requires you to execute the configuration file|RepositoryNotFoundError|"
          r"GatedRepoError|LocalEntryNotFoundError|SafetensorError|HeaderTooLarge|Unrecognized "
          r"model in|does not recognize this architecture|No such file or directory: .*"
-         r"(config\.json|\.safetensors|\.bin)"),
+         r"(config\.json|\.safetensors|\.bin)", flags=("model_path",)),
     # rank 2: a collective failed (often another rank's failure seen from its peers)
     _row("NCCL", r"NCCL error|nccl(Internal|System|UnhandledCuda|Remote|InvalidUsage)Error|"
-         r"Watchdog caught collective operation timeout|ProcessGroupNCCL.*(timeout|timed out)|"
-         r"DistBackendError|DistNetworkError|NCCL communicator", rank=2),
-    # rank 3: an argument-resolution refusal without a message the rows above know
+         r"DistNetworkError|NCCL communicator|gloo/transport", rank=2, phase="init",
+         floor=False),
+    _row("NCCL", r"Watchdog caught collective operation timeout|ProcessGroupNCCL.*(timeout|"
+         r"timed out)|DistBackendError", rank=2, phase="serving", floor=False),
+    # rank 3: a capture failure of no known cause (the engine's hint: memory), and an
+    # argument-resolution refusal without a message the rows above know
+    _row("GRAPH_CAPTURE_OOM", r"Capture (cuda|CUDA|prefill CUDA) graph failed", rank=3),
     _row("INVALID_COMBINATION", _EXC, rank=3, phases=_START),
     # rank 4: the cluster's verdicts and the engine's generic crash lines
     _row("IMAGE_PULL", r"ImagePullBackOff|ErrImagePull|failed to pull (and unpack )?image",
          rank=4),
     _row("CRASH_LOOP", r"CrashLoopBackOff|(Scheduler|DataParallelController|TokenizerManager|"
-         r"DetokenizerManager) hit an exception|Received sigquit from a child process", rank=4),
+         r"DetokenizerManager) hit an exception|Received sigquit from a child proces", rank=4),
     _row("READY_TIMEOUT", r"not ready after [\d.]+ s|readiness (probe )?timed? ?out", rank=5),
 )
-RETRACT = re.compile(r"KV cache pool is full\. Retract requests\.")
+# 0.5.23 managers/scheduler.py:4526; earlier versions: "Decode out of memory happened"
+RETRACT = re.compile(r"KV cache pool is full\. Retract requests\.|Decode out of memory happened\. "
+                     r"#retracted_reqs")
 RETRACT_METRIC = re.compile(r"sglang:num_retracted_(reqs|requests_total)(\{[^}]*\})? "
                             r"([0-9.eE+]+)")
 THRASH_MIN = 2  # retractions that make thrashing: "repeated" (two or more)
@@ -170,8 +209,8 @@ def named_fields(cls: str, evidence: str) -> tuple[str, ...]:
     encoder's ``mm_attention_backend``), else the taxonomy's fields of ``cls``.
     """
     for p in FAILURE_PATTERNS:
-        if p.failure_class == cls and p.fields and p.regex.search(evidence):
-            return p.fields
+        if p.failure_class == cls and p.flags and p.regex.search(evidence):
+            return p.flags
     return failure_class(cls).fields
 
 
@@ -226,13 +265,21 @@ def _best(log: Sequence[str], at: list[Phase]) -> tuple[FailurePattern, int] | N
     return None if best is None else (best[1], -best[0][2])
 
 
+_TRACEBACK = re.compile(r"Traceback \(most recent call last\)|(Error|Exception)(: |$)")
+_NAMED_FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]+)")
+
+
 def diagnose(log: Sequence[str]) -> Diagnosis:
     """The failure class, phase and evidence line of a failed SGLang log (module docstring).
 
-    ``source`` is the row's 0.5.23 raise site when one file raises the message (else None);
-    ``flags`` the server flags the class's lesson condition tests (the flag named by an argparse
-    refusal, else the row's or the taxonomy's fields); ``verified`` is False: nothing here was
-    read from a source tree.
+    The phase is the one the log reached (a traceback printed after the error names the frames
+    it was raised in); an excerpt without any phase line takes the phase the deciding row's
+    message is raised in, else the class's own. A log that stops mid-startup with no error
+    line at all is READY_TIMEOUT at the phase it reached (the readiness timeout follows).
+    ``source`` is the row's 0.5.23 raise site when known (else None); ``flags`` the server
+    flags the failing check tests (the flag an argparse refusal names; the row's; the flags the
+    message names; else the taxonomy's fields); ``verified`` is False: nothing here was read
+    from a source tree.
 
     Returns:
         The :class:`~domain.failures.Diagnosis`; class UNKNOWN (evidence the last line) if no
@@ -245,26 +292,43 @@ def diagnose(log: Sequence[str]) -> Diagnosis:
     thrash = _thrash(lines, at)
     if found is None or (thrash is not None and found[0].rank >= 4):
         if thrash is not None:
-            i, ev = thrash
-            return _diagnosis("KV_THRASH", "serving", ev, None, ())
-        return _diagnosis("UNKNOWN", reached, lines[-1] if lines else "", None, ())
+            return _diagnosis("KV_THRASH", "serving", thrash[1], None, ())
+        last = next((x for x in reversed(lines) if x.strip()), "")
+        if reached != "serving" and not any(_TRACEBACK.search(x) for x in lines):
+            phase = reached if seen else failure_class("READY_TIMEOUT").phases[0]
+            return _diagnosis("READY_TIMEOUT", phase, last, None, ())  # a silent stop
+        return _diagnosis("UNKNOWN", reached, last, None, ())
     row, i = found
-    cls = OOM_BY_PHASE[at[i]] if row.failure_class == "OOM" else row.failure_class
-    phase = at[i] if seen else failure_class(cls).phases[0]
-    return _diagnosis(cls, phase, lines[i], row.site, row.fields)
+    if not seen:
+        phase = row.phase or failure_class(
+            "OOM_WEIGHTS" if row.failure_class == "OOM" else row.failure_class).phases[0]
+    elif row.phase is not None and row.floor:
+        phase = max(reached, row.phase, key=PHASES.index)
+    else:
+        phase = reached
+    cls = OOM_BY_PHASE[phase] if row.failure_class == "OOM" else row.failure_class
+    flags = row.flags or tuple(_named_flags(lines[i]))
+    return _diagnosis(cls, phase, lines[i], row.site, flags)
+
+
+def _named_flags(evidence: str) -> list[str]:
+    """Dests of the 0.5.23 server flags the message names (``--dcp-size`` -> ``dcp_size``)."""
+    by_flag = {f: dest for dest, e in flag_inventory(VERSION).items() for f in e["flags"]}
+    return list(dict.fromkeys(by_flag["--" + m] for m in _NAMED_FLAG.findall(evidence)
+                              if "--" + m in by_flag))
 
 
 def _diagnosis(cls: str, phase: Phase, evidence: str, site: str | None,
-               fields: tuple[str, ...]) -> Diagnosis:
+               flags: tuple[str, ...]) -> Diagnosis:
     fc = failure_class(cls)
     if phase not in fc.phases:  # e.g. a HiCache host pool sized after graph capture
         phase = fc.phases[0]
     if cls == "BAD_FLAG":
         named = bad_flag_name(evidence)
-        flags = [named] if named else []
+        out = [named] if named else []
     else:
-        flags = [_flag(f) for f in (fields or fc.fields) if f != "weights"]
-    return Diagnosis.of(cls, phase, evidence, source=site, flags=flags)
+        out = [_flag(f) for f in (flags or fc.fields) if f != "weights"]
+    return Diagnosis.of(cls, phase, evidence, source=site, flags=out)
 
 
 def _flag(dest: str) -> str:
