@@ -218,7 +218,7 @@ def _is_args_line(line: str) -> bool:
     return "server_args=" in line or "ServerArgs(" in line
 
 
-def _thrash(log: Sequence[str], at: list[Phase]) -> tuple[int, str] | None:
+def _thrash(log: Sequence[str]) -> tuple[int, str] | None:
     """(line index, evidence) of repeated retraction while serving, or None."""
     hits = [i for i, x in enumerate(log) if RETRACT.search(x)]
     retracted = 0.0
@@ -289,8 +289,8 @@ def diagnose(log: Sequence[str]) -> Diagnosis:
     at = phase_at(lines)
     reached, seen = phase_reached(lines)
     found = _best(lines, at)
-    thrash = _thrash(lines, at)
-    if found is None or (thrash is not None and found[0].rank >= 4):
+    if found is None:  # no error line: thrashing, a silent stop, or nothing known
+        thrash = _thrash(lines)
         if thrash is not None:
             return _diagnosis("KV_THRASH", "serving", thrash[1], None, ())
         last = next((x for x in reversed(lines) if x.strip()), "")
