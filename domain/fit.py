@@ -207,6 +207,87 @@ def prefill_capture_sizes(max_tokens: int) -> list[int]:
     return [s for s in sizes if s <= max_tokens]
 
 
+def decode_capture_sizes(max_bs: int, speculative: bool) -> list[int]:
+    """Decode batch sizes SGLang 0.5.23 captures a CUDA graph for, up to ``max_bs``.
+
+    Source: ``arg_groups/cuda_graph_hook.py: generate_decode_cuda_graph_batch_sizes`` --
+    without speculation 1, 2, 4, 8, 12, 16..256 step 8, 272..496 step 16, 512.. step 32; with
+    speculation 1..8, 10..32 step 2, 40..64 step 4, 72..256 step 8, 272.. step 16; sizes above
+    ``max_bs`` dropped and ``max_bs`` itself appended when missing.
+    """
+    if speculative:
+        sizes = (list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 65, 4))
+                 + list(range(72, 257, 8)) + list(range(272, max_bs + 1, 16)))
+    else:
+        sizes = ([1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16))
+                 + list(range(512, max_bs + 1, 32)))
+    sizes = [s for s in sizes if s <= max_bs]
+    return sizes if max_bs in sizes else [*sizes, max_bs]
+
+
+def decode_activation_bytes_per_token(model: ModelArch, tp_size: int,
+                                      all_layers: bool = True) -> float:
+    """Decode activation bytes of one token on one GPU: every layer's, or the largest layer's.
+
+    Per layer, in bf16 (2 bytes): residual and normed hidden (2 x hidden), the attention tensors
+    of the rank (GQA: q, k, v and output of ``heads/tp`` and ``max(1, kv_heads/tp)`` heads;
+    MLA/DSA: q at ``qk_head_dim``, the latent-absorbed q and the attention output at
+    ``kv_lora_rank + rope`` per head, the compressed KV, v at ``head_dim``; DSA adds the
+    indexer's q and its ``index_topk`` int32 indices) and the o_proj output (hidden); dense
+    layers the gate/up and down outputs of ``intermediate/tp``; MoE layers the fp32 router
+    logits, per routed copy (``experts_per_tok``) the dispatched hidden, gate/up and down
+    outputs of ``moe_intermediate/tp`` and the combined output, plus the shared experts. Shapes:
+    DeepSeek-V3 report sec. 2, SGLang ``models/deepseek_v2.py``, ``layers/moe/fused_moe_triton``
+    (its intermediate caches 1-3). ``all_layers``: the sum over layers (a capture that keeps
+    every layer's tensors), else the largest single layer (tensors reused layer to layer).
+    """
+    h, t, e = model.hidden, tp_size, 2.0
+    heads = max(1, model.heads // t)
+    if model.attention == "gqa":
+        attn = (2 * heads + 2 * max(1, model.kv_heads // t)) * model.head_dim
+    else:
+        latent = model.kv_lora_rank + model.qk_rope_head_dim
+        attn = heads * model.qk_head_dim + 2 * heads * latent + latent + heads * model.head_dim
+        if model.attention == "dsa":
+            attn += model.index_n_heads * model.index_head_dim + model.index_topk * 2
+    common = (3 * h + attn) * e
+    dense = common + (3 * model.intermediate / t + h) * e
+    moe = common + model.n_routed_experts * 4.0 + model.experts_per_tok * (
+        2 * h + 3 * model.moe_intermediate / t) * e \
+        + model.n_shared_experts * (3 * model.moe_intermediate / t) * e + h * e
+    if not all_layers:
+        return max(dense, moe if model.moe_layers else 0.0)
+    return (model.layers - model.moe_layers) * dense + model.moe_layers * moe
+
+
+def graph_capture_bytes(model: ModelArch, tp_size: int, max_bs: int, attention_backend: str,
+                        speculative: bool = False) -> float:
+    """GPU memory the decode CUDA graphs of one GPU take, bytes.
+
+    SGLang captures every decode graph into one shared memory pool, largest batch first "so
+    cuda graphs share memory better" (``model_executor/runner/decode_cuda_graph_runner.py:
+    _capture_one_stream``; captured sizes: :func:`decode_capture_sizes`). The pool holds:
+
+    - each captured graph's output buffers: ``bs x (vocab + hidden)`` bf16 per graph, summed
+      over the captured sizes (the runner keeps one output per batch size);
+    - the largest graph's working set: ``max_bs x`` :func:`decode_activation_bytes_per_token`
+      -- every layer's activations for the fa3 backend on MLA/DSA models, whose first capture
+      alone takes about 5-6 GB on DeepSeek (sgl-project/sglang issue #16143), else one layer's.
+
+    Check point: DeepSeek-V3 FP8, TP8 on H200 (fa3), batch 256 -- about 6 GB for graphs alone
+    (sgl-project/sglang PR #5634); this model gives 6.4 GB (within 30 %,
+    tests/unit/test_preflight.py). With speculative decoding a verify graph is counted at its
+    batch of requests: no measured point says how the pool grows with draft tokens. 0 when
+    ``max_bs`` is below 1.
+    """
+    if max_bs < 1:
+        return 0.0
+    sizes = decode_capture_sizes(max_bs, speculative)
+    outputs = sum(sizes) * (model.vocab + model.hidden) * 2.0
+    held = attention_backend == "fa3" and model.attention in ("mla", "dsa")
+    return outputs + max(sizes) * decode_activation_bytes_per_token(model, tp_size, held)
+
+
 def default_mem_fraction(model: ModelArch, gpu: GPU, tp_size: int, chunked: int,
                          graph_bs: int) -> float:
     """``mem_fraction_static`` when unset (memory_hook.py: handle_gpu_memory_settings).
@@ -383,7 +464,8 @@ def fit(config: ServingConfig) -> FitReport:
     # captured sizes stop at the request-slot pool (max_running_requests).
     captured_bs = min(graph_bs, mrr)
     outside = (1 - f) * M
-    graphs = 2 * captured_bs * MIB + (1536 * MIB if model.attention in ("mla", "dsa") else 0)
+    backend, page = resolve_attention_backend(config, model, gpu)
+    graphs = graph_capture_bytes(model, t, captured_bs, backend, spec is not None)
     need = chunked * ACTIVATION_BYTES_PER_TOKEN + graphs
     if need > outside - CONTEXT_OVERHEAD_BYTES:
         raise DoesNotFit("cuda_graph", (need + CONTEXT_OVERHEAD_BYTES) / 1e9, outside / 1e9,
@@ -391,7 +473,6 @@ def fit(config: ServingConfig) -> FitReport:
                          f"static pool < {need / 1e9:.1f} GB activations for {chunked} tokens + "
                          f"graphs for batch {captured_bs} + "
                          f"{CONTEXT_OVERHEAD_BYTES / 1e9:.1f} GB")
-    backend, page = resolve_attention_backend(config, model, gpu)
     ratio, host_tokens = hicache_host_pool(config, gpu, kv_tokens, per_tok)
     arithmetic = f"{pool_txt}; max_running_requests {mrr}"
     if spec:
