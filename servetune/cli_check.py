@@ -64,7 +64,8 @@ def check(
     version: Annotated[str | None, typer.Option(
         "--version", help="SGLang version whose flags the command is read with (default: the "
                           "pinned one)")] = None,
-    trace: Annotated[Path | None, typer.Option(help="trace file for the shared-prefix lint")] = None,
+    trace: Annotated[Path | None, typer.Option(
+        help="trace file for the shared-prefix lint")] = None,
     study: Annotated[Path | None, typer.Option(
         help="study file: its replay trace and load for the lints")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
