@@ -227,8 +227,8 @@ async def test_stdio_round_trip(tmp_path):
         async with Client(params) as client:
             names = sorted(t.name for t in (await client.list_tools()).tools)
             r = await client.call_tool("list_lessons", {"gpu": "H200"})
-    assert names == ["add_lesson", "check_config", "export_skill", "list_lessons",
-                     "query_lessons"]
+    assert names == ["add_lesson", "check_command", "check_config", "export_skill",
+                     "list_lessons", "query_lessons"]
     assert not r.is_error
     assert [x["title"] for x in r.structured_content["items"]] == [KV.title]
     assert r.structured_content["next_start"] is None
