@@ -146,7 +146,7 @@ def memory_report(config: ServingConfig, decode_graphs: bool = True
                if least is not None else "more GPUs per replica (--tp-size) or a smaller "
                "checkpoint")
         finding = Finding(severity="refuse", code="DOES_NOT_FIT",
-                          message=f"{e.phase}: {e}", fix=fix)
+                          message=str(e), fix=fix)
     backend = rep.attention_backend if rep else resolve_attention_backend(config, model, gpu)[0]
     per_tok = rep.kv_bytes_per_token if rep else model.kv_bytes_per_token(
         KV_BYTES[_kv_dtype(config, model, gpu)], config.tp_size)
