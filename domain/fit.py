@@ -225,9 +225,8 @@ def decode_capture_sizes(max_bs: int, speculative: bool) -> list[int]:
     return sizes if max_bs in sizes else [*sizes, max_bs]
 
 
-def decode_activation_bytes_per_token(model: ModelArch, tp_size: int,
-                                      all_layers: bool = True) -> float:
-    """Decode activation bytes of one token on one GPU: every layer's, or the largest layer's.
+def decode_activation_bytes_per_token(model: ModelArch, tp_size: int) -> float:
+    """Decode activation bytes of one token in the largest layer, on one GPU.
 
     Per layer, in bf16 (2 bytes): residual and normed hidden (2 x hidden), the attention tensors
     of the rank (GQA: q, k, v and output of ``heads/tp`` and ``max(1, kv_heads/tp)`` heads;
@@ -238,8 +237,8 @@ def decode_activation_bytes_per_token(model: ModelArch, tp_size: int,
     logits, per routed copy (``experts_per_tok``) the dispatched hidden, gate/up and down
     outputs of ``moe_intermediate/tp`` and the combined output, plus the shared experts. Shapes:
     DeepSeek-V3 report sec. 2, SGLang ``models/deepseek_v2.py``, ``layers/moe/fused_moe_triton``
-    (its intermediate caches 1-3). ``all_layers``: the sum over layers (a capture that keeps
-    every layer's tensors), else the largest single layer (tensors reused layer to layer).
+    (its intermediate caches 1-3). The largest of the dense and MoE layers is returned: a
+    layer's tensors are reused by the next.
     """
     h, t, e = model.hidden, tp_size, 2.0
     heads = max(1, model.heads // t)
@@ -255,37 +254,47 @@ def decode_activation_bytes_per_token(model: ModelArch, tp_size: int,
     moe = common + model.n_routed_experts * 4.0 + model.experts_per_tok * (
         2 * h + 3 * model.moe_intermediate / t) * e \
         + model.n_shared_experts * (3 * model.moe_intermediate / t) * e + h * e
-    if not all_layers:
-        return max(dense, moe if model.moe_layers else 0.0)
-    return (model.layers - model.moe_layers) * dense + model.moe_layers * moe
+    return max(dense if model.layers > model.moe_layers else 0.0,
+               moe if model.moe_layers else 0.0)
+
+
+# fa3 on MLA/DSA models: the first decode-graph capture takes about 5 GB on DeepSeek
+# ("Deepseek use 5GB for cuda graph when using fa3", sgl-project/sglang issue #16143, decode
+# graphs), a workspace of the backend that does not come from the model's activations.
+FA3_MLA_CAPTURE_WORKSPACE_BYTES = 5e9
 
 
 def graph_capture_bytes(model: ModelArch, tp_size: int, max_bs: int, attention_backend: str,
-                        speculative: bool = False) -> float:
+                        speculative: bool = False, sm_major: int = 9) -> float:
     """GPU memory the decode CUDA graphs of one GPU take, bytes.
 
     SGLang captures every decode graph into one shared memory pool, largest batch first "so
     cuda graphs share memory better" (``model_executor/runner/decode_cuda_graph_runner.py:
-    _capture_one_stream``; captured sizes: :func:`decode_capture_sizes`). The pool holds:
+    _capture_one_stream``; captured sizes: :func:`decode_capture_sizes`), and every graph writes
+    its logits into one persistent fp32 ``(max rows, vocab)`` buffer
+    (``model_executor/graph_shared_output.py: get_logits_buffer``). So the graphs take:
 
-    - each captured graph's output buffers: ``bs x (vocab + hidden)`` bf16 per graph, summed
-      over the captured sizes (the runner keeps one output per batch size);
-    - the largest graph's working set: ``max_bs x`` :func:`decode_activation_bytes_per_token`
-      -- every layer's activations for the fa3 backend on MLA/DSA models, whose first capture
-      alone takes about 5-6 GB on DeepSeek (sgl-project/sglang issue #16143), else one layer's.
+    - the shared logits buffer: ``max_bs x vocab x 4`` bytes;
+    - the largest graph's working set: ``max_bs x`` one layer's decode activations
+      (:func:`decode_activation_bytes_per_token`; the pool reuses a layer's tensors for the
+      next);
+    - with the fa3 backend on MLA/DSA models, where fa3 runs (SM 8x/9x; elsewhere the engine
+      refuses it before any capture), its capture workspace
+      (:data:`FA3_MLA_CAPTURE_WORKSPACE_BYTES`, about 5 GB).
 
     Check point: DeepSeek-V3 FP8, TP8 on H200 (fa3), batch 256 -- about 6 GB for graphs alone
-    (sgl-project/sglang PR #5634); this model gives 6.4 GB (within 30 %,
+    (sgl-project/sglang PR #5634); this model gives 5.2 GB (within 30 %,
     tests/unit/test_preflight.py). With speculative decoding a verify graph is counted at its
-    batch of requests: no measured point says how the pool grows with draft tokens. 0 when
-    ``max_bs`` is below 1.
+    batch of requests. 0 when ``max_bs`` is below 1.
     """
     if max_bs < 1:
         return 0.0
-    sizes = decode_capture_sizes(max_bs, speculative)
-    outputs = sum(sizes) * (model.vocab + model.hidden) * 2.0
-    held = attention_backend == "fa3" and model.attention in ("mla", "dsa")
-    return outputs + max(sizes) * decode_activation_bytes_per_token(model, tp_size, held)
+    bs = max(decode_capture_sizes(max_bs, speculative))
+    workspace = FA3_MLA_CAPTURE_WORKSPACE_BYTES if (
+        attention_backend == "fa3" and model.attention in ("mla", "dsa")
+        and 8 <= sm_major <= 9) else 0.0
+    return bs * model.vocab * 4.0 + bs * decode_activation_bytes_per_token(model, tp_size) \
+        + workspace
 
 
 def default_mem_fraction(model: ModelArch, gpu: GPU, tp_size: int, chunked: int,
@@ -465,7 +474,8 @@ def fit(config: ServingConfig) -> FitReport:
     captured_bs = min(graph_bs, mrr)
     outside = (1 - f) * M
     backend, page = resolve_attention_backend(config, model, gpu)
-    graphs = graph_capture_bytes(model, t, captured_bs, backend, spec is not None)
+    graphs = graph_capture_bytes(model, t, captured_bs, backend, spec is not None,
+                                 gpu.sm_major)
     need = chunked * ACTIVATION_BYTES_PER_TOKEN + graphs
     if need > outside - CONTEXT_OVERHEAD_BYTES:
         raise DoesNotFit("cuda_graph", (need + CONTEXT_OVERHEAD_BYTES) / 1e9, outside / 1e9,

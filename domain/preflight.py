@@ -159,7 +159,8 @@ def memory_report(config: ServingConfig, decode_graphs: bool = True
         kv_bytes_per_token=per_tok, kv_pool_tokens=rep.kv_tokens if rep else 0,
         min_mem_fraction_static=min_mem_fraction(config),
         graph_capture_bytes=graph_capture_bytes(model, config.tp_size, graph_bs, backend,
-                                                config.speculative_algorithm is not None))
+                                                config.speculative_algorithm is not None,
+                                                gpu.sm_major))
     return mem, rep, finding
 
 
