@@ -24,10 +24,10 @@ from domain.fit import (
     FitReport,
     default_decode_graph_bs,
     fit,
-    graph_capture_bytes,
     resolve_attention_backend,
 )
 from domain.fit import resolve_kv_dtype as _kv_dtype
+from domain.graph_memory import graph_capture_bytes
 from domain.hardware import get_gpu
 from domain.models import get_model
 from domain.speculative import SPEC_MAX_RUNNING_REQUESTS

@@ -12,7 +12,8 @@ from domain.config import ServingConfig
 from domain.engines import engine
 from domain.engines.sglang.cmdline import cli_extras, split_program
 from domain.errors import ConfigInvalid, DoesNotFit
-from domain.fit import decode_capture_sizes, fit, graph_capture_bytes
+from domain.fit import fit
+from domain.graph_memory import decode_capture_sizes, graph_capture_bytes
 from domain.models import find_checkpoint, get_model
 from domain.preflight import (
     Finding,
