@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 from fixtures.pinned_source import pinned_tree  # noqa: F401
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from domain.config import ServingConfig
 from domain.engines import engine
@@ -279,3 +281,22 @@ def test_verdict() -> None:
     assert verdict_of([]) == "ok" and verdict_of([f("info")]) == "ok"
     assert verdict_of([f("info"), f("warn")]) == "warn"
     assert verdict_of([f("warn"), f("refuse")]) == "refuse"
+
+
+TOKENS = ["--tp-size", "8", "--tp", "--tp-size=x", "--mem-fraction-static", "0.9", "1.5", "-1",
+          "--cuda-graph-max-bs", "--cuda-graph-bs-decode", "1", "2", "--disable-radix-cache",
+          "--no-enable-tf32-matmul", "--attention-backend", "fa3", "tokenspeed_mla", "--config",
+          "--speculative-algorithm", "NEXTN", "EAGLE9", "--max-running-requests", "0", "--",
+          "--kv-cache-dtype", "bfloat16", "nvfp4", "--context-length", "1Ki", "2.5Ki", "{",
+          "--json-model-override-args", "--lora-paths", "--model-path", "zai-org/GLM-5-FP8",
+          "--dp-size", "2", "--page-size", "64", "--enable-hier", "=", "--=", "-h", ""]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.lists(st.sampled_from(TOKENS) | st.text(max_size=12), max_size=12),
+       st.sampled_from(["B200", "H200", "H100"]))
+def test_any_argv_gets_a_verdict_never_a_crash(tokens: list[str], gpu: str) -> None:
+    r = check_command(["sglang", "serve", "--model-path", "zai-org/GLM-5-FP8", *tokens], gpu, 8)
+    assert r.verdict in ("ok", "warn", "refuse")
+    assert r.verdict == verdict_of(r.findings)
+    assert all(f.message and f.fix for f in r.findings)
