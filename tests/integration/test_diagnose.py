@@ -55,7 +55,8 @@ def test_diagnose_json_keys_and_the_lesson_it_would_write(tmp_path):
 
 def test_diagnose_text_from_stdin_and_learn_stores_the_lesson(tmp_path):
     e = dict(os.environ, SERVETUNE_LESSONS_DIR=str(tmp_path / "lessons"),
-             SERVETUNE_EMBEDDING="hashing", COLUMNS="200")
+             SERVETUNE_EMBEDDING="hashing", COLUMNS="200",
+             SERVETUNE_SOURCE_CACHE=str(tmp_path / "no-source"))
     r = subprocess.run([sys.executable, "-m", "servetune.cli", "diagnose", "-", "--gpu", "B200",
                         "--learn"], input=GRAPH_OOM_LOG, capture_output=True, text=True,
                        cwd=tmp_path, env=e, timeout=300)
