@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from domain.pareto import pareto_front as pareto_front  # re-exported; defined there
 
@@ -87,6 +87,11 @@ class MetricsSummary(BaseModel):
     e2e_ms: Percentiles
     goodput_req_s: float | None = None
     gpus: int
+    retractions: int | None = Field(
+        None, description="running requests the engine retracted to its queue during the run "
+        "(decode ran out of KV; each is recomputed later): the twin's scheduler counter, or "
+        "the difference of the server's retraction counter around the run "
+        "(``Engine.metrics['retracted_requests']``); None when the server exposes none")
 
 
 def summarize(records: Sequence[RequestRecord], gpus: int,

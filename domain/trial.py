@@ -43,6 +43,20 @@ def manifest_for(config: ServingConfig, backend: str) -> VersionManifest:
                            flag_inventory_sha=sha, backend=backend)
 
 
+class LintNote(BaseModel):
+    """A pre-flight lint a ledgered config trips (from ``domain.preflight:lint_config``).
+
+    The same fields as a pre-flight finding: ``severity`` (``warn`` or ``refuse``), ``code``
+    (a stable name, e.g. a graph ceiling below the admission cap), ``message`` (why, with the
+    numbers) and ``fix`` (what to change).
+    """
+
+    severity: str
+    code: str
+    message: RedactedStr
+    fix: RedactedStr = ""
+
+
 class Trial(BaseModel):
     """One ledger row. ``key`` identifies the work (phase + config + workload) for idempotence."""
 
@@ -101,6 +115,9 @@ class Trial(BaseModel):
         default_factory=dict, description="role (planner, deployer, analyst) -> what its Claude "
         "agent runs for this trial cost (AgentUsage: tokens, tool calls, turns, retries, s); "
         "empty with deterministic brains. Research cost is in ``research``")
+    lints: list[LintNote] = Field(
+        default_factory=list, description="the pre-flight lints this config trips (filled when "
+        "the row is appended, :attr:`domain.ledger.Ledger.lint`)")
     records_path: str | None = None
     manifest: VersionManifest | None = None
     wall_s: float = 0.0

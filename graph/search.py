@@ -34,15 +34,36 @@ from agents.deployer import Deployer, DeployOutcome
 from agents.guided_brain import GuidedPlanner
 from agents.planner import NoViableConfig, Planner, PlannerFailed, Pruned, TrialPlan
 from agents.research_questions import research_questions
+from domain.config import ServingConfig
 from domain.faults import rule
-from domain.ledger import Ledger
+from domain.ledger import Ledger, LintHook
 from domain.study import Study
-from domain.trial import Trial, manifest_for
+from domain.trial import LintNote, Trial, manifest_for
 from domain.usage import AgentUsage, add_extra_usage, llm_usage, spent
 from graph.brains import llm_capped, repeats, trial_brains, trial_by_seq
 from graph.research import run_research
 from graph.retry import deployment, launch, measure
 from graph.state import StudyContext, StudyState
+
+
+def candidate_lints(study: Study) -> LintHook:
+    """The ledger's lint hook for ``study``: each row's config through the pre-flight lints.
+
+    Calls ``domain.preflight:lint_config(config, study)`` (helper C's pre-flight module, issue
+    18 item 7) and keeps each finding's severity, code, message and fix on the row
+    (:class:`~domain.trial.LintNote`). Until that module is on this branch the hook finds
+    nothing (an empty list), so rows carry ``lints: []``.
+    """
+    try:
+        from domain.preflight import lint_config  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:  # LINT_CONFIG_HOOK: not merged yet
+        def lint_config(config: ServingConfig, study: Study | None = None) -> list[Any]:
+            return []
+
+    def lints(config: ServingConfig) -> list[LintNote]:
+        return [LintNote.model_validate(f, from_attributes=True)
+                for f in lint_config(config, study)]
+    return lints
 
 
 def search_position(ledger: Ledger, study: Study) -> dict[str, Any]:
