@@ -12,7 +12,7 @@ from domain.admission import OverAdmission
 from domain.config import ServingConfig
 from domain.engines import engine_for
 from domain.lesson import Lesson
-from domain.metrics import MetricsSummary
+from domain.metrics import GraphCeiling, MetricsSummary
 from domain.quality import QualityGate
 from domain.redact import RedactedStr, redact_any
 
@@ -115,6 +115,10 @@ class Trial(BaseModel):
         default_factory=dict, description="role (planner, deployer, analyst) -> what its Claude "
         "agent runs for this trial cost (AgentUsage: tokens, tool calls, turns, retries, s); "
         "empty with deterministic brains. Research cost is in ``research``")
+    graph_ceiling: GraphCeiling | None = Field(
+        None, description="search: the analyst's CUDA-graph-ceiling cause -- this run or a "
+        "comparable one decoded eagerly past cuda_graph_max_bs_decode and its ITL roughly "
+        "doubled (agents/analyst.py:graph_ceiling_cause)")
     lints: list[LintNote] = Field(
         default_factory=list, description="the pre-flight lints this config trips (filled when "
         "the row is appended, :attr:`domain.ledger.Ledger.lint`)")

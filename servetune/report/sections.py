@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from agents.analyst import ceiling_point
+from domain.metrics import GRAPH_CEILING_ITL_RATIO, graph_ceiling
 from domain.pareto import dominated_by, pareto_front
 from domain.study import SLO, Study
 from domain.trial import Trial
 from servetune.report.format import (
     _changed,
+    _concurrency,
     _fence,
     _lint_codes,
     _num,
@@ -369,3 +372,43 @@ def _pred(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:,.2f}"
     return str(v)
+
+
+def _ceiling_section(trials: list[Trial]) -> list[str]:
+    """Where decode ran eagerly past the CUDA-graph ceiling, with the ITL below and above it.
+
+    Search trials carry the analyst's cause (:attr:`Trial.graph_ceiling`); each frontier
+    config's sweep is judged here over its points (:func:`domain.metrics.graph_ceiling`).
+    """
+    out = ["## CUDA-graph ceiling", ""]
+    rows = [[f"#{t.seq} {_changed(t)}", g.ceiling, f"{_num(g.itl_below_ms)} at {g.batch_below:.0f}"
+             f" ({g.below})", f"{_num(g.itl_above_ms)} at {g.batch_above:.0f} ({g.above})",
+             f"{g.ratio:.1f}x"] for t in trials if (g := t.graph_ceiling) is not None]
+    sweeps: dict[str, list[Trial]] = {}
+    for t in trials:
+        if t.phase == "frontier" and t.saturation is not None:
+            sweeps.setdefault(t.config.config_id(), []).append(t)
+    for points in sweeps.values():
+        t0 = points[0]
+        pts = [p for t in points if t.saturation is not None
+               and (p := ceiling_point(t.config, t.saturation, _concurrency(t) or 1,
+                                       f"c={_concurrency(t)}")) is not None]
+        g = graph_ceiling(pts)
+        if g is not None:
+            rows.append([f"frontier {_changed(t0)}", g.ceiling,
+                         f"{_num(g.itl_below_ms)} at {g.batch_below:.0f} ({g.below})",
+                         f"{_num(g.itl_above_ms)} at {g.batch_above:.0f} ({g.above})",
+                         f"{g.ratio:.1f}x"])
+    if not rows:
+        return out + ["No run decoded past its CUDA-graph ceiling with ITL roughly doubled.", ""]
+    out += ["SGLang runs a decode batch larger than `cuda_graph_max_bs_decode` eagerly (no CUDA "
+            "graph); where the median ITL of such a run is at least "
+            f"{GRAPH_RATIO_TEXT} a comparable in-graph run's, the ceiling is the cause: raise "
+            "`--cuda-graph-max-bs-decode` to the running batch (it costs graph memory) or cap "
+            "`--max-running-requests` at the ceiling. Batch: running decode requests per "
+            "replica.", ""]
+    return out + _table(["run", "cuda_graph_max_bs_decode", "ITL p50 ms in graph (batch)",
+                         "ITL p50 ms eager (batch)", "ratio"], rows) + [""]
+
+
+GRAPH_RATIO_TEXT = f"{GRAPH_CEILING_ITL_RATIO:g}x"

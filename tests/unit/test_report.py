@@ -9,7 +9,7 @@ import pytest
 
 from domain.config import ServingConfig
 from domain.lesson import Clause, Lesson, Scope
-from domain.metrics import MetricsSummary, Percentiles
+from domain.metrics import GraphCeiling, MetricsSummary, Percentiles
 from domain.quality import QualityGate
 from domain.study import Study, parse_study
 from domain.trial import LintNote, Trial
@@ -77,6 +77,9 @@ def search_trials() -> list[Trial]:
               saturation=summary(1000.0, 40.0)),
         trial(2, "search", "keep", MRR, "max_running_requests=256", "+20.0% over best",
               objective=1200.0, saturation=summary(1200.0, 35.0, retractions=1_234),
+              graph_ceiling=GraphCeiling(ceiling=160, batch_below=128, itl_below_ms=11.0,
+                                         batch_above=256, itl_above_ms=24.5, below="#1",
+                                         above="this run"),
               predicted={"kv_tokens": 812_345, "max_running_requests": 256,
                          "mem_fraction_static": 0.88, "kv_pool_gb": 61.5}),
         trial(3, "search", "discard", CPS, "chunked_prefill_size=4096",
@@ -312,3 +315,32 @@ def test_summary_rows() -> None:
                        "objective": 1000.0, "reason": "baseline"}
     assert rows[2]["changed"] == "chunked_prefill_size=4096"
     assert rows[2]["reason"] == "no gain | -2.0% vs best"
+
+
+def test_graph_ceiling_section_names_the_cause_with_numbers(full: tuple[Path, str]) -> None:
+    block = section(full[1], "CUDA-graph ceiling")
+    assert table_rows(block) == ["| #2 max_running_requests=256 | 160 | 11.0 at 128 (#1) | "
+                                 "24.5 at 256 (this run) | 2.2x |"]
+    assert "raise `--cuda-graph-max-bs-decode`" in block
+
+
+def test_no_graph_ceiling_says_so(tmp_path: Path, study: Study) -> None:
+    text = render(tmp_path, study, search_trials()[2:])
+    assert "No run decoded past its CUDA-graph ceiling" in section(text, "CUDA-graph ceiling")
+
+
+def test_a_frontier_sweep_past_the_graph_ceiling_is_named(tmp_path: Path, study: Study) -> None:
+    """A sweep whose ITL roughly doubles where the decode batch passes the config's ceiling
+    (the measured batch where the server gives one, else what admission allows)."""
+    llama = ServingConfig(model="llama-3.1-8b", gpu="H100", tp_size=1, replicas=1,
+                          weights="bf16", cuda_graph_max_bs_decode=32)
+    sweep = []
+    for seq, (c, itl, batch) in enumerate(((16, 6.5, 16.0), (32, 7.0, None), (40, 13.2, 39.5)),
+                                          start=8):
+        s = summary(900.0, 100.0).model_copy(update={"itl_ms": pct(itl, itl * 2),
+                                                     "decode_batch": batch})
+        sweep.append(trial(seq, "frontier", "sweep", llama, "", f"concurrency {c}",
+                           key=f"frontier:{llama.config_id()}:{c}", saturation=s))
+    block = section(render(tmp_path, study, search_trials()[2:] + sweep), "CUDA-graph ceiling")
+    assert table_rows(block) == ["| frontier baseline | 32 | 7.0 at 32 (c=32) | "
+                                 "13.2 at 40 (c=40) | 1.9x |"]

@@ -226,6 +226,8 @@ class BenchTarget(ABC):
                          "cache evicts or is off")
         summary = summarize(recs, self.gpus, slo_ttft_ms=slo_ttft_ms)
         summary.retractions = sum(s.retractions for s in stats) if stats else retractions
+        summary.decode_batch = (sum(s.mean_decode_batch for s in stats) / len(stats)
+                                if stats else None)
         res = BenchResult(
             bench_id=bench_id, target=self.kind, deployment=self.deployment,
             endpoint=self.endpoint, config_id=self.config.config_id() if self.config else None,
