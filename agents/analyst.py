@@ -43,6 +43,7 @@ from domain.fit import fit
 from domain.lesson import Lesson
 from domain.metrics import CeilingPoint, GraphCeiling, MetricsSummary, graph_ceiling
 from domain.study import Study
+from domain.trial import Trial
 from domain.twin.cluster import ReplicaStats
 from domain.usage import AgentUsage
 
@@ -134,6 +135,24 @@ def graph_ceiling_cause(subject: CeilingPoint,
         return None
     return min(found, key=lambda g: max(g.batch_above / g.batch_below,
                                         g.batch_below / g.batch_above))
+
+
+def search_graph_ceiling(config: ServingConfig, summary: MetricsSummary,
+                         trials: Sequence[Trial], concurrency: int) -> GraphCeiling | None:
+    """The graph-ceiling cause of a search candidate's saturation run ``summary``.
+
+    Judged against the measured search ``trials`` of comparable configs (:func:`comparable`;
+    labelled by their seq), all at the study's saturation ``concurrency``.
+    """
+    subject = ceiling_point(config, summary, concurrency, "this run")
+    if subject is None:
+        return None
+    others = [p for t in trials
+              if t.saturation is not None and t.objective is not None
+              and comparable(t.config, config) and t.config != config
+              and (p := ceiling_point(t.config, t.saturation, concurrency, f"#{t.seq}"))
+              is not None]
+    return graph_ceiling_cause(subject, others)
 
 
 def failure_lesson(config: ServingConfig, outcome: DeployOutcome, run_id: str,

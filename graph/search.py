@@ -29,11 +29,9 @@ from langgraph.runtime import Runtime
 from agents.analyst import (
     Analyst,
     acceptance,
-    ceiling_point,
-    comparable,
     failure_lesson,
-    graph_ceiling_cause,
     replica_mean,
+    search_graph_ceiling,
 )
 from agents.brains import make_planner
 from agents.claude import AgentFailure, failure_reason
@@ -43,9 +41,9 @@ from agents.guided_brain import GuidedPlanner
 from agents.planner import NoViableConfig, Planner, PlannerFailed, Pruned, TrialPlan
 from agents.research_questions import research_questions
 from domain.config import ServingConfig
+from domain.errors import ConfigInvalid, DoesNotFit
 from domain.faults import rule
 from domain.ledger import Ledger, LintHook
-from domain.metrics import GraphCeiling, MetricsSummary
 from domain.study import Study
 from domain.trial import LintNote, Trial, manifest_for
 from domain.usage import AgentUsage, add_extra_usage, llm_usage, spent
@@ -70,8 +68,11 @@ def candidate_lints(study: Study) -> LintHook:
             return []
 
     def lints(config: ServingConfig) -> list[LintNote]:
-        return [LintNote.model_validate(f, from_attributes=True)
-                for f in lint_config(config, study)]
+        try:
+            found = lint_config(config, study)
+        except (ConfigInvalid, DoesNotFit):  # a config the estimate refuses: pruned, not linted
+            return []
+        return [LintNote.model_validate(f, from_attributes=True) for f in found]
     return lints
 
 
@@ -453,26 +454,14 @@ async def decide(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
                       reason=failure_reason("analyst", e), llm_usage=s.usage(),
                       wall_s=time.time() - s.t0)
         return _go("record")
-    cause = _graph_ceiling(ctx, config, bench.summary) if bench.valid else None
+    cause = search_graph_ceiling(config, bench.summary, ctx.ledger.trials("search"),
+                                 ctx.study.saturation.concurrency) if bench.valid else None
     reason = verdict.reason if cause is None else f"{verdict.reason}; {cause.text()}"
     s.row = Trial(**s.base, **measured, status=verdict.status, reason=reason,
                   objective=verdict.objective, acceptance=gate, llm_usage=s.usage(),
                   graph_ceiling=cause, wall_s=time.time() - s.t0)
     return _go("record")
 
-
-def _graph_ceiling(ctx: StudyContext, config: ServingConfig,
-                   summary: MetricsSummary) -> GraphCeiling | None:
-    """The graph-ceiling cause between this run and the comparable measured search trials."""
-    conc = ctx.study.saturation.concurrency
-    subject = ceiling_point(config, summary, conc, "this run")
-    if subject is None:
-        return None
-    others = [p for t in ctx.ledger.trials("search")
-              if t.saturation is not None and t.objective is not None
-              and comparable(t.config, config) and t.config != config
-              and (p := ceiling_point(t.config, t.saturation, conc, f"#{t.seq}")) is not None]
-    return graph_ceiling_cause(subject, others)
 
 
 async def record(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str, Any]:

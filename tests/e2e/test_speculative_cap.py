@@ -7,6 +7,7 @@ raises the cap before it drops speculation, and ends where the guided brain does
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -49,3 +50,10 @@ def test_ovat_raises_the_speculative_cap_before_dropping_speculation(tmp_path):
     best_guided = max(b["objective"] or 0 for _, b in guided)
     assert best == pytest.approx(best_guided, rel=0.01)  # both end at ~835 tok/s/GPU
     assert 800 < best < 870 and 490 < off[0][1]["objective"] < 540  # 835 vs 515 measured
+    # the same knowledge in the ledger: the baseline's row carries the pre-flight lint on the
+    # speculative default cap (once domain.preflight is on the branch; until then no lint)
+    if importlib.util.find_spec("domain.preflight") is not None:
+        assert "SPEC_DEFAULT_CAP" in [n["code"] for n in base["lints"]]
+        assert "SPEC_DEFAULT_CAP" not in [n["code"] for n in first["lints"]]
+    else:
+        assert base["lints"] == [] == first["lints"]
