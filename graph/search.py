@@ -44,6 +44,7 @@ from domain.config import ServingConfig
 from domain.errors import ConfigInvalid, DoesNotFit
 from domain.faults import rule
 from domain.ledger import Ledger, LintHook
+from domain.preflight import lint_config
 from domain.study import Study
 from domain.trial import LintNote, Trial, manifest_for
 from domain.usage import AgentUsage, add_extra_usage, llm_usage, spent
@@ -56,17 +57,10 @@ from graph.state import StudyContext, StudyState
 def candidate_lints(study: Study) -> LintHook:
     """The ledger's lint hook for ``study``: each row's config through the pre-flight lints.
 
-    Calls ``domain.preflight:lint_config(config, study)`` (helper C's pre-flight module, issue
-    18 item 7) and keeps each finding's severity, code, message and fix on the row
-    (:class:`~domain.trial.LintNote`). Until that module is on this branch the hook finds
-    nothing (an empty list), so rows carry ``lints: []``.
+    Calls :func:`domain.preflight.lint_config` (the lints of ``servetune check``: e.g.
+    ``GRAPH_CEILING``, ``SPEC_DEFAULT_CAP``) and keeps each finding's severity, code, message
+    and fix on the row (:class:`~domain.trial.LintNote`).
     """
-    try:
-        from domain.preflight import lint_config  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:  # LINT_CONFIG_HOOK: not merged yet
-        def lint_config(config: ServingConfig, study: Study | None = None) -> list[Any]:
-            return []
-
     def lints(config: ServingConfig) -> list[LintNote]:
         try:
             found = lint_config(config, study)

@@ -7,7 +7,6 @@ raises the cap before it drops speculation, and ends where the guided brain does
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
@@ -51,9 +50,9 @@ def test_ovat_raises_the_speculative_cap_before_dropping_speculation(tmp_path):
     assert best == pytest.approx(best_guided, rel=0.01)  # both end at ~835 tok/s/GPU
     assert 800 < best < 870 and 490 < off[0][1]["objective"] < 540  # 835 vs 515 measured
     # the same knowledge in the ledger: the baseline's row carries the pre-flight lint on the
-    # speculative default cap (once domain.preflight is on the branch; until then no lint)
-    if importlib.util.find_spec("domain.preflight") is not None:
-        assert "SPEC_DEFAULT_CAP" in [n["code"] for n in base["lints"]]
-        assert "SPEC_DEFAULT_CAP" not in [n["code"] for n in first["lints"]]
-    else:
-        assert base["lints"] == [] == first["lints"]
+    # speculative default cap (domain/preflight.py), the raised cap's row does not
+    assert "SPEC_DEFAULT_CAP" in [n["code"] for n in base["lints"]]
+    assert "SPEC_DEFAULT_CAP" not in [n["code"] for n in first["lints"]]
+    report = (tmp_path / "runs" / "ovat" / "report.md").read_text()
+    lints = report.split("## Lints", 1)[1].split("\n## ", 1)[0]
+    assert "| 1 | search | baseline | warn | SPEC_DEFAULT_CAP |" in lints

@@ -97,8 +97,9 @@ def test_rows_carry_the_lints_of_their_config(tmp_path: Path) -> None:
     a, b = again.trials()
     assert a.lints == [] and [n.code for n in b.lints] == ["MRR_ABOVE_GRAPH_CEILING"]
     assert "1024 far above cuda_graph_max_bs_decode 64" in b.lints[0].message
-    # the run's hook: pre-flight findings as the row's notes (none until preflight lands)
+    # the run's hook: the pre-flight lints (domain/preflight.py:lint_config) as the row's notes
     hook = candidate_lints(None)  # type: ignore[arg-type]
-    assert all(isinstance(n, LintNote) for n in hook(hot))
+    assert [n.code for n in hook(hot)] == ["GRAPH_CEILING"] and hook(base) == []
+    assert "max_running_requests 1024" in hook(hot)[0].message
     led.close()
     again.close()
