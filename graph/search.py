@@ -457,7 +457,6 @@ async def decide(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
     return _go("record")
 
 
-
 async def record(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str, Any]:
     """Commit the step's trial (the row, then its lessons); the next step plans from it."""
     ctx = runtime.context
