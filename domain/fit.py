@@ -320,9 +320,12 @@ def fit(config: ServingConfig) -> FitReport:
         DoesNotFit: phase ``weights_load`` when the weight shard (draft layers included) plus
             the CUDA context exceed the GPU (the engine dies with CUDA out of memory while
             loading); ``kv_pool`` when the weights exceed ``mem_fraction_static`` x memory (no
-            room for a KV cache, cause ``no_room``), when the pool holds fewer than 2 tokens so
-            max_running_requests is 0 (cause ``zero_requests``), or fewer than 7 so no request
-            fits (cause ``pool_too_small``); and ``cuda_graph`` when 1 - mem_fraction_static
+            room for a KV cache, or room for less than one token: cause ``no_room``,
+            ``pool_configurator.py:95``), when the pool holds fewer than 2 tokens so
+            max_running_requests is 0 (cause ``zero_requests``, ``tp_worker.py:420``), or
+            ``min(context_len, tokens) - 1 <= 0`` (cause ``pool_too_small``,
+            ``tp_worker.py:425``; with ``tokens // 2`` requests that needs a one-token context);
+            and ``cuda_graph`` when 1 - mem_fraction_static
             leaves less than the prefill activations and decode graphs need.
         ConfigInvalid: unknown model, GPU or checkpoint.
     """
@@ -371,13 +374,16 @@ def fit(config: ServingConfig) -> FitReport:
               + (f" + draft {draft_per_tok:,.0f} B/token" if draft_per_tok else ""))
     pool_txt = (f"{head}; pool = {f} x {gpu.hbm_gb:.0f} GB - {(w + draft_w) / 1e9:.1f} GB = "
                 f"{pool / 1e9:.3f} GB; {kv_txt} -> {kv_tokens:,} tokens")
+    if kv_tokens <= 0:  # pool_configurator.py:95 (MemoryPoolConfig: max_total_num_tokens <= 0)
+        raise DoesNotFit("kv_pool", (w + draft_w + per_tok + draft_per_tok) / 1e9, budget / 1e9,
+                         f"{pool_txt}: not one token", cause="no_room")
     if mrr < 1:
         raise DoesNotFit("kv_pool", 2 * (per_tok + draft_per_tok) / 1e9, pool / 1e9,
                          f"{pool_txt}; max_running_requests = min(..., {kv_tokens} // 2) = 0",
                          cause="zero_requests")
-    if min(model.context_len - 1, kv_tokens - 1) - 5 <= 0:  # tp_worker.py max_req_input_len
-        raise DoesNotFit("kv_pool", 7 * (per_tok + draft_per_tok) / 1e9, pool / 1e9,
-                         f"{pool_txt}; the longest request would be {kv_tokens - 1} - 5 tokens",
+    if min(model.context_len - 1, kv_tokens - 1) <= 0:  # tp_worker.py:421-425: max_req_len
+        raise DoesNotFit("kv_pool", 2 * (per_tok + draft_per_tok) / 1e9, pool / 1e9,
+                         f"{pool_txt}; the longest request would be {kv_tokens - 1} tokens",
                          cause="pool_too_small")
     # Outside the static pool the engine needs prefill activations and the decode CUDA graphs;
     # captured sizes stop at the request-slot pool (max_running_requests).
