@@ -277,23 +277,21 @@ def hicache_host_pool(config: ServingConfig, gpu: GPU, kv_tokens: int,
 
 
 def host_pool_shortfall(config: ServingConfig, report: FitReport) -> tuple[float, float] | None:
-    """``(requested GB, free GB)`` of the first GPU process whose HiCache pool does not fit.
+    """``(requested GB, free GB)`` when one GPU process's HiCache host pool does not fit.
 
-    The node's ``n = min(gpus_per_node, tp_size x replicas)`` processes pin their host pools one
-    after another; process ``j`` (0-based) sees ``host memory - j x pool - 10 GiB`` free and
-    raises ``Not enough host memory available. Requesting X GB but only have Y GB free`` when its
-    pool exceeds that (``mem_cache/pool_host/base.py``). None when every pool fits or HiCache is
-    off. GB = 1e9 bytes.
+    SGLang 0.5.23 (``mem_cache/pool_host/base.py:84-108`` and ``:250-252``): each rank may
+    claim ``(available host memory - HICACHE_HOST_MEMORY_RESERVE_BYTES) // ranks_per_host``
+    bytes, the node's ``n = min(gpus_per_node, tp_size x replicas)`` processes splitting it
+    evenly, and raises ``Not enough host memory available. Requesting X GB but only have Y GB
+    free`` when its pool is larger. None when the pool fits or HiCache is off. GB = 1e9 bytes.
     """
     gpu = get_gpu(config.gpu)
     x = report.host_kv_bytes_per_gpu
     if x <= 0:
         return None
-    for j in range(min(gpu.gpus_per_node, config.gpus)):
-        free = gpu.host_mem_bytes_per_node - j * x - HICACHE_HOST_RESERVE_BYTES
-        if x > free:
-            return x / 1e9, free / 1e9
-    return None
+    free = (gpu.host_mem_bytes_per_node - HICACHE_HOST_RESERVE_BYTES) // min(gpu.gpus_per_node,
+                                                                             config.gpus)
+    return (x / 1e9, free / 1e9) if x > free else None
 
 
 def _lenient_spec(config: ServingConfig) -> SpecParams | None:

@@ -167,18 +167,18 @@ def test_hicache_host_pool_default_ratio_and_shortfall():
     assert (r.hicache_ratio, r.host_kv_tokens) == (2.0, 2 * r.kv_tokens)
     assert r.host_kv_bytes_per_gpu == 2 * r.kv_tokens * GLM5_FP8_KV
     assert host_pool_shortfall(cfg(enable_hierarchical_cache=True), r) is None
-    # ratio 5: x = 5 x kv x 55,224 B per process; 8 processes share 2 TB; process j sees
-    # 2e12 - j x x - 10 GiB free and the first with x > free fails
+    # ratio 5: x = 5 x kv x 55,224 B per process; the 8 processes split 2 TB - 10 GiB evenly
+    # (pool_host/base.py:104-108) and each fails when x exceeds its share
     c5 = cfg(enable_hierarchical_cache=True, hicache_ratio=5.0, mem_fraction_static=0.85)
     r5 = fit(c5)
     x = int(r5.kv_tokens * 5.0) * GLM5_FP8_KV
-    j = next(j for j in range(8) if x > 2e12 - j * x - 10 * 2**30)
-    assert host_pool_shortfall(c5, r5) == pytest.approx((x / 1e9, (2e12 - j * x - 2**30 * 10)
-                                                          / 1e9))
+    share = (2e12 - 10 * 2**30) // 8
+    assert x > share
+    assert host_pool_shortfall(c5, r5) == pytest.approx((x / 1e9, share / 1e9))
     s = start(c5)
     assert (s.phase, s.exit_code, classify(s.log)[0]) == ("host_pool", 1, "HOST_OOM_HICACHE")
     assert s.reason == (f"ValueError: Not enough host memory available. Requesting {x / 1e9:.2f} "
-                        f"GB but only have {(2e12 - j * x - 10 * 2**30) / 1e9:.2f} GB free. "
+                        f"GB but only have {share / 1e9:.2f} GB free. "
                         "Please reduce the size of the hierarchical cache.")
 
 
