@@ -74,11 +74,13 @@ _REG = "sglang/srt/layers/attention/attention_registry.py"
 _OVR = "sglang/srt/arg_groups/overrides.py"
 _NONE_GT = "'>' not supported between instances of 'NoneType' and 'int'"
 
-# In the order the twin (and the engine) reach them.
+# In the order the twin (and the engine) reach them: argparse; the launcher's argument resolution;
+# the scheduler processes' devices; the model's attention layers; weights; the KV pool; the
+# attention backend; the speculative draft worker; CUDA-graph capture; the HiCache host pool.
 REFUSALS: dict[str, Refusal] = {
     # parse: argparse exits 2 (prints usage and "error:", no traceback)
     "argparse": Refusal("sglang/srt/server_args.py", 696, "prepare_server_args",
-                        "raw_args = parser.parse_args(argv)", "SystemExit", "2"),
+                        "raw_args = parser.parse_args(argv)", "SystemExit", ""),
     # resolve: the argument resolution pipeline
     "hicache_without_radix": Refusal(
         "sglang/srt/arg_groups/kv_cache_hook.py", 394, "handle_cache_compatibility",
@@ -163,6 +165,20 @@ REFUSALS: dict[str, Refusal] = {
         "sglang/srt/model_loader/loader.py", 1014, "load_model", "model = _initialize_model(",
         "torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a "
         "total capacity of {total_gib:.2f} GiB of which 1.02 GiB is free."),
+    # kv_pool
+    "kv_no_room": Refusal(
+        "sglang/srt/model_executor/pool_configurator.py", 99, "__post_init__",
+        "raise RuntimeError(msg)", "RuntimeError",
+        "Not enough memory. Please try to increase --mem-fraction-static. Current value: "
+        "mem_fraction_static={fraction}"),
+    "kv_zero_requests": Refusal(
+        "sglang/srt/managers/tp_worker.py", 420, "alloc_memory_pool",
+        'assert self.model_runner.max_running_requests > 0, "max_running_request is zero"',
+        "AssertionError", "max_running_request is zero"),
+    "kv_pool_too_small": Refusal(
+        "sglang/srt/managers/tp_worker.py", 425, "alloc_memory_pool",
+        'assert max_req_len > 0, "Memory pool size is too small"', "AssertionError",
+        "Memory pool size is too small"),
     # model_init: the attention backend is built with the model runner
     "backend_fa3_sm": Refusal(
         _REG, 243, "create_flashattention_v3_backend",
@@ -190,20 +206,6 @@ REFUSALS: dict[str, Refusal] = {
         "their draft (their checkpoints carry the MTP/NextN layer); for any other the draft "
         "path stays None, the draft worker falls back to the target's model_path "
         "(configs/model_config.py: model_path or cfg.model_path) and has no draft head to load"),
-    # kv_pool
-    "kv_no_room": Refusal(
-        "sglang/srt/model_executor/pool_configurator.py", 99, "__post_init__",
-        "raise RuntimeError(msg)", "RuntimeError",
-        "Not enough memory. Please try to increase --mem-fraction-static. Current value: "
-        "mem_fraction_static={fraction}"),
-    "kv_zero_requests": Refusal(
-        "sglang/srt/managers/tp_worker.py", 420, "alloc_memory_pool",
-        'assert self.model_runner.max_running_requests > 0, "max_running_request is zero"',
-        "AssertionError", "max_running_request is zero"),
-    "kv_pool_too_small": Refusal(
-        "sglang/srt/managers/tp_worker.py", 425, "alloc_memory_pool",
-        'assert max_req_len > 0, "Memory pool size is too small"', "AssertionError",
-        "Memory pool size is too small"),
     # cuda_graph: decode CUDA-graph capture runs out of memory (runner_backend_utils'
     # CUDA_GRAPH_CAPTURE_FAILED_MSG follows on its own lines)
     "graph_capture_oom": Refusal(

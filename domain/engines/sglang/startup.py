@@ -237,28 +237,33 @@ def start(config: ServingConfig) -> Startup:
                             f"sglang serve: error: {_argparse_error(e.violations[0])}"])
     model, gpu = get_model(config.model), get_gpu(config.gpu)
     log = [f"server_args={' '.join(argv[2:])}"]
-    if config.tp_size > gpu.gpus_per_node:  # one node, no --nnodes: rank 8+ has no device
-        r = REFUSALS["multi_node_device_ordinal"]
-        log += ["Init torch distributed begin.", *r.traceback()[:-1],
-                f"{r.text()}", *CUDA_ERROR_HINT]
-        return Startup(ready=False, phase="init_distributed", exit_code=1, log=log)
-    try:
+    try:  # the launcher resolves the arguments before it starts any scheduler process
         spec, warnings = _resolve(config)
     except InvalidCombination as e:
         log += _traceback(e)
         return Startup(ready=False, phase="resolve", exit_code=1, log=log)
     log += warnings
+    if config.tp_size > gpu.gpus_per_node:  # one node, no --nnodes: rank 8+ has no device
+        log += ["Init torch distributed begin.",
+                *REFUSALS["multi_node_device_ordinal"].traceback(), *CUDA_ERROR_HINT]
+        return Startup(ready=False, phase="init_distributed", exit_code=1, log=log)
     tp_key = tp_refusal(hf_architecture(model), model.heads,
                         model.kv_heads if model.attention == "gqa" else None, config.tp_size)
     if tp_key is not None:  # the attention layer's __init__, before any weight loads
         log += REFUSALS[tp_key].traceback()
         return Startup(ready=False, phase="model_init", exit_code=1, log=log)
     refusal = _backend_refusal(config, model, gpu.sm_major)
+    avail = gpu.hbm_bytes - CONTEXT_OVERHEAD_BYTES
     try:
         rep = fit(config)
     except DoesNotFit as e:
-        return _failed_memory(config, model, e, log, spec.params is not None)
-    avail = gpu.hbm_bytes - CONTEXT_OVERHEAD_BYTES
+        if not (refusal and e.phase == "cuda_graph"):
+            return _failed_memory(config, model, e, log, spec.params is not None)
+        # the attention backend is built before the CUDA graphs are captured
+        log += _load_lines(model.name, model.weight_bytes(config.weights) / config.tp_size,
+                           avail)
+        log += REFUSALS[refusal].traceback()
+        return Startup(ready=False, phase="model_init", exit_code=1, log=log)
     log += _load_lines(model.name, rep.weight_bytes_per_gpu, avail)
     if refusal:  # attention backends are built with the model runner, after weights load
         log += REFUSALS[refusal].traceback()
