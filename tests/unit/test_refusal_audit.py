@@ -26,6 +26,7 @@ import pytest
 from fixtures import guards
 from fixtures.pinned_source import pinned_tree  # noqa: F401
 
+import domain.hardware as hw
 from domain.config import ServingConfig
 from domain.engines import engine
 from domain.engines.sglang.failures import classify
@@ -363,17 +364,18 @@ def test_draft_tokens_unset_is_the_twins_stand_in(pinned_tree):  # noqa: F811
     check("spec_draft_tokens_none", rows)
 
 
-def test_mla_backends_off_their_gpus(pinned_tree):  # noqa: F811
+def test_mla_backends_off_their_gpus(pinned_tree, with_sm80):  # noqa: F811
     """``overrides.py:1211`` (trtllm_mla needs ``get_platform().is_blackwell``) and ``:1245``
     (cutedsl_mla needs ``is_sm100``), post-process passes of argument resolution. The probes'
     SM majors are read from ``utils/common.py``; ``decode_attention_backend`` and
-    ``prefill_attention_backend`` are not modelled (unset: bound None). Grid: 9 backends x 3
-    GPUs x 7 models, one test case per refusal below."""
+    ``prefill_attention_backend`` are not modelled (unset: bound None). Grid: 9 backends x 4
+    GPUs (with a synthetic SM80) x 7 models, both refusals."""
     blackwell = sm_majors(pinned_tree, "is_blackwell_supported")
     sm100 = sm_majors(pinned_tree, "is_sm100_supported")
     for key in ("backend_trtllm_mla_sm", "backend_cutedsl_sm"):
         rows = []
-        for b, g, m in itertools.product(SPEC_BACKENDS + ["cutedsl_mla", "fa4"], GPUS, CATALOG):
+        for b, g, m in itertools.product(SPEC_BACKENDS + ["cutedsl_mla", "fa4"], with_sm80,
+                                         CATALOG):
             c = cfg(model=m, gpu=g, weights=lightest(m), attention_backend=b)
             backend = resolve_attention_backend(c, get_model(m), get_gpu(g))[0]
             sm = get_gpu(g).sm_major
@@ -460,16 +462,26 @@ def test_qwen3_235b_tp8_fp8_starts_with_replicated_kv_heads():
             assert st.fit.kv_bytes_per_token == heads * s.fit.kv_bytes_per_token
 
 
+@pytest.fixture
+def with_sm80(monkeypatch):
+    """The GPU catalog plus a synthetic SM 8.0 part (an H100 entry with ``sm_major`` 8): the
+    catalog ships no Ampere GPU, and fa3's guard differs there for MLA models."""
+    monkeypatch.setitem(hw.GPUS, "SM80", hw.GPUS["H100"].model_copy(
+        update={"name": "SM80", "sm_major": 8, "arch": "sm80"}))
+    return list(hw.GPUS)
+
+
 @pytest.mark.parametrize("key", ["backend_fa3_sm", "backend_trtllm_mla_model",
                                  "backend_cutedsl_model", "backend_trtllm_mha_model"])
-def test_attention_backend_refusals(pinned_tree, key):  # noqa: F811
+def test_attention_backend_refusals(pinned_tree, key, with_sm80):  # noqa: F811
     """``attention_registry.py:243`` (fa3: ``(major == 8 and not use_mla) or major == 9``,
     under ``not _is_musa``), ``:97``/``:121`` (trtllm_mla/cutedsl_mla need an MLA model),
     ``:280`` (trtllm_mha a non-MLA one). ``runner.use_mla_backend`` is the model's attention
     (MLA or DSA), ``get_device_capability()`` the GPU's (major, 0); MUSA is off. Grid: 9
-    backends x 3 GPUs x 7 models."""
+    backends x 4 GPUs (the catalog's and a synthetic SM80) x 7 models."""
     rows = []
-    for b, g, m in itertools.product(SPEC_BACKENDS + ["cutedsl_mla", "fa4"], GPUS, CATALOG):
+    for b, g, m in itertools.product(SPEC_BACKENDS + ["cutedsl_mla", "fa4"], with_sm80,
+                                     CATALOG):
         model, gpu = get_model(m), get_gpu(g)
         c = cfg(model=m, gpu=g, weights=lightest(m), attention_backend=b)
         backend = resolve_attention_backend(c, model, gpu)[0]
