@@ -17,7 +17,8 @@ Phases, in the order the server reaches them:
   (exit 1): HiCache with the radix cache disabled, every speculative refusal of
   :func:`domain.speculative.resolve_speculative_logged`, trtllm_mla off Blackwell and
   cutedsl_mla off SM100 (``overrides.py``), a negative ``--schedule-conservativeness``.
-- ``model_init``: the attention layer's tensor-parallel asserts (before weights: query heads
+- ``model_init``: the attention layer's tensor-parallel asserts (as the loader builds the
+  model, after ``Load weight begin`` and before any weight is read: query heads
   divide by tp_size; KV heads divide by it, or tp_size by them -- KV heads are replicated when
   tp_size exceeds them), attention-backend refusals and a speculative draft worker without a
   draft model (after the target's weights load).
@@ -249,7 +250,10 @@ def start(config: ServingConfig) -> Startup:
         return Startup(ready=False, phase="init_distributed", exit_code=1, log=log)
     tp_key = tp_refusal(hf_architecture(model), model.heads,
                         model.kv_heads if model.attention == "gqa" else None, config.tp_size)
-    if tp_key is not None:  # the attention layer's __init__, before any weight loads
+    if tp_key is not None:  # the attention layer's __init__: the loader builds the model
+        # after "Load weight begin" and before any weight is read
+        log.append(f"Load weight begin. avail mem="
+                   f"{(gpu.hbm_bytes - CONTEXT_OVERHEAD_BYTES) / 2**30:.2f} GB")
         log += REFUSALS[tp_key].traceback()
         return Startup(ready=False, phase="model_init", exit_code=1, log=log)
     refusal = _backend_refusal(config, model, gpu.sm_major)
