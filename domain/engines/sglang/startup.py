@@ -100,6 +100,23 @@ def _backend_refusal(config: ServingConfig, model: ModelArch, sm_major: int) -> 
     return None
 
 
+def attention_backend_refusal(config: ServingConfig) -> str | None:
+    """The :data:`REFUSALS` key of the first refusal of ``config``'s attention backend, or None.
+
+    In the engine's order: the argument-resolution checks (trtllm_mla off Blackwell,
+    ``overrides.py:1211``; cutedsl_mla off SM100, ``:1245``), then the model runner's
+    (:func:`_backend_refusal`). For one backend flag of a launch command, pass the config with
+    ``attention_backend`` set to it.
+    """
+    model, gpu = get_model(config.model), get_gpu(config.gpu)
+    backend = resolve_attention_backend(config, model, gpu)[0]
+    if backend == "trtllm_mla" and gpu.sm_major not in BLACKWELL_SM_MAJORS:
+        return "backend_trtllm_mla_sm"
+    if backend == "cutedsl_mla" and gpu.sm_major != 10:
+        return "backend_cutedsl_sm"
+    return _backend_refusal(config, model, gpu.sm_major)
+
+
 def _refuse(key: str, **fields: object) -> InvalidCombination:
     """An :class:`InvalidCombination` carrying the engine's refusal ``key``."""
     r = REFUSALS[key]
@@ -129,12 +146,9 @@ def _resolve(config: ServingConfig) -> tuple[SpecResolution, list[str]]:
     if config.enable_hierarchical_cache and config.disable_radix_cache:
         raise _refuse("hicache_without_radix")
     spec = resolve_speculative_logged(config)
-    model, gpu = get_model(config.model), get_gpu(config.gpu)
-    backend = resolve_attention_backend(config, model, gpu)[0]
-    if backend == "trtllm_mla" and gpu.sm_major not in BLACKWELL_SM_MAJORS:
-        raise _refuse("backend_trtllm_mla_sm")
-    if backend == "cutedsl_mla" and gpu.sm_major != 10:
-        raise _refuse("backend_cutedsl_sm")
+    backend_key = attention_backend_refusal(config)
+    if backend_key in ("backend_trtllm_mla_sm", "backend_cutedsl_sm"):
+        raise _refuse(backend_key)
     if config.schedule_conservativeness is not None and config.schedule_conservativeness < 0:
         raise _refuse("schedule_conservativeness")
     return spec, list(spec.log)
