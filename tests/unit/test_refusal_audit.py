@@ -647,3 +647,12 @@ def test_hicache_host_pool_does_not_fit(pinned_tree):  # noqa: F811
 def _fit(c: ServingConfig):
     from domain.fit import fit
     return fit(c)
+
+
+def test_the_twin_page_lists_every_refusal_site():
+    """docs/twin.md's startup-refusals table names every row's file and line."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "twin.md").read_text()
+    section = text[text.index("## Startup refusals"):text.index("## Calibration")]
+    missing = [key for key, r in REFUSALS.items()
+               if Path(r.file).name not in section or f":{r.line}" not in section]
+    assert not missing, missing
