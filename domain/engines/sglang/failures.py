@@ -39,13 +39,18 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = tuple(FailurePattern(c, re.compil
      "weights leave no (or too small a) KV cache under mem_fraction_static"),
     ("HOST_OOM_HICACHE", r"Not enough host memory available\. Requesting .* GB but only have "
      r".* GB free", False, "the HiCache host pool does not fit in the node's host memory"),
+    # 0.5.23 only warns when the host pool is not larger (pool_host/base.py:239); older
+    # versions asserted it
     ("HICACHE_HOST_TOO_SMALL", r"The host memory should be larger than the device memory",
      False, "hicache_ratio must make the host pool larger than the device KV pool"),
     ("NO_DRAFT_MODEL", r"has no MTP/NextN draft layer", False,
      "speculative decoding on a model whose checkpoint ships no draft head"),
     ("GRAPH_CAPTURE_OOM", r"Capture cuda graph failed", False,
      "too little memory outside the static pool for CUDA-graph capture"),
-    ("TP_DIVISIBILITY", r"AssertionError: \d+ is not divisible by \d+", False,
+    # ensure_divisibility's message, or the attention layer's bare assert: the traceback's
+    # source line (models/llama.py:183, qwen3_moe.py:516, deepseek_v2.py:2057, ...)
+    ("TP_DIVISIBILITY", r"AssertionError: \d+ is not divisible by \d+|assert (self\.)?"
+     r"(total_num_(kv_)?heads|num_heads|\w*tp_size) % (self\.)?\w+ == 0", False,
      "attention heads or MLP sizes do not split evenly over tp_size"),
     ("MULTI_NODE_REQUIRED", r"invalid device ordinal", False,
      "tp_size needs more GPUs than one node has"),
