@@ -38,10 +38,14 @@ class InvalidCombination(ConfigInvalid):
             ``TypeError``, ``NotImplementedError``).
         message: The engine's own message ("" for a bare ``assert``).
         where: ``(file, function)`` of the engine code that raises, for the traceback.
+        key: the refusal's key in the engine's table of refusal sites (for SGLang
+            ``domain/engines/sglang/refusals.py:REFUSALS``, which holds its ``file:line``);
+            "" when the raiser names none.
     """
 
-    def __init__(self, exception: str, message: str, where: tuple[str, str]) -> None:
-        self.exception, self.message, self.where = exception, message, where
+    def __init__(self, exception: str, message: str, where: tuple[str, str],
+                 key: str = "") -> None:
+        self.exception, self.message, self.where, self.key = exception, message, where, key
         super().__init__([self.line])
 
     @property

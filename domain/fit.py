@@ -278,23 +278,21 @@ def hicache_host_pool(config: ServingConfig, gpu: GPU, kv_tokens: int,
 
 
 def host_pool_shortfall(config: ServingConfig, report: FitReport) -> tuple[float, float] | None:
-    """``(requested GB, free GB)`` of the first GPU process whose HiCache pool does not fit.
+    """``(requested GB, free GB)`` when one GPU process's HiCache host pool does not fit.
 
-    The node's ``n = min(gpus_per_node, tp_size x replicas)`` processes pin their host pools one
-    after another; process ``j`` (0-based) sees ``host memory - j x pool - 10 GiB`` free and
-    raises ``Not enough host memory available. Requesting X GB but only have Y GB free`` when its
-    pool exceeds that (``mem_cache/pool_host/base.py``). None when every pool fits or HiCache is
-    off. GB = 1e9 bytes.
+    SGLang 0.5.23 (``mem_cache/pool_host/base.py:84-108`` and ``:250-252``): each rank may
+    claim ``(available host memory - HICACHE_HOST_MEMORY_RESERVE_BYTES) // ranks_per_host``
+    bytes, the node's ``n = min(gpus_per_node, tp_size x replicas)`` processes splitting it
+    evenly, and raises ``Not enough host memory available. Requesting X GB but only have Y GB
+    free`` when its pool is larger. None when the pool fits or HiCache is off. GB = 1e9 bytes.
     """
     gpu = get_gpu(config.gpu)
     x = report.host_kv_bytes_per_gpu
     if x <= 0:
         return None
-    for j in range(min(gpu.gpus_per_node, config.gpus)):
-        free = gpu.host_mem_bytes_per_node - j * x - HICACHE_HOST_RESERVE_BYTES
-        if x > free:
-            return x / 1e9, free / 1e9
-    return None
+    free = (gpu.host_mem_bytes_per_node - HICACHE_HOST_RESERVE_BYTES) // min(gpu.gpus_per_node,
+                                                                             config.gpus)
+    return (x / 1e9, free / 1e9) if x > free else None
 
 
 def _lenient_spec(config: ServingConfig) -> SpecParams | None:
@@ -321,9 +319,12 @@ def fit(config: ServingConfig) -> FitReport:
         DoesNotFit: phase ``weights_load`` when the weight shard (draft layers included) plus
             the CUDA context exceed the GPU (the engine dies with CUDA out of memory while
             loading); ``kv_pool`` when the weights exceed ``mem_fraction_static`` x memory (no
-            room for a KV cache, cause ``no_room``), when the pool holds fewer than 2 tokens so
-            max_running_requests is 0 (cause ``zero_requests``), or fewer than 7 so no request
-            fits (cause ``pool_too_small``); and ``cuda_graph`` when 1 - mem_fraction_static
+            room for a KV cache, or room for less than one token: cause ``no_room``,
+            ``pool_configurator.py:95``), when the pool holds fewer than 2 tokens so
+            max_running_requests is 0 (cause ``zero_requests``, ``tp_worker.py:420``), or
+            ``min(context_len, tokens) - 1 <= 0`` (cause ``pool_too_small``,
+            ``tp_worker.py:425``; with ``tokens // 2`` requests that needs a one-token context);
+            and ``cuda_graph`` when 1 - mem_fraction_static
             leaves less than the prefill activations and decode graphs need.
         ConfigInvalid: unknown model, GPU or checkpoint.
     """
@@ -372,13 +373,16 @@ def fit(config: ServingConfig) -> FitReport:
               + (f" + draft {draft_per_tok:,.0f} B/token" if draft_per_tok else ""))
     pool_txt = (f"{head}; pool = {f} x {gpu.hbm_gb:.0f} GB - {(w + draft_w) / 1e9:.1f} GB = "
                 f"{pool / 1e9:.3f} GB; {kv_txt} -> {kv_tokens:,} tokens")
+    if kv_tokens <= 0:  # pool_configurator.py:95 (MemoryPoolConfig: max_total_num_tokens <= 0)
+        raise DoesNotFit("kv_pool", (w + draft_w + per_tok + draft_per_tok) / 1e9, budget / 1e9,
+                         f"{pool_txt}: not one token", cause="no_room")
     if mrr < 1:
         raise DoesNotFit("kv_pool", 2 * (per_tok + draft_per_tok) / 1e9, pool / 1e9,
                          f"{pool_txt}; max_running_requests = min(..., {kv_tokens} // 2) = 0",
                          cause="zero_requests")
-    if min(model.context_len - 1, kv_tokens - 1) - 5 <= 0:  # tp_worker.py max_req_input_len
-        raise DoesNotFit("kv_pool", 7 * (per_tok + draft_per_tok) / 1e9, pool / 1e9,
-                         f"{pool_txt}; the longest request would be {kv_tokens - 1} - 5 tokens",
+    if min(model.context_len - 1, kv_tokens - 1) <= 0:  # tp_worker.py:421-425: max_req_len
+        raise DoesNotFit("kv_pool", 2 * (per_tok + draft_per_tok) / 1e9, pool / 1e9,
+                         f"{pool_txt}; the longest request would be {kv_tokens - 1} tokens",
                          cause="pool_too_small")
     # Outside the static pool the engine needs prefill activations and the decode CUDA graphs;
     # captured sizes stop at the request-slot pool (max_running_requests).

@@ -49,6 +49,8 @@ class ModelArch(BaseModel):
 
     name: str
     attention: AttentionKind
+    architecture: str = Field("", description="Hugging Face config.json architectures[0], "
+                              "e.g. Qwen3MoeForCausalLM (the engine keys its rules on it)")
     layers: int
     hidden: int
     heads: int
@@ -236,6 +238,7 @@ def arch_from_hf_config(name: str, cfg: dict[str, Any], source: str) -> ModelArc
         return ModelArch(
             name=name,
             attention=attention,
+            architecture=(cfg.get("architectures") or [""])[0],
             layers=cfg["num_hidden_layers"],
             hidden=cfg["hidden_size"],
             heads=heads,

@@ -294,8 +294,11 @@ def check_config(config: ServingConfig, values: dict[str, Any] | None = None, *,
     said = {f.message for f in findings}
     if not start.ready and start.phase not in ("load_weights", "kv_pool", "cuda_graph") \
             and not any(start.log[-1].endswith(s) or s.endswith(start.log[-1]) for s in said):
+        last = start.log[-1]
+        if ": " not in last and len(start.log) > 1 and start.log[-2].startswith("    "):
+            last = f"{last}: {start.log[-2].strip()}"  # a bare assert: name its source line
         findings.append(Finding(severity="refuse", code=f"STARTUP_{start.phase.upper()}",
-                                message=start.log[-1], fix="see the engine's message"))
+                                message=last, fix="see the engine's message"))
     findings += [f for f in lint_config(config, study, trace=trace,
                                         page_size=values.get("page_size"))
                  if decode_graphs or f.code != "GRAPH_CEILING"]

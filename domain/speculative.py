@@ -160,40 +160,43 @@ def resolve_speculative_logged(config: ServingConfig) -> SpecResolution:
                 raise InvalidCombination(
                     "ValueError", f"--speculative-num-steps={steps} is not in the adaptive "
                     f"config candidate_steps {list(ADAPTIVE_UNION)}. Pass one of those values.",
-                    (_HOOK, "_init_adaptive_speculative_params"))
+                    (_HOOK, "_init_adaptive_speculative_params"), "spec_adaptive_steps")
             draft = steps + 1
     if config.max_running_requests is None:  # _handle_eagle_family
         log.append(MRR_RESET_WARNING)
     if not adaptive and steps is None:
         if topk is not None or draft is not None:
-            raise InvalidCombination("AssertionError", "", (_HOOK, "_handle_eagle_family"))
+            raise InvalidCombination("AssertionError", "", (_HOOK, "_handle_eagle_family"),
+                                     "spec_partial_triple")
         steps, topk, draft = auto_params(model)
     assert steps is not None  # set by the adaptive init or the auto defaults above
     none_gt = "'>' not supported between instances of 'NoneType' and 'int'"
     backend, page_size = resolve_attention_backend(config, model, gpu)
     if backend == "trtllm_mha":
         if topk is None:
-            raise InvalidCombination("TypeError", none_gt, (_HOOK, "_handle_eagle_family"))
+            raise InvalidCombination("TypeError", none_gt, (_HOOK, "_handle_eagle_family"),
+                                     "spec_trtllm_mha_topk_none")
         if topk > 1:
             raise InvalidCombination(
                 "ValueError", "trtllm_mha backend only supports topk = 1 for speculative "
-                "decoding.", (_HOOK, "_handle_eagle_family"))
+                "decoding.", (_HOOK, "_handle_eagle_family"), "spec_trtllm_mha_topk")
     if topk == 1 and draft != steps + 1:
         log.append(DRAFT_TOKENS_WARNING)
         draft = steps + 1
     if topk is None:
-        raise InvalidCombination("TypeError", none_gt, (_HOOK, "_handle_eagle_family"))
+        raise InvalidCombination("TypeError", none_gt, (_HOOK, "_handle_eagle_family"),
+                                 "spec_topk_none")
     if topk > 1 and page_size > 1 and backend not in PAGE_TREE_SPEC_BACKENDS:
         raise InvalidCombination(
             "ValueError", f"speculative_eagle_topk > 1 with page_size > 1 is only supported on "
             f"{PAGE_TREE_SPEC_BACKENDS}; got attention_backend={backend!r}. Use page_size == 1 "
-            "or one of those backends.", (_HOOK, "_handle_eagle_family"))
+            "or one of those backends.", (_HOOK, "_handle_eagle_family"), "spec_page_tree")
     if draft is None:
         # The hook lets it pass; the EAGLE worker then does arithmetic on None while sizing its
         # buffers. The twin refuses it here, with that TypeError.
         raise InvalidCombination(
             "TypeError", "unsupported operand type(s) for *: 'int' and 'NoneType'",
-            ("sglang/srt/speculative/eagle_worker_v2.py", "__init__"))
+            ("sglang/srt/speculative/eagle_worker_v2.py", "__init__"), "spec_draft_tokens_none")
     alpha = MTP_ACCEPT_RATE if model.mtp_layers else 0.0
     return SpecResolution(SpecParams(algorithm=algorithm, num_steps=steps, topk=topk,
                                      draft_tokens=draft, adaptive=adaptive, accept_rate=alpha),

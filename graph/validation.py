@@ -30,6 +30,7 @@ import numpy as np
 from agents.analyst import Analyst, replica_mean
 from agents.deployer import Deployer
 from agents.mcp_tools import ToolCallFailed, call
+from agents.planner import spec_cap_target
 from domain.admission import OverAdmission, adopt, detect, time_series
 from domain.bench import BenchResult
 from domain.config import ServingConfig
@@ -261,12 +262,20 @@ async def quality_gate(ctx: StudyContext, config: ServingConfig,
 def speculative_variant(study: Study, config: ServingConfig) -> ServingConfig | None:
     """``config`` with NEXTN speculative decoding, or None.
 
-    None when the model ships no MTP/NextN head or ``config`` is speculative already.
+    None when the model ships no MTP/NextN head or ``config`` is speculative already. When
+    speculation's default admission cap (48 in SGLang 0.5.23) would hold the batch down at the
+    study's load, the variant also sets ``max_running_requests``
+    (:func:`agents.planner.spec_cap_target`), so the frontier compares speculation against the
+    winner rather than against the default cap.
     """
     if config.speculative_algorithm is not None or get_model(config.model).mtp_layers < 1:
         return None
     try:
-        return apply_knob(config, "speculative", "nextn", study.gpu_count)
+        spec = apply_knob(config, "speculative", "nextn", study.gpu_count)
+        cap = spec_cap_target(spec, study)
+        if cap is not None:
+            spec = apply_knob(spec, "max_running_requests", cap, study.gpu_count)
+        return spec
     except ConfigInvalid:
         return None
 
@@ -287,5 +296,8 @@ def frontier_targets(ledger: Ledger, study: Study, finalists: list[int]
         spec = speculative_variant(study, top.config)
         seen = {c.config_id() for c, _, _ in out}
         if spec is not None and spec.config_id() not in seen:
-            out.append((spec, "speculative=nextn", top.seq))
+            label = "speculative=nextn"
+            if spec.max_running_requests != top.config.max_running_requests:
+                label += f", max_running_requests={spec.max_running_requests}"
+            out.append((spec, label, top.seq))
     return out

@@ -149,6 +149,8 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = (
     _row("HOST_OOM_HICACHE", r"Not enough host memory available\. Requesting .* GB but only "
          r"have .* GB free", site="sglang/srt/mem_cache/pool_host/base.py:253",
          flags=("enable_hierarchical_cache", *_HOST)),
+    # 0.5.23 only warns when the host pool is not larger (pool_host/base.py:239); older
+    # versions asserted it
     _row("HICACHE_HOST_TOO_SMALL", r"The host memory should be larger than the device memory",
          flags=("enable_hierarchical_cache", *_HOST)),
     _row("HICACHE_HOST_TOO_SMALL", r"Unified host backing must fit at least one page",
@@ -161,6 +163,10 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = (
          flags=("speculative_draft_model_path",), phase="args"),
     _row("TP_DIVISIBILITY", r"AssertionError: \d+ is not divisible by \d+",
          site="sglang/srt/distributed/utils.py:70", flags=("tp_size",), phase="weights_load"),
+    # the attention layer's bare assert: the traceback's source line (models/llama.py:183,
+    # qwen3_moe.py:516, deepseek_v2.py:2057, ...)
+    _row("TP_DIVISIBILITY", r"assert (self\.)?(total_num_(kv_)?heads|num_heads|\w*tp_size) % "
+         r"(self\.)?\w+ == 0", flags=("tp_size",), phase="weights_load"),
     _row("TP_DIVISIBILITY", r"is not divisible by weight quantization block_n",
          flags=("tp_size",), phase="weights_load"),
     _row("MULTI_NODE_REQUIRED", r"invalid device ordinal", flags=("tp_size", "nnodes")),

@@ -1,28 +1,34 @@
 """SGLang startup on the twin: the log an SGLang 0.5.23 server prints, and the ways it dies.
 
-The stage markers and error texts are the engine's own (servetune's sglang-knobs reference,
-sections 2 and 3; the messages of ``arg_groups/speculative_hook.py``, ``kv_cache_hook.py``,
-``validation_hook.py``, ``managers/tp_worker.py`` and ``mem_cache/pool_host/base.py``). A failed
-startup yields the log up to the failure, so a classifier reads it exactly as it would read a
-real pod log.
+The stage markers and error texts are the engine's own. Every refusal is a row of
+:data:`domain.engines.sglang.refusals.REFUSALS`, which names the 0.5.23 statement it reproduces
+(``file:line``); the traceback the twin prints has that file, line, function and source line,
+and ends in the engine's exception and message. A failed startup yields the log up to the
+failure, so a classifier reads it exactly as it would read a real pod log.
 
 Phases, in the order the server reaches them:
 
-- ``parse``: argparse refuses a flag or choice of the pinned version (exit 2).
-- ``init_distributed``: tp_size exceeds one node (no ``--nnodes``).
+- ``parse``: argparse refuses a flag or choice of the pinned version (exit 2;
+  ``server_args.py:696``).
+- ``init_distributed``: tp_size exceeds one node (no ``--nnodes``): rank ``tp_size - 1`` is
+  given device ``tp_size - 1`` (``entrypoints/engine.py:935``), an invalid CUDA ordinal.
 - ``resolve``: the resolution pipeline refuses a flag combination -- a traceback ending in the
   engine's ``ValueError`` / ``AssertionError`` / ``TypeError`` before ``Load weight begin``
   (exit 1): HiCache with the radix cache disabled, every speculative refusal of
-  :func:`domain.speculative.resolve_speculative_logged`, a negative
-  ``--schedule-conservativeness``.
-- ``model_init``: tensor-parallel divisibility (before weights), attention-backend refusals and
-  a speculative draft worker without a draft model (after the target's weights load).
+  :func:`domain.speculative.resolve_speculative_logged`, trtllm_mla off Blackwell and
+  cutedsl_mla off SM100 (``overrides.py``), a negative ``--schedule-conservativeness``.
+- ``model_init``: the attention layer's tensor-parallel asserts (as the loader builds the
+  model, after ``Load weight begin`` and before any weight is read: query heads
+  divide by tp_size; KV heads divide by it, or tp_size by them -- KV heads are replicated when
+  tp_size exceeds them), attention-backend refusals and a speculative draft worker without a
+  draft model (after the target's weights load).
 - ``load_weights``: CUDA out of memory while loading the target or the draft layers.
-- ``kv_pool``: weights leave no KV cache; ``max_running_request is zero``; ``Memory pool size is
-  too small``.
+- ``kv_pool``: weights leave no KV cache (``Not enough memory. Please try to increase
+  --mem-fraction-static``); ``max_running_request is zero``; ``Memory pool size is too small``.
 - ``cuda_graph``: CUDA-graph capture runs out of memory.
-- ``host_pool``: the HiCache host pool is not larger than the device pool, or does not fit in
-  host memory (``Not enough host memory available. Requesting X GB but only have Y GB free``).
+- ``host_pool``: the HiCache host pool does not fit this rank's share of host memory (``Not
+  enough host memory available. Requesting X GB but only have Y GB free``). A host pool not
+  larger than the device pool is only a warning.
 
 A pool smaller than the context length is only a warning (``KV pool holds N tokens, fewer than
 --context-length M``); that server starts.
@@ -30,15 +36,31 @@ A pool smaller than the context length is only a warning (``KV pool holds N toke
 
 from __future__ import annotations
 
+import re
+
 from domain.config import ServingConfig
 from domain.engines import engine_for
+from domain.engines.sglang.refusals import (
+    CUDA_ERROR_HINT,
+    CUDA_GRAPH_CAPTURE_FAILED_LINES,
+    HICACHE_SMALL_HOST_WARNING,
+    REFUSALS,
+    tp_refusal,
+)
 from domain.errors import DoesNotFit, InvalidCombination, UnknownFlag
-from domain.fit import CONTEXT_OVERHEAD_BYTES, FitReport, fit, host_pool_shortfall
+from domain.fit import (
+    CONTEXT_OVERHEAD_BYTES,
+    FitReport,
+    fit,
+    host_pool_shortfall,
+    resolve_attention_backend,
+)
 from domain.hardware import get_gpu
 from domain.models import ModelArch, get_model
 from domain.speculative import (
     SPEC_MAX_RUNNING_REQUESTS,
     SpecResolution,
+    hf_architecture,
     resolve_speculative_logged,
     spec_capture_sizes,
 )
@@ -48,33 +70,65 @@ from domain.twin.startup import Startup
 # 7.3: typical of such caches); fixed start-up work besides loading (graph capture, warm-up), s.
 LOAD_BYTES_PER_S = 2.5e9
 FIXED_STARTUP_S = 60.0
+# utils/common.py: is_blackwell_supported (get_platform().is_blackwell) -- CUDA capability
+# majors 10, 11 and 12.
+BLACKWELL_SM_MAJORS = (10, 11, 12)
 
 
-def _backend_refusal(config: ServingConfig, sm_major: int, attention: str) -> str | None:
-    """The engine's message if the attention backend cannot run here, else None.
+def _uses_mla(model: ModelArch) -> bool:
+    """``runner.use_mla_backend``: MLA and DSA (MLA-based) attention."""
+    return model.attention != "gqa"
 
-    Sources: ``arg_groups/attention_hook.py`` and ``layers/attention/*`` of SGLang 0.5.23.
+
+def _backend_refusal(config: ServingConfig, model: ModelArch, sm_major: int) -> str | None:
+    """The key of the model-init attention-backend refusal (:data:`REFUSALS`), else None.
+
+    The checks of ``layers/attention/attention_registry.py`` (0.5.23) as the model runner builds
+    the resolved backend: fa3 asserts ``(major == 8 and not use_mla) or major == 9``;
+    trtllm_mla and cutedsl_mla need an MLA model, trtllm_mha a non-MLA one.
     """
-    b = config.attention_backend
-    if b is None:
-        return None
-    if b == "fa3" and not 8 <= sm_major <= 9:
-        return ("AssertionError: FlashAttention v3 Backend requires SM>=80 and SM<=90. "
-                "Please use --attention-backend flashinfer.")
-    if b == "trtllm_mla" and sm_major < 10:
-        return "ValueError: TRTLLM MLA backend is only supported on Blackwell GPUs (SM100/SM12x)."
-    if b == "trtllm_mla" and attention == "gqa":
-        return "ValueError: trtllm_mla backend can only be used with MLA models."
-    if b == "trtllm_mha" and attention != "gqa":
-        return "ValueError: trtllm_mha backend can only be used with non-MLA models."
-    if b == "cutedsl_mla" and sm_major != 10:
-        return "ValueError: CuteDSL MLA backend is only supported on Blackwell GPUs (SM100)."
+    b = resolve_attention_backend(config, model, get_gpu(config.gpu))[0]
+    mla = _uses_mla(model)
+    if b == "fa3" and not ((sm_major == 8 and not mla) or sm_major == 9):
+        return "backend_fa3_sm"
+    if b == "trtllm_mla" and not mla:
+        return "backend_trtllm_mla_model"
+    if b == "cutedsl_mla" and not mla:
+        return "backend_cutedsl_model"
+    if b == "trtllm_mha" and mla:
+        return "backend_trtllm_mha_model"
     return None
 
 
-def _traceback(where: tuple[str, str], line: str) -> list[str]:
-    """A Python traceback ending in ``line``, raised in function ``where[1]`` of ``where[0]``."""
-    return ["Traceback (most recent call last):", f'  File "{where[0]}", in {where[1]}', line]
+def attention_backend_refusal(config: ServingConfig) -> str | None:
+    """The :data:`REFUSALS` key of the first refusal of ``config``'s attention backend, or None.
+
+    In the engine's order: the argument-resolution checks (trtllm_mla off Blackwell,
+    ``overrides.py:1211``; cutedsl_mla off SM100, ``:1245``), then the model runner's
+    (:func:`_backend_refusal`). For one backend flag of a launch command, pass the config with
+    ``attention_backend`` set to it.
+    """
+    model, gpu = get_model(config.model), get_gpu(config.gpu)
+    backend = resolve_attention_backend(config, model, gpu)[0]
+    if backend == "trtllm_mla" and gpu.sm_major not in BLACKWELL_SM_MAJORS:
+        return "backend_trtllm_mla_sm"
+    if backend == "cutedsl_mla" and gpu.sm_major != 10:
+        return "backend_cutedsl_sm"
+    return _backend_refusal(config, model, gpu.sm_major)
+
+
+def _refuse(key: str, **fields: object) -> InvalidCombination:
+    """An :class:`InvalidCombination` carrying the engine's refusal ``key``."""
+    r = REFUSALS[key]
+    msg = r.message.format(**fields) if fields else r.message
+    return InvalidCombination(r.exception, msg, (r.file, r.function), key)
+
+
+def _traceback(e: InvalidCombination) -> list[str]:
+    """The Python traceback the engine prints for ``e``, its frame at the 0.5.23 site."""
+    frame = REFUSALS[e.key].frame() if e.key in REFUSALS else [f'  File "{e.where[0]}", in '
+                                                               f"{e.where[1]}"]
+    return ["Traceback (most recent call last):", *frame, e.line]
 
 
 def _resolve(config: ServingConfig) -> tuple[SpecResolution, list[str]]:
@@ -84,18 +138,19 @@ def _resolve(config: ServingConfig) -> tuple[SpecResolution, list[str]]:
         The speculative resolution and the warning lines logged on the way.
 
     Raises:
-        InvalidCombination: with the engine's exception and message.
+        InvalidCombination: with the engine's exception, message and refusal key: HiCache with
+            the radix cache disabled, every speculative refusal, trtllm_mla off Blackwell and
+            cutedsl_mla off SM100 (``overrides.py`` post-process passes), a negative
+            ``--schedule-conservativeness``.
     """
     if config.enable_hierarchical_cache and config.disable_radix_cache:
-        raise InvalidCombination(  # kv_cache_hook.py (0.5.23; _handle_cache_compatibility)
-            "ValueError", "The arguments enable-hierarchical-cache and disable-radix-cache are "
-            "mutually exclusive and cannot be used at the same time. Please use only one of "
-            "them.", ("sglang/srt/arg_groups/kv_cache_hook.py", "handle_kv_cache"))
+        raise _refuse("hicache_without_radix")
     spec = resolve_speculative_logged(config)
+    backend_key = attention_backend_refusal(config)
+    if backend_key in ("backend_trtllm_mla_sm", "backend_cutedsl_sm"):
+        raise _refuse(backend_key)
     if config.schedule_conservativeness is not None and config.schedule_conservativeness < 0:
-        raise InvalidCombination("AssertionError", "schedule_conservativeness must be "
-                                 "non-negative", ("sglang/srt/arg_groups/validation_hook.py",
-                                                  "check_server_args"))
+        raise _refuse("schedule_conservativeness")
     return spec, list(spec.log)
 
 
@@ -106,9 +161,9 @@ def _load_lines(name: str, w: float, avail: float) -> list[str]:
             f"avail mem={(avail - w) / 2**30:.2f} GB, mem usage={w / 2**30:.2f} GB."]
 
 
-def _oom_line(gpu_bytes: float) -> str:
-    return ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a "
-            f"total capacity of {gpu_bytes / 2**30:.2f} GiB of which 1.02 GiB is free.")
+def _oom_lines(gpu_bytes: float) -> list[str]:
+    """CUDA OOM while the model's parameters are allocated (``REFUSALS['oom_weights']``)."""
+    return REFUSALS["oom_weights"].traceback(total_gib=gpu_bytes / 2**30)
 
 
 def _failed_memory(config: ServingConfig, model: ModelArch, e: DoesNotFit, log: list[str],
@@ -118,40 +173,31 @@ def _failed_memory(config: ServingConfig, model: ModelArch, e: DoesNotFit, log: 
     w = model.weight_bytes(config.weights) / config.tp_size
     draft_w = model.draft_weight_bytes(config.weights) / config.tp_size if spec_on else 0.0
     avail = gpu.hbm_bytes - CONTEXT_OVERHEAD_BYTES
-    loader = ('  File "sglang/srt/model_loader/loader.py", in load_model')
     if e.phase == "weights_load":
         if w > avail:  # the target's own shard does not fit
             log += [f"Load weight begin. avail mem={avail / 2**30:.2f} GB",
-                    "Traceback (most recent call last):", loader, _oom_line(gpu.hbm_bytes)]
+                    *_oom_lines(gpu.hbm_bytes)]
         else:  # the target loads, its draft (MTP) layers do not
             log += _load_lines(model.name, w, avail)
             log += [f"Load weight begin. avail mem={(avail - w) / 2**30:.2f} GB",
-                    "Traceback (most recent call last):", loader, _oom_line(gpu.hbm_bytes)]
+                    *_oom_lines(gpu.hbm_bytes)]
         return Startup(ready=False, phase="load_weights", exit_code=1, log=log)
     log += _load_lines(model.name, w, avail)
     if draft_w:
         log += _load_lines(f"{model.name}-nextn", draft_w, avail - w)
     if e.phase == "kv_pool" and e.cause == "no_room":
-        need = round((w + draft_w) / gpu.hbm_bytes + 0.01, 2)
-        log.append("RuntimeError: Loaded weights leave no GPU memory for the KV cache under "
-                   f"--mem-fraction-static={config.mem_fraction_static}. Raise "
-                   f"--mem-fraction-static above {need}.")
+        # fit() reports the budget f x M as available_gb: the fraction, resolved default or not
+        f = config.mem_fraction_static or round(e.available_gb * 1e9 / gpu.hbm_bytes, 3)
+        log += REFUSALS["kv_no_room"].traceback(fraction=f)
         return Startup(ready=False, phase="kv_pool", exit_code=1, log=log)
     if e.phase == "kv_pool":
-        msg = ("max_running_request is zero" if e.cause == "zero_requests"
-               else "Memory pool size is too small")
-        per_token = e.required_gb / (2 if e.cause == "zero_requests" else 7)  # see fit()
+        key = "kv_zero_requests" if e.cause == "zero_requests" else "kv_pool_too_small"
+        per_token = e.required_gb / 2  # fit() asks for 2 tokens' bytes in both causes
         log.append(f"KV Cache is allocated. #tokens: {int(e.available_gb // per_token)}")
-        log += _traceback(("sglang/srt/managers/tp_worker.py", "__init__"),
-                          f"AssertionError: {msg}")
+        log += REFUSALS[key].traceback()
         return Startup(ready=False, phase="kv_pool", exit_code=1, log=log)
     log += ["Capture target decode CUDA graph begin. backend=full",
-            "Capture cuda graph failed: CUDA out of memory. Tried to allocate 2.00 GiB.",
-            "Possible solutions:",
-            "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)",
-            "2. set --cuda-graph-max-bs-decode to a smaller value (e.g., 16)",
-            "3. disable torch compile by not using --enable-torch-compile",
-            "4. disable CUDA graph by --disable-cuda-graph. (Not recommended. Huge perf loss)"]
+            *REFUSALS["graph_capture_oom"].traceback(), *CUDA_GRAPH_CAPTURE_FAILED_LINES]
     return Startup(ready=False, phase="cuda_graph", exit_code=1, log=log)
 
 
@@ -175,6 +221,22 @@ def _graph_lines(rep: FitReport) -> list[str]:
             f"Capture draft extend CUDA graph end. bs={shown}"]
 
 
+def _argparse_error(violation: str) -> str:
+    """The argparse wording (``REFUSALS['argparse']``) of a flag-inventory violation.
+
+    ``--flag: invalid choice 'v' for SGLang X (choose from a, b)`` becomes ``argument --flag:
+    invalid choice: 'v' (choose from 'a', 'b')``; a flag the version lacks is ``unrecognized
+    arguments: --flag``.
+    """
+    m = re.match(r"(--[\w-]+): invalid choice (.+?) for SGLang \S+ \(choose from (.*)\)$",
+                 violation)
+    if m:
+        choices = ", ".join(repr(c) for c in m.group(3).split(", "))
+        return f"argument {m.group(1)}: invalid choice: {m.group(2)} (choose from {choices})"
+    dest = violation.split(":", 1)[0]
+    return f"unrecognized arguments: --{dest.replace('_', '-')}"
+
+
 def start(config: ServingConfig) -> Startup:
     """Simulate ``sglang serve`` for one replica of ``config`` and return what happened.
 
@@ -185,47 +247,49 @@ def start(config: ServingConfig) -> Startup:
     try:
         argv = engine_for(config).argv(config)
     except UnknownFlag as e:
-        msg = e.violations[0]
         return Startup(ready=False, phase="parse", exit_code=2,
                        log=["usage: sglang serve [-h] [--model-path MODEL_PATH] ...",
-                            f"sglang serve: error: argument {msg}"])
+                            f"sglang serve: error: {_argparse_error(e.violations[0])}"])
     model, gpu = get_model(config.model), get_gpu(config.gpu)
     log = [f"server_args={' '.join(argv[2:])}"]
-    if config.tp_size > gpu.gpus_per_node:  # one node, no --nnodes: rank 8+ has no device
-        log += ["Init torch distributed begin.",
-                f"RuntimeError: CUDA error: invalid device ordinal (tp_size {config.tp_size} "
-                f"needs more than the {gpu.gpus_per_node} GPUs of one node; multi-node "
-                "serving needs --nnodes and --dist-init-addr)"]
-        return Startup(ready=False, phase="init_distributed", exit_code=1, log=log)
-    try:
+    try:  # the launcher resolves the arguments before it starts any scheduler process
         spec, warnings = _resolve(config)
     except InvalidCombination as e:
-        log += _traceback(e.where, e.line)
+        log += _traceback(e)
         return Startup(ready=False, phase="resolve", exit_code=1, log=log)
     log += warnings
-    for dim in (model.heads, model.kv_heads if model.attention == "gqa" else model.heads):
-        if dim % config.tp_size:  # sglang/srt/distributed/utils.py: ensure_divisibility
-            log += _traceback(("sglang/srt/distributed/utils.py", "ensure_divisibility"),
-                              f"AssertionError: {dim} is not divisible by {config.tp_size}")
-            return Startup(ready=False, phase="model_init", exit_code=1, log=log)
-    refusal = _backend_refusal(config, gpu.sm_major, model.attention)
+    if config.tp_size > gpu.gpus_per_node:  # one node, no --nnodes: rank 8+ has no device
+        log += ["Init torch distributed begin.",
+                *REFUSALS["multi_node_device_ordinal"].traceback(), *CUDA_ERROR_HINT]
+        return Startup(ready=False, phase="init_distributed", exit_code=1, log=log)
+    tp_key = tp_refusal(hf_architecture(model), model.heads,
+                        model.kv_heads if model.attention == "gqa" else None, config.tp_size)
+    if tp_key is not None:  # the attention layer's __init__: the loader builds the model
+        # after "Load weight begin" and before any weight is read
+        log.append(f"Load weight begin. avail mem="
+                   f"{(gpu.hbm_bytes - CONTEXT_OVERHEAD_BYTES) / 2**30:.2f} GB")
+        log += REFUSALS[tp_key].traceback()
+        return Startup(ready=False, phase="model_init", exit_code=1, log=log)
+    refusal = _backend_refusal(config, model, gpu.sm_major)
+    avail = gpu.hbm_bytes - CONTEXT_OVERHEAD_BYTES
     try:
         rep = fit(config)
     except DoesNotFit as e:
-        return _failed_memory(config, model, e, log, spec.params is not None)
-    avail = gpu.hbm_bytes - CONTEXT_OVERHEAD_BYTES
+        if not (refusal and e.phase == "cuda_graph"):
+            return _failed_memory(config, model, e, log, spec.params is not None)
+        # the attention backend is built before the CUDA graphs are captured
+        log += _load_lines(model.name, model.weight_bytes(config.weights) / config.tp_size,
+                           avail)
+        log += REFUSALS[refusal].traceback()
+        return Startup(ready=False, phase="model_init", exit_code=1, log=log)
     log += _load_lines(model.name, rep.weight_bytes_per_gpu, avail)
     if refusal:  # attention backends are built with the model runner, after weights load
-        log += _traceback(("sglang/srt/model_executor/model_runner.py",
-                           "init_attention_backend"), refusal)
+        log += REFUSALS[refusal].traceback()
         return Startup(ready=False, phase="model_init", exit_code=1, log=log)
     if spec.params is not None and not model.mtp_layers:
-        # The twin's wording: the target ships no MTP/NextN layer, so the EAGLE draft worker has
-        # no draft model (servetune does not model --speculative-draft-model-path).
-        log += _traceback(("sglang/srt/speculative/eagle_worker_v2.py", "__init__"),
-                          f"ValueError: {model.name} has no MTP/NextN draft layer and "
-                          "--speculative-draft-model-path is not set; the EAGLE draft worker "
-                          "has no draft model to load.")
+        # The twin's stand-in (REFUSALS["no_draft_model"]): the target ships no MTP/NextN
+        # layer and servetune does not model --speculative-draft-model-path.
+        log += REFUSALS["no_draft_model"].traceback(model=model.name)
         return Startup(ready=False, phase="model_init", exit_code=1, log=log)
     if rep.draft_weight_bytes_per_gpu:
         log += _load_lines(f"{model.name}-nextn", rep.draft_weight_bytes_per_gpu,
@@ -248,16 +312,12 @@ def start(config: ServingConfig) -> Startup:
         log.append(f"KV pool holds {rep.kv_tokens} tokens, fewer than --context-length "
                    f"{rep.context_len}")
     if config.enable_hierarchical_cache:
-        host = "sglang/srt/mem_cache/pool_host/base.py", "__init__"
-        if rep.host_kv_tokens <= rep.kv_tokens:
-            log += _traceback(host, "AssertionError: The host memory should be larger than the "
-                                    "device memory with the current protocol")
-            return Startup(ready=False, phase="host_pool", exit_code=1, log=log)
+        if rep.host_kv_tokens <= rep.kv_tokens:  # pool_host/base.py:238-240: a warning only
+            log.append(HICACHE_SMALL_HOST_WARNING.format(label="KV", host=rep.host_kv_tokens,
+                                                         device=rep.kv_tokens))
         short = host_pool_shortfall(config, rep)
         if short is not None:
-            log += _traceback(host, f"ValueError: Not enough host memory available. Requesting "
-                                    f"{short[0]:.2f} GB but only have {short[1]:.2f} GB free. "
-                                    "Please reduce the size of the hierarchical cache.")
+            log += REFUSALS["hicache_host_oom"].traceback(requested=short[0], free=short[1])
             return Startup(ready=False, phase="host_pool", exit_code=1, log=log)
         log.append(f"Allocating {rep.host_kv_bytes_per_gpu / 1e9:.2f} GB host memory for "
                    "hierarchical KV cache.")
