@@ -272,7 +272,9 @@ def _best(log: Sequence[str], at: list[Phase]) -> tuple[FailurePattern, int] | N
 
 
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)|(Error|Exception)(: |$)")
-_NAMED_FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]+)")
+# a flag named in a message, with or without its dashes ("The arguments enable-hierarchical-cache
+# and disable-radix-cache are mutually exclusive", kv_cache_hook.py); only inventory flags count
+_NAMED_FLAG = re.compile(r"(?<![\w-])(?:--)?([a-z][a-z0-9]*(?:-[a-z0-9]+)+)")
 
 
 def diagnose(log: Sequence[str]) -> Diagnosis:
