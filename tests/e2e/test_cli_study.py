@@ -78,7 +78,7 @@ def test_same_run_id_is_a_no_op_and_other_study_is_refused(tiny_run):
     assert again.returncode == 0, again.stderr
     assert ledger_rows(tmp / "runs" / "t1" / "ledger.sqlite") == before
     other = write(tmp, "other.yaml", tiny_study(min_improvement=0.05))
-    refused = servetune("run", str(other), "--run-id", "t1", tmp=tmp)
+    refused = invoke("run", str(other), "--run-id", "t1", tmp=tmp)
     assert refused.returncode == 2
     assert "belongs to another study" in refused.stderr and "Traceback" not in refused.stderr
 

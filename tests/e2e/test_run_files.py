@@ -148,7 +148,10 @@ def test_an_unwritable_run_file_is_named(finished, tmp_path, name):
     p = run_dir / name
     p.unlink(missing_ok=True)
     p.mkdir()
-    r = servetune("run", str(study), "--run-id", "f1", tmp=tmp_path, env=ENV)
+    # .lock is refused before any work (in this process); report.md only after the resumed
+    # run rendered it, so that one runs the whole resume in a servetune subprocess
+    cli = invoke if name == ".lock" else servetune
+    r = cli("run", str(study), "--run-id", "f1", tmp=tmp_path, env=ENV)
     assert r.returncode == 2, (r.returncode, r.stderr[-3000:])
     assert r.stderr.startswith("error:") and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert f"runs/f1/{name}" in " ".join(r.stderr.split()), r.stderr  # the file, not the folder
