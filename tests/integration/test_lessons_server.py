@@ -79,10 +79,10 @@ async def test_tools_are_listed_with_descriptions_and_annotations(store):
     async with Client(build_server(store)) as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
     assert set(tools) == {"query_lessons", "list_lessons", "add_lesson", "check_config",
-                          "export_skill"}
+                          "export_skill", "check_command"}
     assert {n: t.annotations.read_only_hint for n, t in tools.items()} == {
         "query_lessons": True, "list_lessons": True, "add_lesson": False, "check_config": True,
-        "export_skill": True}
+        "export_skill": True, "check_command": True}
     assert tools["add_lesson"].annotations.idempotent_hint is True
     assert tools["add_lesson"].annotations.destructive_hint is False
     assert tools["query_lessons"].description.startswith("Search lessons by meaning")
@@ -227,8 +227,8 @@ async def test_stdio_round_trip(tmp_path):
         async with Client(params) as client:
             names = sorted(t.name for t in (await client.list_tools()).tools)
             r = await client.call_tool("list_lessons", {"gpu": "H200"})
-    assert names == ["add_lesson", "check_config", "export_skill", "list_lessons",
-                     "query_lessons"]
+    assert names == ["add_lesson", "check_command", "check_config", "export_skill",
+                     "list_lessons", "query_lessons"]
     assert not r.is_error
     assert [x["title"] for x in r.structured_content["items"]] == [KV.title]
     assert r.structured_content["next_start"] is None

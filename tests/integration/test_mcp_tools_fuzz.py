@@ -72,6 +72,8 @@ SEEDS: dict[str, dict[str, dict[str, Any]]] = {
         "add_lesson": {"lesson": LESSON},
         "check_config": {"config": CONFIG},
         "export_skill": {"name": "fz-skill", "gpu": "B200"},
+        "check_command": {"command": ["sglang", "serve", "--model-path", "zai-org/GLM-5-FP8",
+                                      "--tp-size", "8"], "gpu": "B200", "gpus": 8},
     },
     "source": {
         "source_info": {},
