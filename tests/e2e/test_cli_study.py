@@ -13,6 +13,7 @@ import time
 
 import pytest
 from fixtures.cli import ledger_rows, servetune, tiny_study, write
+from fixtures.cli_runner import invoke
 from fixtures.paths import REPO
 
 
@@ -77,7 +78,7 @@ def test_same_run_id_is_a_no_op_and_other_study_is_refused(tiny_run):
     assert again.returncode == 0, again.stderr
     assert ledger_rows(tmp / "runs" / "t1" / "ledger.sqlite") == before
     other = write(tmp, "other.yaml", tiny_study(min_improvement=0.05))
-    refused = servetune("run", str(other), "--run-id", "t1", tmp=tmp)
+    refused = invoke("run", str(other), "--run-id", "t1", tmp=tmp)
     assert refused.returncode == 2
     assert "belongs to another study" in refused.stderr and "Traceback" not in refused.stderr
 
@@ -97,7 +98,7 @@ BAD_STUDIES = {
 @pytest.mark.parametrize("name", sorted(BAD_STUDIES))
 def test_bad_study_one_line_exit_2(tmp_path, name):
     p = write(tmp_path, f"{name}.yaml", BAD_STUDIES[name])
-    r = servetune("run", str(p), tmp=tmp_path)
+    r = invoke("run", str(p), tmp=tmp_path)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr and r.stderr.strip().startswith("error:")
     assert len(r.stderr.strip().splitlines()) <= 3  # one line, soft-wrapped at most
@@ -112,22 +113,22 @@ def test_malformed_trace_one_line_exit_2(tmp_path, content):
     trace.write_bytes(content.encode("latin-1"))
     p = write(tmp_path, "s.yaml", tiny_study(replay={"trace": str(trace), "format": "mooncake",
                                                      "duration_s": 10}))
-    r = servetune("run", str(p), tmp=tmp_path)
+    r = invoke("run", str(p), tmp=tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "bad.jsonl" in r.stderr
 
 
 def test_missing_study_and_bad_yaml(tmp_path):
-    r = servetune("run", str(tmp_path / "nope.yaml"), tmp=tmp_path)
+    r = invoke("run", str(tmp_path / "nope.yaml"), tmp=tmp_path)
     assert r.returncode == 2 and "study file not found" in r.stderr
     p = write(tmp_path, "broken.yaml", "name: [unclosed\n")
-    r = servetune("run", str(p), tmp=tmp_path)
+    r = invoke("run", str(p), tmp=tmp_path)
     assert r.returncode == 2 and "not valid YAML" in r.stderr and "Traceback" not in r.stderr
     p = write(tmp_path, "dup.yaml", "name: a\nname: b\n")
-    r = servetune("run", str(p), tmp=tmp_path)
+    r = invoke("run", str(p), tmp=tmp_path)
     assert r.returncode == 2 and "key 'name' is given twice at line 2" in r.stderr
     (tmp_path / "bin.yaml").write_bytes(b"\xff\xfe\x00")
-    r = servetune("run", str(tmp_path / "bin.yaml"), tmp=tmp_path)
+    r = invoke("run", str(tmp_path / "bin.yaml"), tmp=tmp_path)
     assert r.returncode == 2 and "not UTF-8" in r.stderr
 
 
@@ -224,13 +225,13 @@ def test_run_id_in_use_is_refused(tmp_path):
         "out-is-a-file"])
 def test_cli_argument_errors(tmp_path, args, needle):
     (tmp_path / "afile").write_text("x")
-    r = servetune(*args, tmp=tmp_path, env={"SERVETUNE_EMBEDDING": "hashing"})
+    r = invoke(*args, tmp=tmp_path, env={"SERVETUNE_EMBEDDING": "hashing"})
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert needle in r.stderr and "Traceback" not in r.stderr
 
 
 def test_bad_setting_is_one_line(tmp_path):
-    r = servetune("lessons", "list", tmp=tmp_path, env={"SERVETUNE_EMBEDDING": "bogus"})
+    r = invoke("lessons", "list", tmp=tmp_path, env={"SERVETUNE_EMBEDDING": "bogus"})
     assert r.returncode == 2 and r.stderr.startswith("error: SERVETUNE_EMBEDDING")
 
 
@@ -263,5 +264,5 @@ def test_mcp_bench_tokenizer_and_client_options(tmp_path):
     for args, said in ((["--tokenizer", "nope.json"], "--tokenizer nope.json: no such file"),
                        (["--tokenizer", str(vocab.parent / "store.py")], "no tokenizer at"),
                        (["--client", "curl"], "choose aiohttp or httpx")):
-        r = servetune("mcp", "bench", *args, tmp=tmp_path)
+        r = invoke("mcp", "bench", *args, tmp=tmp_path)
         assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from fixtures.cli import servetune, tiny_study, write
+from fixtures.cli_runner import invoke
 
 ENV = {"SERVETUNE_EMBEDDING": "hashing"}
 
@@ -107,7 +108,7 @@ def test_damaged_run_file_is_refused_and_nothing_written(finished, tmp_path, cas
     shutil.copytree(src, run_dir)
     damage(run_dir / name)
     before = _snapshot(run_dir)
-    r = servetune("run", str(study), "--run-id", "f1", tmp=tmp_path, env=ENV)
+    r = invoke("run", str(study), "--run-id", "f1", tmp=tmp_path, env=ENV)
     assert r.returncode == 2, (r.returncode, r.stdout[-1500:], r.stderr[-3000:])
     assert "Traceback" not in r.stderr and r.stderr.startswith("error:"), r.stderr[-3000:]
     assert len(r.stderr.strip().splitlines()) <= 4, r.stderr  # one line, soft-wrapped at most
@@ -147,7 +148,10 @@ def test_an_unwritable_run_file_is_named(finished, tmp_path, name):
     p = run_dir / name
     p.unlink(missing_ok=True)
     p.mkdir()
-    r = servetune("run", str(study), "--run-id", "f1", tmp=tmp_path, env=ENV)
+    # .lock is refused before any work (in this process); report.md only after the resumed
+    # run rendered it, so that one runs the whole resume in a servetune subprocess
+    cli = invoke if name == ".lock" else servetune
+    r = cli("run", str(study), "--run-id", "f1", tmp=tmp_path, env=ENV)
     assert r.returncode == 2, (r.returncode, r.stderr[-3000:])
     assert r.stderr.startswith("error:") and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert f"runs/f1/{name}" in " ".join(r.stderr.split()), r.stderr  # the file, not the folder
@@ -243,7 +247,7 @@ def test_a_checkpoint_in_a_phase_the_graph_lacks_is_refused_in_one_line(finished
         g.compile(checkpointer=saver).invoke({"run_id": "f1"},
                                              {"configurable": {"thread_id": "f1"}})
     before = _snapshot(runs)
-    r = servetune("run", str(study), "--run-id", "f1", tmp=tmp_path, env=ENV)
+    r = invoke("run", str(study), "--run-id", "f1", tmp=tmp_path, env=ENV)
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr and r.stderr.startswith("error:"), r.stderr[-3000:]
     assert len(r.stderr.strip().splitlines()) <= 4, r.stderr  # one line, soft-wrapped at most

@@ -11,7 +11,8 @@ import time
 
 import pytest
 import yaml
-from fixtures.cli import servetune, tiny_study, write
+from fixtures.cli import tiny_study, write
+from fixtures.cli_runner import invoke
 from typer.testing import CliRunner
 
 from domain.errors import ConfigInvalid
@@ -60,7 +61,7 @@ def test_a_few_aliases_still_load(tmp_path):
                           "attention_backend: &ab [unset, fa3]\n  schedule_policy: [fcfs, lpm]\n")
     assert "&ab" in study
     p = write(tmp_path, "ok.yaml", study + "# uses *ab nowhere else\n")
-    r = servetune("run", str(p), tmp=tmp_path)
+    r = invoke("run", str(p), tmp=tmp_path)
     assert r.returncode == 2 and "trace file not found" in r.stderr, r.stderr
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import anyio
 import pytest
 import yaml
+from fixtures.cli_runner import invoke
 from mcp import Client
 
 from domain.config import ServingConfig
@@ -153,9 +154,8 @@ def test_d1_allow_list_entry_refuses_ambiguous_paths(tmp_path, path):
 
 
 def test_d1_cli_refuses_an_ambiguous_allow_list_entry(tmp_path):
-    out = servetune("mcp", "bench", "--state-dir", str(tmp_path / "state"),
-                    "--allow-endpoint", "http://127.0.0.1:8000/team-a/..;/team-b", cwd=tmp_path,
-                    stdin=subprocess.DEVNULL)
+    out = invoke("mcp", "bench", "--state-dir", str(tmp_path / "state"),
+                 "--allow-endpoint", "http://127.0.0.1:8000/team-a/..;/team-b", tmp=tmp_path)
     assert out.returncode == 2, (out.returncode, out.stderr)
     assert out.stderr.startswith("error: ") and "';'" in out.stderr, out.stderr
     assert one_line_error(out.stderr), out.stderr
@@ -266,8 +266,8 @@ async def test_d9_client_cancel_stops_the_simulation(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "1e999", "nan", "0", "-1"])
 def test_d9_cli_refuses_an_unbounded_or_empty_budget(tmp_path, value):
-    out = servetune("mcp", "bench", "--state-dir", str(tmp_path / "state"),
-                    f"--compute-budget-s={value}", cwd=tmp_path, stdin=subprocess.DEVNULL)
+    out = invoke("mcp", "bench", "--state-dir", str(tmp_path / "state"),
+                 f"--compute-budget-s={value}", tmp=tmp_path)
     assert out.returncode == 2, (out.returncode, out.stderr)
     assert "compute-budget-s" in out.stderr or "compute budget" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr, out.stderr
@@ -311,7 +311,7 @@ async def test_d10_deeply_nested_trace_line_is_a_trace_error(tmp_path, fmt):
 
 def test_d10_deeply_nested_trace_in_a_study_is_one_line(tmp_path):
     study = study_with_trace(tmp_path, str(deep_trace(tmp_path)))
-    out = servetune("run", str(study), "--out", str(tmp_path / "runs"), cwd=tmp_path)
+    out = invoke("run", str(study), "--out", str(tmp_path / "runs"), tmp=tmp_path)
     assert out.returncode == 2, out.stderr[-2000:]
     err = out.stderr.strip()
     assert err.startswith("error:") and "deep.jsonl:2:" in err and one_line_error(err), err
@@ -334,8 +334,8 @@ async def test_d11_over_long_trace_path_component(tmp_path, trace):
 @pytest.mark.parametrize("relative", [True, False], ids=["relative", "absolute"])
 def test_d11_over_long_trace_path_in_a_study(tmp_path, relative):
     trace = f"{LONG}/t.jsonl" if relative else str(tmp_path / LONG / "t.jsonl")
-    out = servetune("run", str(study_with_trace(tmp_path, trace)), "--out",
-                    str(tmp_path / "runs"), cwd=tmp_path)
+    out = invoke("run", str(study_with_trace(tmp_path, trace)), "--out",
+                 str(tmp_path / "runs"), tmp=tmp_path)
     assert out.returncode == 2, out.stderr[-2000:]
     err = out.stderr.strip()
     assert err.startswith("error:") and "255" in err and one_line_error(err), err

@@ -1,4 +1,8 @@
-"""servetune check in a subprocess (exit codes, --json keys) and the MCP tool check_command."""
+"""servetune check as a user runs it (exit codes, --json keys) and the MCP tool check_command.
+
+One check runs in a ``servetune`` subprocess (the real entry point); the others in this process
+through typer's CliRunner (fixtures/cli_runner.py), the same command without 1 s of imports each.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from pathlib import Path
 import anyio
 import pytest
 from fixtures.cli import servetune, tiny_study, write
+from fixtures.cli_runner import invoke
 from mcp import Client, StdioServerParameters
 
 from domain.lesson import Clause, Lesson, Scope
@@ -20,11 +25,12 @@ GLM5 = ["sglang", "serve", "--model-path", "zai-org/GLM-5-FP8"]
 
 
 def check(tmp: Path, *args: str):
-    return servetune("check", "--gpu", "B200", "--gpus", "8", *args, tmp=tmp)
+    return invoke("check", "--gpu", "B200", "--gpus", "8", *args, tmp=tmp)
 
 
 def test_exit_codes_and_json_keys(tmp_path: Path) -> None:
-    ok = check(tmp_path, "--json", "--", *GLM5, "--tp-size", "8")
+    ok = servetune("check", "--gpu", "B200", "--gpus", "8", "--json", "--", *GLM5,
+                   "--tp-size", "8", tmp=tmp_path)
     assert ok.returncode == 0, ok.stderr
     out = json.loads(ok.stdout)
     assert list(out) == ["verdict", "findings", "memory", "resolved"]
@@ -53,7 +59,7 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
     for args in ((), ("--", "vllm", "serve", "x"), ("--trace", "missing.jsonl", "--", *GLM5)):
         r = check(tmp_path, *args)
         assert r.returncode == 2 and r.stderr.startswith("error:"), (args, r.stderr)
-    r = servetune("check", "--gpu", "B300", "--", *GLM5, tmp=tmp_path)
+    r = invoke("check", "--gpu", "B300", "--", *GLM5, tmp=tmp_path)
     assert r.returncode == 2 and "GPU catalog" in r.stderr
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import anyio
 import pytest
 import yaml
+from fixtures.cli_runner import invoke
 from mcp import Client, StdioServerParameters
 
 pytestmark = pytest.mark.anyio
@@ -103,6 +104,14 @@ def run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           timeout=120)
 
 
+def refusal(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """A command that refuses its arguments, in this process (fixtures/cli_runner.py), with
+    :func:`isolated_env`'s settings (and none of this machine's other SERVETUNE_ ones)."""
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("SERVETUNE_")}
+    env.update({k: v for k, v in isolated_env(tmp_path).items() if k.startswith("SERVETUNE_")})
+    return invoke(*args, tmp=tmp_path, env=env)
+
+
 def test_mcp_tools_command_lists_a_server(tmp_path):
     r = run_cli(tmp_path, "mcp", "tools", "lessons")
     assert r.returncode == 0, r.stderr
@@ -121,7 +130,7 @@ def test_source_fetch_unpacks_a_wheel_and_refuses_option_like_versions(tmp_path)
     root = tmp_path / "no-source-yet" / "sglang-0.0.1"
     assert (root / "sglang" / "srt" / "server_args.py").is_file()
     assert str(root) in r.stdout.replace("\n", "")
-    bad = run_cli(tmp_path, "source", "fetch", "--version", "--index-url=http://evil")
+    bad = refusal(tmp_path, "source", "fetch", "--version", "--index-url=http://evil")
     assert bad.returncode == 2 and "not a release number" in bad.stderr
 
 
@@ -132,7 +141,7 @@ def test_lessons_export_skill_writes_a_skill_file(tmp_path):
     front = yaml.safe_load(skill.read_text().split("---\n")[1])
     assert front["name"] == "servetune-lessons"
     assert "No lessons are stored yet" in skill.read_text()
-    bad = run_cli(tmp_path, "lessons", "export-skill", "--name", "Bad Name")
+    bad = refusal(tmp_path, "lessons", "export-skill", "--name", "Bad Name")
     assert bad.returncode == 2 and "skill name" in bad.stderr
 
 
@@ -145,6 +154,6 @@ def test_lessons_export_skill_writes_a_skill_file(tmp_path):
     (["mcp", "bench", "--trace-dir", "/no/such/folder"], "no such folder"),
 ], ids=["backend", "namespace", "devices", "placeholder", "trace-dir"])
 def test_server_options_are_checked_before_serving(tmp_path, args, needle):
-    r = run_cli(tmp_path, *args)
+    r = refusal(tmp_path, *args)
     assert r.returncode == 2 and needle in r.stderr, (r.returncode, r.stderr[-500:])
     assert "Traceback" not in r.stderr
