@@ -201,7 +201,7 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
     try:
         async with Client(cluster_server(backend)) as c_cluster, \
                 Client(bench_server(bench)) as c_bench, \
-                Client(lessons_server(lesson_store, run_id)) as c_lessons, \
+                Client(lessons_server(lesson_store, run_id, backend.kind)) as c_lessons, \
                 Client(source_server(source_tree, study.engine_version)) as c_source, \
                 AsyncSqliteSaver.from_conn_string(str(run_dir / "checkpoint.sqlite")) as saver:
             graph = build_graph().compile(checkpointer=saver)
