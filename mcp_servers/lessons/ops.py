@@ -383,8 +383,8 @@ def export_skill(store: LessonStore, name: str = "servetune-lessons", gpu: str |
                 f"  - why: {_one_line(x.root_cause)}", f"  - so: {_one_line(x.fix)}",
                 *_provenance_lines(x)]
     if not lessons:
-        out += ["No trusted lessons are stored yet for this scope: run `servetune run` on a "
-                "real backend first." if not untrusted else
+        out += ["No lessons are stored yet for this scope: run `servetune run` first."
+                if not untrusted else
                 f"No trusted lessons for this scope ({untrusted} untrusted left out: learned "
                 "on the twin without a source-verified condition, contradicted, quarantined "
                 "or retracted; see `servetune lessons show ID`)."]
