@@ -231,6 +231,8 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
                                claude=claude, namespace=backend.namespace, repeats=repeats,
                                replay=replay_profile(bench, study))
             ctx.event("backend", backend=backend.kind)  # the report's first lines
+            if resumed:  # a kill may have come between a row's lessons and its contradictions
+                await ctx.recheck_served()
             for name in await tear_down_leftovers(c_cluster, run_id):
                 ctx.event("teardown-leftover", name=name)
             already_done = resumed and snap.values.get("phase") == "done"

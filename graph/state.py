@@ -159,18 +159,35 @@ class StudyContext:
                         and any(x.covers(t.config) for x in row.lessons_written)]
         out: list[dict[str, Any]] = []
         for t in healthy:
-            evidence = _measured(t)
-            r = await call(self.lessons, "report_served", {
-                "config": t.config.model_dump(mode="json"), "trial": t.key,
-                "evidence": evidence})
-            for view in r.get("quarantined", []):
-                lesson = view["lesson"]
-                reason = lesson["history"][-1]["reason"] if lesson.get("history") else ""
-                found = {"id": lesson["id"], "title": lesson["title"], "reason": reason,
-                         "trial": t.key, "seq": t.seq}
-                out.append(found)
-                self.event("lesson-quarantined", **found)
-                self.report(quarantined=lesson["id"], title=lesson["title"], reason=reason)
+            out += await self._report_served(t)
+        return out
+
+    async def _report_served(self, t: Trial) -> list[dict[str, Any]]:
+        r = await call(self.lessons, "report_served", {
+            "config": t.config.model_dump(mode="json"), "trial": t.key,
+            "evidence": _measured(t)})
+        out = []
+        for view in r.get("quarantined", []):
+            lesson = view["lesson"]
+            reason = lesson["history"][-1]["reason"] if lesson.get("history") else ""
+            found = {"id": lesson["id"], "title": lesson["title"], "reason": reason,
+                     "trial": t.key, "seq": t.seq}
+            out.append(found)
+            self.event("lesson-quarantined", **found)
+            self.report(quarantined=lesson["id"], title=lesson["title"], reason=reason)
+        return out
+
+    async def recheck_served(self) -> list[dict[str, Any]]:
+        """Report every served row of the ledger again; the lessons quarantined now.
+
+        For a resumed run: a kill may have come between a row's lessons and their
+        contradiction check. ``report_served`` is idempotent (one contradiction per run and
+        trial).
+        """
+        out: list[dict[str, Any]] = []
+        for t in self.ledger.trials():
+            if served(t):
+                out += await self._report_served(t)
         return out
 
     def event(self, kind: str, **data: Any) -> None:
