@@ -199,10 +199,11 @@ def _status_tools(server: MCPServer, store: LessonStore, backend: str | None,
 
         A twin measurement does not overrule a lesson learned on a real backend.
         """
-        where = on or backend
-        if where is None:
-            raise ValueError("name where the config ran: on='twin', 'local' or 'kubernetes'")
         with as_tool_errors(ValueError, StoreUnavailable):
+            where = on or backend
+            if where is None:
+                raise ValueError("name where the config ran: on='twin', 'local' or "
+                                 "'kubernetes'")
             return ops.report_served(store, config, where, run_id=run_id,
                                      trial=trial, evidence=evidence)
 

@@ -72,6 +72,9 @@ SEEDS: dict[str, dict[str, dict[str, Any]]] = {
         "add_lesson": {"lesson": LESSON},
         "check_config": {"config": CONFIG},
         "export_skill": {"name": "fz-skill", "gpu": "B200"},
+        "show_lesson": {"lesson_id": "L-0000000000"},
+        "quarantine_lesson": {"lesson_id": "L-0000000000", "reason": "fuzzed"},
+        "report_served": {"config": CONFIG, "on": "twin", "trial": "search:fz"},
     },
     "source": {
         "source_info": {},
