@@ -49,8 +49,10 @@ def lessons_query(
     for lesson, score in hits:  # a lesson's words are plain text, never Rich markup
         console.print(f"[bold]{escape(lesson.id)}[/] ({score:.2f}) {escape(lesson.title)}",
                       highlight=False)
+        ok, why = lesson.trust()
         console.print(escape(f"  when: {lesson.condition_text()}  outcome: {lesson.outcome}"
-                             f" ({lesson.failure_class})\n  fix: {lesson.fix}"),
+                             f" ({lesson.failure_class})\n  fix: {lesson.fix}\n  status: "
+                             f"{lesson.status}, {'trusted' if ok else 'untrusted'}: {why}"),
                       highlight=False)
 
 

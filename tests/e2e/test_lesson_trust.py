@@ -56,6 +56,8 @@ def test_hicache_host_oom_lesson_covering_a_served_ratio_is_quarantined(tmp_path
         events = [json.loads(x) for x in (tmp_path / "runs" / "hc1" / "events.jsonl")
                   .read_text().splitlines()]
         assert [e["id"] for e in events if e["kind"] == "lesson-quarantined"] == [lesson.id]
+        report = (tmp_path / "runs" / "hc1" / "report.md").read_text()
+        assert "## Quarantined lessons" in report and f"| `{lesson.id}` |" in report
     else:  # a lesson rule that keeps to the failing ratio's family: nothing to quarantine
         assert lesson.status == "active"
     assert contradicted_lessons(tmp_path / "runs" / "hc1", tmp_path / "lessons") == []
