@@ -369,7 +369,8 @@ class LessonStore:
             by: who or what, e.g. ``operator (cli)``.
 
         Returns:
-            The lesson as stored now (unchanged when it already has ``status``).
+            The lesson as stored now (unchanged when it already has ``status``, or when asked
+            to quarantine a retracted lesson: only ``active`` undoes a retraction).
 
         Raises:
             UnknownLesson: no lesson has this id.
@@ -380,7 +381,7 @@ class LessonStore:
         if not rows:
             raise UnknownLesson(lesson_id, self.path)
         seq, lesson = rows[0]
-        if lesson.status == status:
+        if lesson.status == status or (status == "quarantined" and lesson.status == "retracted"):
             return lesson
         lesson = lesson.with_status(status, reason, by)
         self._write(lesson, seq)

@@ -140,8 +140,8 @@ def _set_status(lesson_id: str, status: Any, reason: str, lessons_dir: Path | No
     except (ServetuneError, ValueError) as e:
         fail(str(e))
     verb = {"active": "restored", "quarantined": "quarantined", "retracted": "retracted"}
-    console.print(f"{lesson_id}: {verb[status] if result.changed else 'already ' + status}",
-                  highlight=False, markup=False)
+    done = verb[status] if result.changed else f"unchanged, {result.lesson.status}"
+    console.print(f"{lesson_id}: {done}", highlight=False, markup=False)
 
 
 @lessons_app.command("quarantine")

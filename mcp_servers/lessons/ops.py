@@ -256,9 +256,9 @@ def set_status(store: LessonStore, lesson_id: str, status: Status, reason: str,
     if not reason.strip():
         raise ValueError(f"give a reason to mark lesson {lesson_id} {status}: it is kept in "
                          "the lesson's history")
-    before = show_lesson(store, lesson_id).lesson.status
+    before = show_lesson(store, lesson_id).lesson
     lesson = store.set_status(lesson_id, status, reason, by)
-    return StatusResult.model_validate({"changed": before != status, "lesson": lesson},
+    return StatusResult.model_validate({"changed": lesson != before, "lesson": lesson},
                                        context=STORED)
 
 

@@ -164,6 +164,10 @@ async def test_quarantine_by_an_agent_and_retract_only_with_the_operator_flag(st
             "lesson_id": x.id, "reason": "wrong condition"})).structured_content
     assert {"retract_lesson", "restore_lesson"} <= names
     assert back["lesson"]["status"] == "active" and gone["lesson"]["status"] == "retracted"
+    async with Client(build_server(store)) as agent:  # an agent cannot undo a retraction
+        kept = (await agent.call_tool("quarantine_lesson", {
+            "lesson_id": x.id, "reason": "make it restorable"})).structured_content
+    assert kept["changed"] is False and kept["lesson"]["status"] == "retracted"
     assert [h.status for h in store.get(x.id).history] == ["quarantined", "active",
                                                               "retracted"]
 
