@@ -49,13 +49,18 @@ def served(trial: Trial) -> bool:
 def with_provenance(lesson: Lesson, trial: Trial, backend: str) -> Lesson:
     """``lesson`` with its provenance: where ``trial`` (of a run on ``backend``) learned it.
 
-    A lesson that already names its provenance is kept as it is. The memory-fit estimate's
+    A lesson that already names its provenance keeps it, with the run, trial and time added
+    where it names none. The memory-fit estimate's
     and research's lessons are learned by arithmetic and source reading (backend
     ``estimate``/``research``) whatever the run's backend; a launched trial's on ``backend``
     with the engine image the trial ran (``Engine.image``).
     """
-    if lesson.provenance is not None:
-        return lesson
+    if lesson.provenance is not None:  # a builder's (estimate, research): add run and trial
+        p = lesson.provenance
+        return lesson.model_copy(update={"provenance": p.model_copy(update={
+            "run_id": p.run_id or lesson.run_id or trial.run_id,
+            "trial": p.trial or lesson.trial_id or trial.key,
+            "learned_at": p.learned_at or now_iso()})})
     from domain.engines import engine_for
 
     kind = lesson.source if lesson.source in ("estimate", "research", "user") else backend
