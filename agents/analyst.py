@@ -11,6 +11,10 @@ The verdict has two brains: :meth:`Analyst.verdict` (deterministic: the study's
 checked against the measured summary and the gate). Outputs: :class:`Verdict` and
 :class:`~domain.lesson.Lesson`.
 
+Causes: :func:`graph_ceiling_cause` names the CUDA-graph ceiling when a run's decode batch
+went past ``cuda_graph_max_bs_decode`` and its ITL roughly doubled against a comparable run that
+stayed in graph (:func:`domain.metrics.graph_ceiling`); the search appends it to the verdict.
+
 Acceptance gate (:func:`acceptance`, :mod:`domain.acceptance`): computed in code before any
 brain judges. With repeated runs of both the candidate and the incumbent it decides: a candidate
 is kept only when the bootstrap interval of its gain lies above ``min_improvement``. With one run
@@ -34,9 +38,12 @@ from domain.acceptance import AcceptDecision, decide, pick_samples
 from domain.bench import BenchResult
 from domain.config import ServingConfig
 from domain.engines import engine_for
+from domain.errors import ConfigInvalid, DoesNotFit
+from domain.fit import fit
 from domain.lesson import Lesson
-from domain.metrics import MetricsSummary
+from domain.metrics import CeilingPoint, GraphCeiling, MetricsSummary, graph_ceiling
 from domain.study import Study
+from domain.trial import Trial
 from domain.twin.cluster import ReplicaStats
 from domain.usage import AgentUsage
 
@@ -76,6 +83,76 @@ def replica_mean(replicas: Sequence[ReplicaStats], key: str) -> float | None:
     """
     values = [float(v) for r in replicas if (v := getattr(r, key, None)) is not None]
     return sum(values) / len(values) if values else None
+
+
+# knobs that change how many requests decode at once or how they are captured, not the step's
+# kernels: two configs that differ only in these are comparable for the graph-ceiling cause
+ADMISSION_KNOBS = frozenset({"max_running_requests", "cuda_graph_max_bs_decode",
+                             "mem_fraction_static", "chunked_prefill_size",
+                             "schedule_conservativeness", "schedule_policy"})
+
+
+def comparable(a: ServingConfig, b: ServingConfig) -> bool:
+    """Whether ``a`` and ``b`` differ only in :data:`ADMISSION_KNOBS`."""
+    da, db = a.model_dump(), b.model_dump()
+    return all(da[k] == db[k] for k in da if k not in ADMISSION_KNOBS)
+
+
+def ceiling_point(config: ServingConfig, summary: MetricsSummary, concurrency: int,
+                  label: str = "") -> CeilingPoint | None:
+    """``summary``'s run as a :class:`~domain.metrics.CeilingPoint` (None: no ITL or no fit).
+
+    The batch is the run's measured mean decode batch per replica (the twin's scheduler);
+    where the server does not report it, what admission allows: ``min(clients per replica,
+    the resolved max_running_requests, KV tokens / the run's mean tokens per request)``. The
+    ceiling is the config's resolved ``cuda_graph_max_bs_decode`` (:func:`domain.fit.fit`).
+    """
+    itl = summary.itl_ms.p50
+    if itl is None or summary.completed == 0:
+        return None
+    try:
+        rep = fit(config)
+    except (DoesNotFit, ConfigInvalid):
+        return None
+    batch = summary.decode_batch
+    if batch is None:
+        per_request = (summary.input_tokens + summary.output_tokens) / summary.completed
+        batch = min(concurrency / config.replicas, rep.max_running_requests,
+                    rep.kv_tokens / max(per_request, 1.0))
+    return CeilingPoint(batch=batch, itl_p50_ms=itl, ceiling=rep.cuda_graph_max_bs_decode,
+                        label=label)
+
+
+def graph_ceiling_cause(subject: CeilingPoint,
+                        others: Sequence[CeilingPoint]) -> GraphCeiling | None:
+    """The graph-ceiling cause between ``subject`` and one of ``others`` (comparable runs).
+
+    Of the pairs that show it (:func:`domain.metrics.graph_ceiling`), the one whose batches are
+    closest; None when none does.
+    """
+    found = [g for o in others if (g := graph_ceiling([subject, o])) is not None]
+    if not found:
+        return None
+    return min(found, key=lambda g: max(g.batch_above / g.batch_below,
+                                        g.batch_below / g.batch_above))
+
+
+def search_graph_ceiling(config: ServingConfig, summary: MetricsSummary,
+                         trials: Sequence[Trial], concurrency: int) -> GraphCeiling | None:
+    """The graph-ceiling cause of a search candidate's saturation run ``summary``.
+
+    Judged against the measured search ``trials`` of comparable configs (:func:`comparable`;
+    labelled by their seq), all at the study's saturation ``concurrency``.
+    """
+    subject = ceiling_point(config, summary, concurrency, "this run")
+    if subject is None:
+        return None
+    others = [p for t in trials
+              if t.saturation is not None and t.objective is not None
+              and comparable(t.config, config) and t.config != config
+              and (p := ceiling_point(t.config, t.saturation, concurrency, f"#{t.seq}"))
+              is not None]
+    return graph_ceiling_cause(subject, others)
 
 
 def failure_lesson(config: ServingConfig, outcome: DeployOutcome, run_id: str,

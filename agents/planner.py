@@ -5,7 +5,9 @@ after pruning what lessons forbid and what the memory-fit estimate clearly rules
 estimate becomes a lesson whose evidence is the arithmetic: ``domain.lesson_builders``).
 Neighbours are tried in the order of the estimate's predicted benefit
 (``Planner.ordered``), and one the engine would run exactly like the incumbent or an earlier
-launch is never launched (``resolved_settings``).
+launch is never launched (``resolved_settings``). When speculative decoding's default admission
+cap (48) is what holds the incumbent down, raising ``max_running_requests`` is tried before any
+move that drops speculation (:func:`spec_cap_target`).
 
 :class:`Planner` (deterministic, ``search.brain: ovat``) launches the first viable neighbour in
 that order; ``agents.claude_planner.ClaudePlanner`` screens every neighbour the same way and
@@ -32,6 +34,7 @@ from domain.knobs import apply_knob, normalize_value
 from domain.lesson import Lesson
 from domain.lesson_builders import estimate_lesson, research_lesson
 from domain.research import research_verdict
+from domain.speculative import SPEC_MAX_RUNNING_REQUESTS
 from domain.study import Study
 
 
@@ -94,6 +97,32 @@ def _fmt(v: Any) -> str:
     return "unset" if v is None else str(v)
 
 
+def spec_cap_target(best: ServingConfig, study: Study) -> int | None:
+    """The admission cap to raise ``best`` to when speculation's default cap is what limits it.
+
+    SGLang 0.5.23 resets an unset ``max_running_requests`` to
+    :data:`domain.speculative.SPEC_MAX_RUNNING_REQUESTS` (48) once speculative decoding is on
+    (``speculative_hook.py``, ``_handle_eagle_family``). When the memory fit resolves ``best``'s
+    cap to exactly that default and the saturation run puts more clients on each replica than
+    that, the cap -- not speculation -- is what holds the batch down.
+
+    Returns:
+        ``min(clients per replica, sequences the KV pool holds at ISL + OSL)`` (requests per
+        replica) when that is above the default cap; None otherwise (speculation off, the cap
+        set explicitly, the load within the cap, the KV pool no larger, or no fit).
+    """
+    if best.speculative_algorithm is None or best.max_running_requests is not None:
+        return None
+    try:
+        rep = fit(best)
+    except (DoesNotFit, ConfigInvalid):
+        return None
+    if rep.speculative is None or rep.max_running_requests != SPEC_MAX_RUNNING_REQUESTS:
+        return None
+    sat = study.saturation
+    clients = -(-sat.concurrency // best.replicas)  # ceil: the most clients on one replica
+    target = min(clients, int(rep.kv_tokens // (sat.isl + sat.osl)))
+    return target if target > SPEC_MAX_RUNNING_REQUESTS else None
 
 
 class Planner:
@@ -111,6 +140,8 @@ class Planner:
         # estimate lessons of this step's pruned candidates: the caller stores them once their
         # rows are committed (ledger row first, then its lessons); until then they forbid here
         self.unstored: list[Lesson] = []
+        # why :meth:`ordered` put a max_running_requests raise first ('' when it did not)
+        self.spec_cap_note = ""
 
     def remember(self, config: ServingConfig) -> None:
         """Record ``config``'s resolved settings (launched or incumbent) for :meth:`screened`."""
@@ -142,13 +173,50 @@ class Planner:
         policy), keep the study's knob order. A candidate the estimate rules out sorts last
         (screening prunes it without a launch anyway).
         """
+        self.spec_cap_note = ""
         base = self.capacity(best) or 1.0
         cands = list(self.neighbours(best))
+        target = spec_cap_target(best, self.study)
+        if target is not None:
+            return self._spec_capped_order(best, cands, target, base)
 
         def gain(c: tuple[ServingConfig, str]) -> int:
             return round(self.capacity(c[0]) / base / 0.05)
 
         return sorted(cands, key=lambda c: -gain(c))  # stable: ties keep the study's order
+
+    def _spec_capped_order(self, best: ServingConfig, cands: list[tuple[ServingConfig, str]],
+                           target: int, base: float) -> list[tuple[ServingConfig, str]]:
+        """The order when speculation's default cap holds ``best`` down (:func:`spec_cap_target`).
+
+        Raising ``max_running_requests`` comes first (the study's value that admits the most,
+        the one nearest ``target`` among equals; ``target`` itself when the study lists no value
+        above the default cap), then the other moves that keep speculation, and moves that drop
+        it last: turning speculation off also lifts the cap, and a search that tries it first
+        credits the gain to the wrong knob.
+        """
+        def raises(c: ServingConfig) -> bool:
+            return (c.speculative_algorithm is not None and c.max_running_requests is not None
+                    and c.max_running_requests > SPEC_MAX_RUNNING_REQUESTS
+                    and {k for k, v in c.model_dump().items() if v != getattr(best, k)}
+                    == {"max_running_requests"})
+
+        if not any(raises(c) for c, _ in cands):
+            cand = apply_knob(best, "max_running_requests", target, self.study.gpu_count)
+            cands.insert(0, (cand, f"max_running_requests={target}"))
+
+        def key(c: tuple[ServingConfig, str]) -> tuple[int, int, int]:
+            cfg = c[0]
+            gain = round(self.capacity(cfg) / base / 0.05)
+            if raises(cfg):
+                return (0, -gain, abs((cfg.max_running_requests or 0) - target))
+            return (1 if cfg.speculative_algorithm is not None else 2, -gain, 0)
+
+        self.spec_cap_note = (f"speculative decoding resolves max_running_requests to its "
+                              f"default {SPEC_MAX_RUNNING_REQUESTS} while the run puts up to "
+                              f"{target} requests on each replica (clients, bounded by the KV "
+                              "pool): raising the cap comes before dropping speculation")
+        return sorted(cands, key=key)
 
     def equivalent(self, config: ServingConfig) -> str | None:
         """Config id of a remembered config the engine would run exactly like ``config``."""
@@ -265,6 +333,8 @@ class Planner:
                 continue
             seen.add(verdict.config.config_id())
             self.remember(verdict.config)
+            if self.spec_cap_note and verdict.changed.startswith("max_running_requests="):
+                verdict.rationale = f"{verdict.rationale}; {self.spec_cap_note}"
             return PlanStep(pruned=pruned, decision=verdict)
         return PlanStep(pruned=pruned, decision=NoViableConfig(
             reason="every one-knob change of the best config was tried or pruned"))

@@ -117,3 +117,5 @@ class SweepPoint(BaseModel):
     errors: int = 0
     valid: bool = True
     bench_id: str
+    retractions: int | None = Field(None, description="requests the engine retracted during "
+                                    "the point's run (None: the server exposes no counter)")

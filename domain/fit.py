@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict
 
 from domain.config import ServingConfig
 from domain.errors import DoesNotFit, InvalidCombination
+from domain.graph_memory import graph_capture_bytes
 from domain.hardware import GPU, get_gpu
 from domain.models import ModelArch, get_model
 from domain.speculative import (
@@ -383,7 +384,9 @@ def fit(config: ServingConfig) -> FitReport:
     # captured sizes stop at the request-slot pool (max_running_requests).
     captured_bs = min(graph_bs, mrr)
     outside = (1 - f) * M
-    graphs = 2 * captured_bs * MIB + (1536 * MIB if model.attention in ("mla", "dsa") else 0)
+    backend, page = resolve_attention_backend(config, model, gpu)
+    graphs = graph_capture_bytes(model, t, captured_bs, backend, spec is not None,
+                                 gpu.sm_major)
     need = chunked * ACTIVATION_BYTES_PER_TOKEN + graphs
     if need > outside - CONTEXT_OVERHEAD_BYTES:
         raise DoesNotFit("cuda_graph", (need + CONTEXT_OVERHEAD_BYTES) / 1e9, outside / 1e9,
@@ -391,7 +394,6 @@ def fit(config: ServingConfig) -> FitReport:
                          f"static pool < {need / 1e9:.1f} GB activations for {chunked} tokens + "
                          f"graphs for batch {captured_bs} + "
                          f"{CONTEXT_OVERHEAD_BYTES / 1e9:.1f} GB")
-    backend, page = resolve_attention_backend(config, model, gpu)
     ratio, host_tokens = hicache_host_pool(config, gpu, kv_tokens, per_tok)
     arithmetic = f"{pool_txt}; max_running_requests {mrr}"
     if spec:

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
+from domain.config import ServingConfig
 from domain.redact import redact
-from domain.trial import Trial
+from domain.trial import LintNote, Trial
+
+LintHook = Callable[[ServingConfig], list[LintNote]]
+"""The lints of a config (the run wires ``domain.preflight:lint_config`` with its study)."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -46,6 +50,8 @@ class Ledger:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
         self._tx_lock = threading.RLock()  # the connection is shared across threads
+        # fills the lints of a row appended without any (None: rows are stored as given)
+        self.lint: LintHook | None = None
 
     def close(self) -> None:
         """Close the connection."""
@@ -87,6 +93,8 @@ class Ledger:
     def append(self, trial: Trial) -> Trial:
         """Commit ``trial``; if its key is already there, return the stored one unchanged.
 
+        A row without lints gets the :attr:`lint` hook's findings for its config (when set).
+
         Returns:
             The committed trial (its ``seq`` is the ledger's).
         """
@@ -94,7 +102,9 @@ class Ledger:
             existing = self.get(trial.key)
             if existing is not None:
                 return existing
+            lints = trial.lints or (self.lint(trial.config) if self.lint is not None else [])
             trial = trial.model_copy(update={
+                "lints": lints,
                 "seq": self.next_seq(),
                 "created_at": trial.created_at or datetime.now(UTC).isoformat(timespec="seconds")})
             self._db.execute(

@@ -12,6 +12,13 @@ sglang-knobs reference section 5.4):
 - Goodput: completed requests per second that met every SLO given.
 Percentiles use linear interpolation (numpy's default). Times are seconds in records; the summary
 carries milliseconds (``*_ms``) for latencies and seconds for durations.
+
+The CUDA-graph ceiling (:func:`graph_ceiling`): SGLang captures decode CUDA graphs up to
+``cuda_graph_max_bs_decode`` and runs a larger decode batch eagerly, one kernel launch at a time
+(sglang-knobs reference, ``cuda_graph_max_bs_decode``); where launch overhead is a large part of
+a decode step, ITL jumps as the running batch crosses the ceiling. Two runs whose running batches
+straddle their ceiling, the eager one's median ITL at least :data:`GRAPH_CEILING_ITL_RATIO` times
+the in-graph one's ("roughly doubles"), name that cause.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from domain.pareto import pareto_front as pareto_front  # re-exported; defined there
 
@@ -87,6 +94,14 @@ class MetricsSummary(BaseModel):
     e2e_ms: Percentiles
     goodput_req_s: float | None = None
     gpus: int
+    decode_batch: float | None = Field(
+        None, description="mean running decode batch per replica over the run's decode steps "
+        "(the twin's scheduler; None where the server does not say)")
+    retractions: int | None = Field(
+        None, description="running requests the engine retracted to its queue during the run "
+        "(decode ran out of KV; each is recomputed later): the twin's scheduler counter, or "
+        "the difference of the server's retraction counter around the run "
+        "(``Engine.metrics['retracted_requests']``); None when the server exposes none")
 
 
 def summarize(records: Sequence[RequestRecord], gpus: int,
@@ -139,3 +154,71 @@ def summarize(records: Sequence[RequestRecord], gpus: int,
         ttft_ms=Percentiles.of(ttft), itl_ms=Percentiles.of(itl), tpot_ms=Percentiles.of(tpot),
         e2e_ms=Percentiles.of(e2e), goodput_req_s=good, gpus=gpus,
     )
+
+
+# "ITL roughly doubles" past the ceiling: an eager run's median ITL at least 1.8 x an in-graph
+# run's names the graph ceiling as the cause (below 2 to allow for measurement noise).
+GRAPH_CEILING_ITL_RATIO = 1.8
+
+
+@dataclass(frozen=True)
+class CeilingPoint:
+    """One run for :func:`graph_ceiling`.
+
+    Its running decode batch per replica, median ITL (ms), the CUDA-graph ceiling its config
+    resolves to, and a label (e.g. ``"#3"``, ``"c=64"``).
+    """
+
+    batch: float
+    itl_p50_ms: float
+    ceiling: int
+    label: str = ""
+
+
+class GraphCeiling(BaseModel):
+    """Decode ran eagerly past the CUDA-graph ceiling: the two runs that show it."""
+
+    ceiling: int = Field(description="cuda_graph_max_bs_decode of the eager run's config")
+    batch_below: float = Field(description="running decode batch per replica, in-graph run")
+    itl_below_ms: float = Field(description="median ITL of the in-graph run, ms")
+    batch_above: float = Field(description="running decode batch per replica, eager run")
+    itl_above_ms: float = Field(description="median ITL of the eager run, ms")
+    below: str = ""
+    above: str = ""
+
+    @property
+    def ratio(self) -> float:
+        """ITL above / below."""
+        return self.itl_above_ms / self.itl_below_ms
+
+    def text(self) -> str:
+        """One line naming the cause, with the numbers and the fix."""
+        def at(label: str) -> str:
+            return f" ({label})" if label else ""
+        return (f"graph ceiling: decode ran eager past cuda_graph_max_bs_decode {self.ceiling}: "
+                f"ITL p50 {self.itl_above_ms:.1f} ms at a running batch of "
+                f"{self.batch_above:.0f}{at(self.above)} vs {self.itl_below_ms:.1f} ms at "
+                f"{self.batch_below:.0f}{at(self.below)}, {self.ratio:.1f}x; raise "
+                f"--cuda-graph-max-bs-decode to the batch or cap --max-running-requests at "
+                f"{self.ceiling}")
+
+
+def graph_ceiling(points: Sequence[CeilingPoint],
+                  ratio: float = GRAPH_CEILING_ITL_RATIO) -> GraphCeiling | None:
+    """The CUDA-graph-ceiling cause shown by ``points`` (runs of comparable configs), or None.
+
+    A point is eager when its batch exceeds its own ceiling, in-graph otherwise. Of every
+    (eager, in-graph) pair, the one with the closest batches is judged (the least of the ITL
+    change is then the batch's own); the cause is named when its eager ITL is at least
+    ``ratio`` x the in-graph one's. Points without a positive ITL are skipped.
+    """
+    ok = [p for p in points if p.itl_p50_ms > 0 and p.batch > 0]
+    pairs = [(e, g) for e in ok if e.batch > e.ceiling for g in ok if g.batch <= g.ceiling]
+    if not pairs:
+        return None
+    e, g = min(pairs, key=lambda eg: abs(math.log(eg[0].batch / eg[1].batch)))
+    if e.itl_p50_ms < ratio * g.itl_p50_ms:
+        return None
+    return GraphCeiling(ceiling=e.ceiling, batch_below=g.batch, itl_below_ms=g.itl_p50_ms,
+                        batch_above=e.batch, itl_above_ms=e.itl_p50_ms, below=g.label,
+                        above=e.label)

@@ -459,3 +459,24 @@ def get_model(name: str) -> ModelArch:
         ConfigInvalid: unknown name.
     """
     return load_model(name)
+
+
+def find_checkpoint(model_path: str, quantization: str | None = None) -> tuple[str, str] | None:
+    """``(catalog model, checkpoint key)`` whose ``--model-path`` is ``model_path``, or None.
+
+    ``model_path`` is a Hugging Face repo id (``zai-org/GLM-5-FP8``, matched without regard to
+    case) or a local directory named after one (``/models/GLM-5-FP8``: its last part against the
+    repo's name). Where one repo backs two checkpoints (a bf16 release and SGLang's online fp8
+    of it) ``quantization`` (``--quantization``) picks: the checkpoint passing that value, else
+    the one passing none.
+    """
+    want = model_path.rstrip("/").casefold()
+    tail = want.rsplit("/", 1)[-1]
+    hits = [(name, key, ckpt) for name in CATALOG for key, ckpt in load_model(name).checkpoints
+            .items() if ckpt.model_path.casefold() == want]
+    if not hits:
+        hits = [(name, key, ckpt) for name in CATALOG for key, ckpt in load_model(name)
+                .checkpoints.items() if ckpt.model_path.casefold().rsplit("/", 1)[-1] == tail]
+    if len(hits) > 1:
+        hits = [h for h in hits if h[2].quantization == quantization] or hits
+    return (hits[0][0], hits[0][1]) if hits else None

@@ -12,7 +12,7 @@ from domain.admission import OverAdmission
 from domain.config import ServingConfig
 from domain.engines import engine_for
 from domain.lesson import Lesson
-from domain.metrics import MetricsSummary
+from domain.metrics import GraphCeiling, MetricsSummary
 from domain.quality import QualityGate
 from domain.redact import RedactedStr, redact_any
 
@@ -41,6 +41,20 @@ def manifest_for(config: ServingConfig, backend: str) -> VersionManifest:
     return VersionManifest(engine=config.engine, engine_version=config.engine_version,
                            image=eng.image,
                            flag_inventory_sha=sha, backend=backend)
+
+
+class LintNote(BaseModel):
+    """A pre-flight lint a ledgered config trips (from ``domain.preflight:lint_config``).
+
+    The same fields as a pre-flight finding: ``severity`` (``warn`` or ``refuse``), ``code``
+    (a stable name, e.g. a graph ceiling below the admission cap), ``message`` (why, with the
+    numbers) and ``fix`` (what to change).
+    """
+
+    severity: str
+    code: str
+    message: RedactedStr
+    fix: RedactedStr = ""
 
 
 class Trial(BaseModel):
@@ -101,6 +115,13 @@ class Trial(BaseModel):
         default_factory=dict, description="role (planner, deployer, analyst) -> what its Claude "
         "agent runs for this trial cost (AgentUsage: tokens, tool calls, turns, retries, s); "
         "empty with deterministic brains. Research cost is in ``research``")
+    graph_ceiling: GraphCeiling | None = Field(
+        None, description="search: the analyst's CUDA-graph-ceiling cause -- this run or a "
+        "comparable one decoded eagerly past cuda_graph_max_bs_decode and its ITL roughly "
+        "doubled (agents/analyst.py:graph_ceiling_cause)")
+    lints: list[LintNote] = Field(
+        default_factory=list, description="the pre-flight lints this config trips (filled when "
+        "the row is appended, :attr:`domain.ledger.Ledger.lint`)")
     records_path: str | None = None
     manifest: VersionManifest | None = None
     wall_s: float = 0.0

@@ -24,6 +24,7 @@ from domain.errors import ServetuneError
 from domain.estimate import ReplayProfile
 from domain.ledger import Ledger
 from domain.study import Study
+from graph.search import candidate_lints
 from graph.state import Progress, StudyContext
 from graph.supervisor import build_graph
 from mcp_servers.bench.ops import BenchService
@@ -188,6 +189,7 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
     run_dir.mkdir(parents=True, exist_ok=True)
     own_ledger = ledger is None
     ledger = Ledger(run_dir / "ledger.sqlite") if ledger is None else ledger
+    ledger.lint = candidate_lints(study)  # every row carries the lints its config trips
     backend = backend if backend is not None else TwinBackend(namespace="servetune")
     faults = study.faults if study.faults.active else None
     if faults is not None and isinstance(backend, TwinBackend):

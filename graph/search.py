@@ -26,7 +26,13 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from agents.analyst import Analyst, acceptance, failure_lesson, replica_mean
+from agents.analyst import (
+    Analyst,
+    acceptance,
+    failure_lesson,
+    replica_mean,
+    search_graph_ceiling,
+)
 from agents.brains import make_planner
 from agents.claude import AgentFailure, failure_reason
 from agents.claude_planner import ClaudePlanner
@@ -34,15 +40,34 @@ from agents.deployer import Deployer, DeployOutcome
 from agents.guided_brain import GuidedPlanner
 from agents.planner import NoViableConfig, Planner, PlannerFailed, Pruned, TrialPlan
 from agents.research_questions import research_questions
+from domain.config import ServingConfig
+from domain.errors import ConfigInvalid, DoesNotFit
 from domain.faults import rule
-from domain.ledger import Ledger
+from domain.ledger import Ledger, LintHook
+from domain.preflight import lint_config
 from domain.study import Study
-from domain.trial import Trial, manifest_for
+from domain.trial import LintNote, Trial, manifest_for
 from domain.usage import AgentUsage, add_extra_usage, llm_usage, spent
 from graph.brains import llm_capped, repeats, trial_brains, trial_by_seq
 from graph.research import run_research
 from graph.retry import deployment, launch, measure
 from graph.state import StudyContext, StudyState
+
+
+def candidate_lints(study: Study) -> LintHook:
+    """The ledger's lint hook for ``study``: each row's config through the pre-flight lints.
+
+    Calls :func:`domain.preflight.lint_config` (the lints of ``servetune check``: e.g.
+    ``GRAPH_CEILING``, ``SPEC_DEFAULT_CAP``) and keeps each finding's severity, code, message
+    and fix on the row (:class:`~domain.trial.LintNote`).
+    """
+    def lints(config: ServingConfig) -> list[LintNote]:
+        try:
+            found = lint_config(config, study)
+        except (ConfigInvalid, DoesNotFit):  # a config the estimate refuses: pruned, not linted
+            return []
+        return [LintNote.model_validate(f, from_attributes=True) for f in found]
+    return lints
 
 
 def search_position(ledger: Ledger, study: Study) -> dict[str, Any]:
@@ -423,9 +448,12 @@ async def decide(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
                       reason=failure_reason("analyst", e), llm_usage=s.usage(),
                       wall_s=time.time() - s.t0)
         return _go("record")
-    s.row = Trial(**s.base, **measured, status=verdict.status, reason=verdict.reason,
+    cause = search_graph_ceiling(config, bench.summary, ctx.ledger.trials("search"),
+                                 ctx.study.saturation.concurrency) if bench.valid else None
+    reason = verdict.reason if cause is None else f"{verdict.reason}; {cause.text()}"
+    s.row = Trial(**s.base, **measured, status=verdict.status, reason=reason,
                   objective=verdict.objective, acceptance=gate, llm_usage=s.usage(),
-                  wall_s=time.time() - s.t0)
+                  graph_ceiling=cause, wall_s=time.time() - s.t0)
     return _go("record")
 
 

@@ -26,6 +26,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from domain.errors import ServetuneError
+from servetune.cli_check import check as check_cmd
 from servetune.cli_common import (
     LESSONS_DIR_HELP,
     ContextOpt,
@@ -59,6 +60,7 @@ app.add_typer(mcp_app, name="mcp")
 app.add_typer(source_app, name="source")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(twin_app, name="twin")
+app.command("check")(check_cmd)
 # A run id is the servetune/run-id label of every deployment, so it is a Kubernetes label value
 # (at most 63 characters, first and last a letter or digit; the apimachinery validation rule),
 # without '.' so that it is also a plain folder name.

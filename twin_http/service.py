@@ -389,6 +389,11 @@ _METRICS: tuple[tuple[str, str, str, Callable[[Any], float]], ...] = (
     ("cached_tokens", "counter", "Number of cached prompt tokens.",
      lambda x: x.cached_tokens),
     ("num_requests", "counter", "The number of requests.", lambda x: x.requests),
+    # the twin's gauge is the count since start (SGLang's: the last logging interval's)
+    ("num_retracted_reqs", "gauge", "The number of retracted requests.",
+     lambda x: x.retractions),
+    ("num_retracted_requests", "counter", "Total number of retracted requests.",
+     lambda x: x.retractions),
 )
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from domain.config import ServingConfig
     from domain.lesson import Lesson
+    from domain.preflight import ParsedCommand
     from domain.twin.startup import Startup
 
 # engine name -> its package; the package's ``make(version)`` returns the Engine
@@ -71,6 +72,15 @@ class Engine(Protocol):
                        evidence: str, log_tail: Sequence[str], run_id: str,
                        trial_key: str) -> Lesson:
         """The lesson of a failed launch, its condition covering the family it dooms."""
+        ...
+
+    def parse_command(self, argv: Sequence[str]) -> ParsedCommand:
+        """A raw launch command read with this version's flags (``servetune check``)."""
+        ...
+
+    def backend_refusals(self, config: ServingConfig,
+                         values: dict[str, Any]) -> list[tuple[str, str]]:
+        """``(flag, engine message)`` of every backend flag the config's GPU refuses."""
         ...
 
 

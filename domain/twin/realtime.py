@@ -117,6 +117,7 @@ class ReplicaLoad:
         generation_tokens: output tokens released to clients so far.
         requests: requests finished or failed so far.
         context_len: the model context, tokens.
+        retractions: running requests retracted to the queue so far (decode KV ran out).
     """
 
     engine: EngineLoad
@@ -125,6 +126,7 @@ class ReplicaLoad:
     generation_tokens: int
     requests: int
     context_len: int
+    retractions: int = 0
 
     @property
     def cache_hit_rate(self) -> float:
@@ -295,7 +297,8 @@ class RealtimeTwin:
                             cached_tokens=e.stats.cached_tokens,
                             generation_tokens=self._generated[i],
                             requests=e.finished_by(math.inf),
-                            context_len=self.limits.context_len)
+                            context_len=self.limits.context_len,
+                            retractions=e.stats.retractions)
                 for i, e in enumerate(self.engines)]
 
     @property

@@ -392,7 +392,8 @@ class BenchService:
             points.append(SweepPoint(concurrency=c, output_tok_s_per_gpu=s.output_tok_s_per_gpu,
                                      tok_s_per_user=s.tok_s_per_user,
                                      ttft_p99_ms=s.ttft_ms.p99, itl_p99_ms=s.itl_ms.p99,
-                                     errors=s.errors, valid=r.valid, bench_id=r.bench_id))
+                                     errors=s.errors, valid=r.valid, bench_id=r.bench_id,
+                                     retractions=s.retractions))
         if progress is not None:
             await progress(k_total, k_total, f"done: {k_total} points")
         return points

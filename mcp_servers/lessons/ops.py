@@ -393,3 +393,51 @@ def export_skill(store: LessonStore, name: str = "servetune-lessons", gpu: str |
                 "`servetune lessons list`.)"]
     return SkillFile(name=name, path=f".claude/skills/{name}/SKILL.md",
                      lesson_count=len(lessons), content="\n".join(out) + "\n")
+
+
+# ---- check_command (issue 18, item 7): pre-flight of a raw launch command -------------------
+class CommandCheck(BaseModel):
+    """``servetune check`` of one launch command, plus the stored lessons that forbid it."""
+
+    verdict: str = Field(description="ok | warn | refuse")
+    findings: list[dict[str, str]] = Field(description="each: severity, code, message, fix")
+    memory: dict[str, float | int | None] | None = Field(
+        description="per GPU: weights_bytes_per_gpu, kv_bytes_per_token, kv_pool_tokens, "
+                    "min_mem_fraction_static, graph_capture_bytes; null when not parsed")
+    resolved: dict[str, str | int | float] = Field(
+        description="settings the engine would resolve (attention backend, max running "
+                    "requests, chunked prefill size, CUDA-graph max batch, ...)")
+    forbidding: list[ForbiddingLesson] = Field(
+        default_factory=list, description="stored lessons whose condition covers the command's "
+                                          "config (each also a KNOWN_FAILURE warn finding)")
+
+
+def check_command(store: LessonStore, command: list[str], gpu: str, gpus: int | None = None,
+                  version: str | None = None) -> CommandCheck:
+    """Pre-flight ``command`` (``sglang serve ...``) on ``gpu`` and look it up in the store.
+
+    The check is :func:`domain.preflight.check_command`'s; every stored lesson forbidding the
+    parsed config adds a ``KNOWN_FAILURE`` warn finding.
+
+    Raises:
+        ValueError: not a launch command, an unknown GPU or engine version.
+        StoreUnavailable: the store cannot be read.
+    """
+    from domain.errors import ConfigInvalid
+    from domain.preflight import Finding, verdict_of
+    from domain.preflight import check_command as preflight
+
+    try:
+        report = preflight(command, gpu, gpus, version=version)
+    except ConfigInvalid as e:
+        raise ValueError(str(e)) from e
+    findings = list(report.findings)
+    forbidding: list[ForbiddingLesson] = []
+    if report.config is not None:
+        forbidding = check_config(store, report.config).forbidding
+        findings += [Finding(severity="warn", code="KNOWN_FAILURE",
+                             message=f"lesson {x.id} ({x.outcome}): {x.title}; when "
+                                     f"{x.condition}", fix=x.fix) for x in forbidding]
+    out = report.to_json()
+    return CommandCheck(verdict=verdict_of(findings), findings=[f.model_dump() for f in findings],
+                        memory=out["memory"], resolved=out["resolved"], forbidding=forbidding)

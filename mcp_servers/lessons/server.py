@@ -158,7 +158,34 @@ def build_server(store: LessonStore, run_id: str | None = None, backend: str | N
                                     quantization=quantization)
 
     _status_tools(server, store, backend, run_id, allow_retract)
+    _add_check_command(server, store)
     return server
+
+
+def _add_check_command(server: MCPServer, store: LessonStore) -> None:
+    """Tool ``check_command``: ``servetune check`` of a raw launch command (issue 18, item 7)."""
+
+    @server.tool(annotations=READ_ONLY)
+    def check_command(
+        command: Annotated[list[str], Field(min_length=1, max_length=512, description=(
+            "the launch command as argv, e.g. ['sglang', 'serve', '--model-path', "
+            "'zai-org/GLM-5-FP8', '--tp-size', '8'] (or python -m sglang.launch_server ...)"))],
+        gpu: Annotated[str, Field(description="GPU catalog key, e.g. 'B200'",
+                                  pattern=KEY_PATTERN)],
+        gpus: Annotated[int | None, Field(ge=1, le=4096, description=(
+            "GPUs the server may use (checks tp x dp against it)"))] = None,
+        version: Annotated[str | None, Field(description=(
+            "SGLang version whose flags the command is read with; default the pinned one"),
+            pattern=KEY_PATTERN)] = None,
+    ) -> ops.CommandCheck:
+        """Pre-flight a launch command before GPU time is spent (verdict ok | warn | refuse).
+
+        Finds unknown or retired flags, backends the GPU refuses, the memory fit (smallest
+        --mem-fraction-static, KV pool, CUDA-graph memory), lints, and the stored lessons that
+        forbid it.
+        """
+        with as_tool_errors(ValueError, StoreUnavailable):
+            return ops.check_command(store, command, gpu, gpus=gpus, version=version)
 
 
 def _status_tools(server: MCPServer, store: LessonStore, backend: str | None,

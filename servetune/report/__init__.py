@@ -36,8 +36,10 @@ from servetune.report.plots import (
 from servetune.report.sections import (
     _admission_section,
     _backend_line,
+    _ceiling_section,
     _finalists_table,
     _frontier_section,
+    _lints_section,
     _predicted_section,
     _quality_section,
     _result,
@@ -106,7 +108,9 @@ def render_report(run_dir: Path, study: Study, trials: list[Trial], lessons: lis
     lines += _admission_section(trials)
     lines += _quality_section(trials)
     lines += _frontier_section(points, plots[FRONTIER_PNG])
+    lines += _ceiling_section(trials)
     lines += _predicted_section(trials)
+    lines += _lints_section(trials)
     lines += _research_section(trials)
     lines += _agents_section(trials, brains, extra_usage or {}, prices,
                              read_llm_calls(run_dir / LLM_CALLS))

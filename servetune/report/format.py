@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from domain.metrics import MetricsSummary
 from domain.trial import Trial
 
 EVIDENCE_LINES = 12
@@ -91,3 +92,15 @@ def summary_rows(trials: list[Trial]) -> list[dict[str, Any]]:
 
 def _pct(v: float | None) -> str:
     return "" if v is None else f"{v:.0%}"
+
+
+def _retractions(s: MetricsSummary | None) -> str:
+    """A run's retraction count ('' with no run, 'n/a' when the server exposes no counter)."""
+    if s is None:
+        return ""
+    return "n/a" if s.retractions is None else f"{s.retractions:,}"
+
+
+def _lint_codes(t: Trial) -> str:
+    """The codes of the lints a row's config trips, comma-separated ('' for none)."""
+    return ", ".join(n.code for n in t.lints)

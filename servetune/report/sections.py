@@ -11,10 +11,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from agents.analyst import ceiling_point
+from domain.metrics import GRAPH_CEILING_ITL_RATIO, graph_ceiling
 from domain.pareto import dominated_by, pareto_front
 from domain.study import SLO, Study
 from domain.trial import Trial
-from servetune.report.format import _changed, _fence, _num, _pct, _table
+from servetune.report.format import (
+    _changed,
+    _concurrency,
+    _fence,
+    _lint_codes,
+    _num,
+    _pct,
+    _retractions,
+    _table,
+)
 from servetune.report.plots import FRONTIER_PNG, REPLAY_PNG, _xy
 
 
@@ -175,7 +186,8 @@ def _trials_table(trials: list[Trial]) -> list[str]:
     search = [t for t in trials if t.phase == "search"]
     rows = [[t.seq, t.status, _changed(t), _num(t.objective),
              _num(t.saturation.ttft_ms.p99) if t.saturation else "",
-             _pct(t.decode_roofline_share), _gate(t), t.reason] for t in search]
+             _pct(t.decode_roofline_share), _retractions(t.saturation), _gate(t),
+             _lint_codes(t), t.reason] for t in search]
     confidence = next((t.acceptance.confidence for t in search if t.acceptance), 0.95)
     return ["## Trials", "",
             "Decode roofline: the share of the decode roofline the saturation run reached (decode "
@@ -185,9 +197,35 @@ def _trials_table(trials: list[Trial]) -> list[str]:
             "over the incumbent and its bootstrap interval. Over repeated runs the gate decides "
             "(kept only if the interval's low end exceeds min_improvement); with one run each "
             "the interval rests on time slices of the runs, sees no run-to-run noise, and the "
-            "point gain decides (not gated).", "", *_table(
-                ["seq", "status", "changed", "tok/s/GPU", "saturation TTFT p99 (ms)",
-                 "decode roofline", "gain vs best [CI]", "reason"], rows), ""]
+            "point gain decides (not gated).", "", RETRACTIONS_NOTE, "",
+            "Lints: the pre-flight lints the config trips (codes; see Lints below).", "",
+            *_table(["seq", "status", "changed", "tok/s/GPU", "saturation TTFT p99 (ms)",
+                     "decode roofline", "retractions", "gain vs best [CI]", "lints",
+                     "reason"], rows), ""]
+
+
+RETRACTIONS_NOTE = (
+    "Retractions: running requests the engine pushed back to its queue during the run because "
+    "decode ran out of KV cache (each is recomputed later, costing its prefill again): the "
+    "twin's scheduler count, or the server's `sglang:num_retracted_requests_total` difference "
+    "around the run; n/a when the server exposes no such counter.")
+
+
+def _lints_section(trials: list[Trial]) -> list[str]:
+    """Each distinct config's pre-flight lints (severity, code, message, fix), once per config."""
+    out = ["## Lints", ""]
+    seen: dict[str, Trial] = {}
+    for t in trials:
+        if t.lints:
+            seen.setdefault(t.config.config_id(), t)
+    if not seen:
+        return out + ["No ledgered config tripped a pre-flight lint.", ""]
+    out += ["The pre-flight lints (`servetune check`) of every ledgered config that trips one, "
+            "listed once per config with the first row that carries it.", ""]
+    rows = [[t.seq, t.phase, _changed(t), n.severity, n.code, n.message, n.fix]
+            for t in seen.values() for n in t.lints]
+    return out + _table(["seq", "phase", "config", "severity", "code", "message", "fix"],
+                        rows) + [""]
 
 
 def _finalists_table(trials: list[Trial], has_plot: bool) -> list[str]:
@@ -207,10 +245,10 @@ def _finalists_table(trials: list[Trial], has_plot: bool) -> list[str]:
                      _num(t.saturation.output_tok_s_per_gpu) if t.saturation else "",
                      _num(r.ttft_ms.p50) if r else "", _num(r.ttft_ms.p99) if r else "",
                      _num(r.itl_ms.p99) if r else "", _pct(t.cache_hit_rate),
-                     f"{r.completed}/{r.requests}" if r else "", t.status])
+                     _retractions(r), f"{r.completed}/{r.requests}" if r else "", t.status])
     out += _table(["seq", "changed", "tok/s/GPU (saturation)", "replay TTFT p50 (ms)",
                    "replay TTFT p99 (ms)", "ITL p99 (ms)", "prefix cache hits",
-                   "completed/requests", "status"], rows)
+                   "replay retractions", "completed/requests", "status"], rows)
     return out + [""]
 
 
@@ -238,9 +276,9 @@ def _frontier_section(points: list[tuple[Trial, int | None]], has_plot: bool) ->
         on = "yes" if i in front else f"no (by {label(*measured[beaten[i]])})"
         rows.append([f"#{t.parent_seq} {_changed(t)}" if t.parent_seq else _changed(t),
                      "" if c is None else c, _num(s.tok_s_per_user), _num(s.output_tok_s_per_gpu),
-                     _num(s.ttft_ms.p99), on])
+                     _num(s.ttft_ms.p99), _retractions(s), on])
     out += _table(["config", "concurrency", "tok/s/user", "output tok/s/GPU", "TTFT p99 (ms)",
-                   "on Pareto front"], rows)
+                   "retractions", "on Pareto front"], rows)
     return out + [""]
 
 
@@ -334,3 +372,43 @@ def _pred(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:,.2f}"
     return str(v)
+
+
+def _ceiling_section(trials: list[Trial]) -> list[str]:
+    """Where decode ran eagerly past the CUDA-graph ceiling, with the ITL below and above it.
+
+    Search trials carry the analyst's cause (:attr:`Trial.graph_ceiling`); each frontier
+    config's sweep is judged here over its points (:func:`domain.metrics.graph_ceiling`).
+    """
+    out = ["## CUDA-graph ceiling", ""]
+    rows = [[f"#{t.seq} {_changed(t)}", g.ceiling, f"{_num(g.itl_below_ms)} at {g.batch_below:.0f}"
+             f" ({g.below})", f"{_num(g.itl_above_ms)} at {g.batch_above:.0f} ({g.above})",
+             f"{g.ratio:.1f}x"] for t in trials if (g := t.graph_ceiling) is not None]
+    sweeps: dict[str, list[Trial]] = {}
+    for t in trials:
+        if t.phase == "frontier" and t.saturation is not None:
+            sweeps.setdefault(t.config.config_id(), []).append(t)
+    for points in sweeps.values():
+        t0 = points[0]
+        pts = [p for t in points if t.saturation is not None
+               and (p := ceiling_point(t.config, t.saturation, _concurrency(t) or 1,
+                                       f"c={_concurrency(t)}")) is not None]
+        g = graph_ceiling(pts)
+        if g is not None:
+            rows.append([f"frontier {_changed(t0)}", g.ceiling,
+                         f"{_num(g.itl_below_ms)} at {g.batch_below:.0f} ({g.below})",
+                         f"{_num(g.itl_above_ms)} at {g.batch_above:.0f} ({g.above})",
+                         f"{g.ratio:.1f}x"])
+    if not rows:
+        return out + ["No run decoded past its CUDA-graph ceiling with ITL roughly doubled.", ""]
+    out += ["SGLang runs a decode batch larger than `cuda_graph_max_bs_decode` eagerly (no CUDA "
+            "graph); where the median ITL of such a run is at least "
+            f"{GRAPH_RATIO_TEXT} a comparable in-graph run's, the ceiling is the cause: raise "
+            "`--cuda-graph-max-bs-decode` to the running batch (it costs graph memory) or cap "
+            "`--max-running-requests` at the ceiling. Batch: running decode requests per "
+            "replica.", ""]
+    return out + _table(["run", "cuda_graph_max_bs_decode", "ITL p50 ms in graph (batch)",
+                         "ITL p50 ms eager (batch)", "ratio"], rows) + [""]
+
+
+GRAPH_RATIO_TEXT = f"{GRAPH_CEILING_ITL_RATIO:g}x"

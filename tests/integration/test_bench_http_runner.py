@@ -237,6 +237,24 @@ async def test_prefix_cache_check_from_metrics_counters(tmp_path):
     assert res.flags and "from metrics" in res.flags[0]
 
 
+async def test_retractions_come_from_the_servers_counter_around_each_run(tmp_path):
+    """A saturation run and a replay report the retraction counter's difference around them;
+    a server without the counter gives None (n/a in the report), never 0."""
+    mooncake_file(tmp_path / "mc.jsonl")
+    with stub("--retract-every", "5") as url, stub() as bare:
+        svc = BenchService(TwinBackend(), tmp_path / "rec", [tmp_path], LOCAL, quality=LAX)
+        warm = await svc.saturation(None, 64, 8, 4, 0.5, endpoint=url)
+        sat = await svc.saturation(None, 64, 8, 4, 0.5, endpoint=url)
+        rep = await svc.replay(None, "mc.jsonl", "mooncake", 0, 10, 4.0, endpoint=url)
+        none = await svc.saturation(None, 64, 8, 4, 0.5, endpoint=bare)
+    served = [warm.summary.completed, sat.summary.completed, rep.summary.completed]
+    counts = [warm.summary.retractions, sat.summary.retractions, rep.summary.retractions]
+    assert all(c is not None for c in counts)
+    # the stub counts one per 5 served since start; each run sees only its own share
+    assert sum(counts) == sum(served) // 5 and 0 < sat.summary.retractions <= served[1] // 5 + 1
+    assert none.summary.retractions is None and none.valid
+
+
 # --------------------------------------------------------------------------- prompts, tokens
 
 def test_expected_prefix_hits_match_the_prompts(tmp_path):

@@ -80,12 +80,11 @@ def test_ops_add_recomputes_id_and_stamps_run(store):
 async def test_tools_are_listed_with_descriptions_and_annotations(store):
     async with Client(build_server(store)) as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
-    mine = {"query_lessons": True, "list_lessons": True, "add_lesson": False,
-            "check_config": True, "export_skill": True, "show_lesson": True,
-            "quarantine_lesson": False, "report_served": False}
-    assert set(mine) <= set(tools)
-    assert not {"retract_lesson", "restore_lesson"} & set(tools)  # operator flag only
-    assert {n: tools[n].annotations.read_only_hint for n in mine} == mine
+    hints = {"query_lessons": True, "list_lessons": True, "add_lesson": False,
+             "check_config": True, "export_skill": True, "check_command": True,
+             "show_lesson": True, "quarantine_lesson": False, "report_served": False}
+    assert set(tools) == set(hints)  # retract/restore: only with the operator flag
+    assert {n: t.annotations.read_only_hint for n, t in tools.items()} == hints
     assert tools["add_lesson"].annotations.idempotent_hint is True
     assert tools["add_lesson"].annotations.destructive_hint is False
     assert tools["query_lessons"].description.startswith("Search lessons by meaning")
@@ -231,9 +230,9 @@ async def test_stdio_round_trip(tmp_path):
         async with Client(params) as client:
             names = sorted(t.name for t in (await client.list_tools()).tools)
             r = await client.call_tool("list_lessons", {"gpu": "H200"})
-    assert {"add_lesson", "check_config", "export_skill", "list_lessons", "query_lessons",
-            "show_lesson", "quarantine_lesson"} <= set(names)
-    assert "retract_lesson" not in names
+    assert names == ["add_lesson", "check_command", "check_config", "export_skill",
+                     "list_lessons", "quarantine_lesson", "query_lessons", "report_served",
+                     "show_lesson"]
     assert not r.is_error
     assert [x["title"] for x in r.structured_content["items"]] == [KV.title]
     assert r.structured_content["next_start"] is None

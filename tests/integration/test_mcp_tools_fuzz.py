@@ -75,6 +75,8 @@ SEEDS: dict[str, dict[str, dict[str, Any]]] = {
         "show_lesson": {"lesson_id": "L-0000000000"},
         "quarantine_lesson": {"lesson_id": "L-0000000000", "reason": "fuzzed"},
         "report_served": {"config": CONFIG, "on": "twin", "trial": "search:fz"},
+        "check_command": {"command": ["sglang", "serve", "--model-path", "zai-org/GLM-5-FP8",
+                                      "--tp-size", "8"], "gpu": "B200", "gpus": 8},
     },
     "source": {
         "source_info": {},

@@ -152,3 +152,29 @@ def test_research_asks_about_one_research_worthy_change_of_a_multi_knob_candidat
     lesson = research_lesson(cfg, changed, "FA3 requires SM>=80 and SM<=90", "r")
     assert [(c.field, c.value) for c in lesson.condition] == [("attention_backend", "fa3")]
     assert research_change("tp_size=4") == "tp_size=4" and research_change("") is None
+
+
+def test_speculation_default_cap_makes_ovat_raise_max_running_requests_first():
+    """DeepSeek-V3 NEXTN at 256 clients: the baseline resolves to the speculative default cap
+    of 48, so the first neighbour raises max_running_requests (the study's 256: the client
+    count) and moves that drop speculation come last."""
+    from fixtures.brain_studies import spec_cap_study
+
+    from agents.planner import spec_cap_target
+    st = parse_study(spec_cap_study("cap"))
+    base = st.base_config()
+    assert fit(base).max_running_requests == 48 and spec_cap_target(base, st) == 256
+    order = [changed for _, changed in Planner(st, None).ordered(base)]
+    assert order[0] == "max_running_requests=256" and order[-1] == "speculative=off"
+    # no max_running_requests in the knob space: the move is made at the target itself
+    no_mrr = parse_study(spec_cap_study("cap2", knobs={"speculative": ["nextn", "off"]}))
+    p = Planner(no_mrr, None)
+    assert [c for _, c in p.ordered(base)] == ["max_running_requests=256", "speculative=off"]
+    assert "default 48" in p.spec_cap_note
+    # the rule does not fire: load within the cap, the cap set, or speculation off
+    assert spec_cap_target(base, parse_study(spec_cap_study(
+        "cap3", saturation={"isl": 1000, "osl": 250, "concurrency": 32, "duration_s": 10}))) \
+        is None
+    assert spec_cap_target(base.model_copy(update={"max_running_requests": 48}), st) is None
+    off = base.model_copy(update={"speculative_algorithm": None})
+    assert spec_cap_target(off, st) is None

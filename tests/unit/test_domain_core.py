@@ -314,3 +314,23 @@ def test_weights_estimate_lesson_at_the_largest_tp_names_the_weights_alone(monke
     lesson = planner.estimate_lesson(cfg(tp_size=8), err, study)
     assert lesson.condition_text() == "weights == 'fp8'"
     assert lesson.forbids(cfg(tp_size=8)) and not lesson.forbids(cfg(weights="nvfp4"))
+
+
+def test_graph_ceiling_needs_a_straddling_pair_whose_itl_roughly_doubles():
+    """Twin numbers of Llama 3.1 8B on H100 with graphs up to 32: ITL p50 7.0 ms at batch 32,
+    13.2 ms at 40 (eager), 16 ms at 128; 6.5 ms at 16."""
+    from domain.metrics import CeilingPoint, graph_ceiling
+
+    at16, at32 = CeilingPoint(16, 6.5, 32, "c=16"), CeilingPoint(32, 7.0, 32, "c=32")
+    at40, at128 = CeilingPoint(40, 13.2, 32, "c=40"), CeilingPoint(128, 16.0, 32, "c=128")
+    g = graph_ceiling([at16, at128, at32, at40])
+    assert g is not None and (g.below, g.above, g.ceiling) == ("c=32", "c=40", 32)
+    assert g.ratio == pytest.approx(13.2 / 7.0)
+    assert "ITL p50 13.2 ms at a running batch of 40 (c=40) vs 7.0 ms at 32 (c=32), 1.9x" \
+        in g.text()
+    assert graph_ceiling([at16, at32]) is None  # nothing past the ceiling
+    assert graph_ceiling([at40, at128]) is None  # nothing in graph
+    assert graph_ceiling([at32, CeilingPoint(40, 9.0, 32)]) is None  # +29 %: not doubled
+    # a raised ceiling puts the same batch back in graph: the eager run is the other config's
+    g2 = graph_ceiling([CeilingPoint(40, 13.2, 32, "a"), CeilingPoint(40, 7.2, 64, "b")])
+    assert g2 is not None and (g2.above, g2.ceiling) == ("a", 32)

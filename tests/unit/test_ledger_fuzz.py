@@ -69,3 +69,37 @@ def test_failed_update_rolls_back(tmp_path: Path) -> None:
         assert [t.seq for t in led.trials()] == [1, 2]
     finally:
         led.close()
+
+
+def test_rows_carry_the_lints_of_their_config(tmp_path: Path) -> None:
+    """The ledger's lint hook fills a row's lints (kept on read back, not refilled on resume);
+    the run wires it to the pre-flight lints (graph/search.py:candidate_lints)."""
+    from domain.trial import LintNote
+    from graph.search import candidate_lints
+
+    def lint(c: ServingConfig) -> list[LintNote]:  # a local finding, as lint_config gives one
+        if (c.max_running_requests or 0) > 4 * (c.cuda_graph_max_bs_decode or 10**9):
+            return [LintNote(severity="warn", code="MRR_ABOVE_GRAPH_CEILING",
+                             message=f"max_running_requests {c.max_running_requests} far above "
+                                     f"cuda_graph_max_bs_decode {c.cuda_graph_max_bs_decode}",
+                             fix="raise --cuda-graph-max-bs-decode")]
+        return []
+
+    led = Ledger(tmp_path / "l.sqlite")
+    led.lint = lint
+    base = ServingConfig(model="glm-5", gpu="B200", tp_size=8, replicas=1, weights="fp8")
+    hot = base.model_copy(update={"max_running_requests": 1024, "cuda_graph_max_bs_decode": 64})
+    for i, c in enumerate((base, hot)):
+        led.append(Trial(run_id="r", seq=0, key=f"search:{i}", phase="search",
+                         status="pruned", config=c, reason="x"))
+    led.lint = None
+    again = Ledger(tmp_path / "l.sqlite")
+    a, b = again.trials()
+    assert a.lints == [] and [n.code for n in b.lints] == ["MRR_ABOVE_GRAPH_CEILING"]
+    assert "1024 far above cuda_graph_max_bs_decode 64" in b.lints[0].message
+    # the run's hook: the pre-flight lints (domain/preflight.py:lint_config) as the row's notes
+    hook = candidate_lints(None)  # type: ignore[arg-type]
+    assert [n.code for n in hook(hot)] == ["GRAPH_CEILING"] and hook(base) == []
+    assert "max_running_requests 1024" in hook(hot)[0].message
+    led.close()
+    again.close()

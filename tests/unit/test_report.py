@@ -9,10 +9,10 @@ import pytest
 
 from domain.config import ServingConfig
 from domain.lesson import Clause, Lesson, Scope
-from domain.metrics import MetricsSummary, Percentiles
+from domain.metrics import GraphCeiling, MetricsSummary, Percentiles
 from domain.quality import QualityGate
 from domain.study import Study, parse_study
-from domain.trial import Trial
+from domain.trial import LintNote, Trial
 from servetune.report import render_report
 from servetune.report.format import summary_rows
 
@@ -25,13 +25,14 @@ def pct(p50: float, p99: float) -> Percentiles:
 
 
 def summary(tok_gpu: float, per_user: float, ttft: tuple[float, float] = (100.0, 400.0),
-            itl_p99: float = 30.0, requests: int = 100, completed: int = 100) -> MetricsSummary:
+            itl_p99: float = 30.0, requests: int = 100, completed: int = 100,
+            retractions: int | None = 0) -> MetricsSummary:
     return MetricsSummary(
         requests=requests, completed=completed, errors=requests - completed, duration_s=60.0,
         input_tokens=100_000, output_tokens=20_000, output_tok_s=tok_gpu * 8,
         input_tok_s=1000.0, output_tok_s_per_gpu=tok_gpu, tok_s_per_user=per_user,
         request_rate=1.5, ttft_ms=pct(*ttft), itl_ms=pct(10.0, itl_p99), tpot_ms=pct(12.0, 20.0),
-        e2e_ms=pct(2000.0, 5000.0), gpus=8)
+        e2e_ms=pct(2000.0, 5000.0), gpus=8, retractions=retractions)
 
 
 def cfg(**kw: object) -> ServingConfig:
@@ -65,17 +66,26 @@ def trial(seq: int, phase: str, status: str, config: ServingConfig, changed: str
                  status=status, config=config, changed=changed, reason=reason, **kw)
 
 
+LINT = LintNote(severity="warn", code="GRAPH_CEILING",
+                message="max_running_requests 256 far above cuda_graph_max_bs_decode 160",
+                fix="raise --cuda-graph-max-bs-decode")
+
+
 def search_trials() -> list[Trial]:
     return [
         trial(1, "search", "baseline", BASE, reason="baseline", objective=1000.0,
               saturation=summary(1000.0, 40.0)),
         trial(2, "search", "keep", MRR, "max_running_requests=256", "+20.0% over best",
-              objective=1200.0, saturation=summary(1200.0, 35.0),
+              objective=1200.0, saturation=summary(1200.0, 35.0, retractions=1_234),
+              graph_ceiling=GraphCeiling(ceiling=160, batch_below=128, itl_below_ms=11.0,
+                                         batch_above=256, itl_above_ms=24.5, below="#1",
+                                         above="this run"),
               predicted={"kv_tokens": 812_345, "max_running_requests": 256,
                          "mem_fraction_static": 0.88, "kv_pool_gb": 61.5}),
         trial(3, "search", "discard", CPS, "chunked_prefill_size=4096",
               "no gain | -2.0% vs best", objective=1176.0,
-              saturation=summary(1176.0, 36.0, ttft=(120.0, 777.5))),
+              saturation=summary(1176.0, 36.0, ttft=(120.0, 777.5), retractions=None),
+              lints=[LINT]),
         trial(4, "search", "crash", MFS, "mem_fraction_static=0.95",
               "OOM_KV at startup: CUDA out of memory", failure_class="OOM_KV",
               predicted={"kv_tokens": 999_999}),
@@ -89,10 +99,11 @@ def validate_trials(winner: bool) -> list[Trial]:
         trial(6, "validate", "winner" if winner else "slo-miss", MRR, "max_running_requests=256",
               "replay", parent_seq=2, objective=1200.0, saturation=summary(1200.0, 35.0),
               replay=summary(300.0, 30.0, ttft=(210.0, 1850.0) if winner else (900.0, 4321.0),
-                             itl_p99=45.5, requests=1234, completed=1234)),
+                             itl_p99=45.5, requests=1234, completed=1234, retractions=7)),
         trial(7, "validate", "slo-miss", BASE, "", "replay", parent_seq=1, objective=1000.0,
               saturation=summary(1000.0, 40.0),
-              replay=summary(250.0, 31.0, ttft=(950.0, 5000.0), requests=1234, completed=1234)),
+              replay=summary(250.0, 31.0, ttft=(950.0, 5000.0), requests=1234, completed=1234,
+                             retractions=None)),
     ]
 
 
@@ -229,18 +240,29 @@ def test_trials_table_has_one_row_per_search_trial_and_escapes_pipes(
     rows = table_rows(section(full[1], "Trials"))
     assert len(rows) == 5
     assert [r.split(" | ")[0] for r in rows] == ["| 1", "| 2", "| 3", "| 4", "| 5"]
-    assert rows[0].startswith("| 1 | baseline | baseline | 1,000.0 | 400.0 |")
+    assert rows[0].startswith("| 1 | baseline | baseline | 1,000.0 | 400.0 |  | 0 |")
+    assert rows[1].startswith("| 2 | keep | max_running_requests=256 | 1,200.0 | 400.0 |  "
+                              "| 1,234 |")  # retractions of the saturation run
+    # no roofline, a server without a retraction counter, no gate, one lint
     assert rows[2] == ("| 3 | discard | chunked_prefill_size=4096 | 1,176.0 | 777.5 "
-                       "|  |  | no gain \\| -2.0% vs best |")  # no roofline, no gate
-    assert rows[3].startswith("| 4 | crash | mem_fraction_static=0.95 |  |  |  |  | OOM_KV")
+                       "|  | n/a |  | GRAPH_CEILING | no gain \\| -2.0% vs best |")
+    assert rows[3].startswith("| 4 | crash | mem_fraction_static=0.95 |  |  |  |  |  |  "
+                              "| OOM_KV")
+
+
+def test_lints_section_lists_each_lint_with_its_fix(full: tuple[Path, str]) -> None:
+    rows = table_rows(section(full[1], "Lints"))
+    assert rows == ["| 3 | search | chunked_prefill_size=4096 | warn | GRAPH_CEILING | "
+                    "max_running_requests 256 far above cuda_graph_max_bs_decode 160 | "
+                    "raise --cuda-graph-max-bs-decode |"]
 
 
 def test_finalists_table(full: tuple[Path, str]) -> None:
     rows = table_rows(section(full[1], "Finalists on the real trace"))
     assert rows == [
-        "| 6 | max_running_requests=256 | 1,200.0 | 210.0 | 1,850.0 | 45.5 |  | 1234/1234 "
+        "| 6 | max_running_requests=256 | 1,200.0 | 210.0 | 1,850.0 | 45.5 |  | 7 | 1234/1234 "
         "| winner |",
-        "| 7 | baseline | 1,000.0 | 950.0 | 5,000.0 | 30.0 |  | 1234/1234 | slo-miss |",
+        "| 7 | baseline | 1,000.0 | 950.0 | 5,000.0 | 30.0 |  | n/a | 1234/1234 | slo-miss |",
     ]
 
 
@@ -255,7 +277,7 @@ def test_no_frontier_skips_plot_with_a_sentence(tmp_path: Path, study: Study) ->
 def test_frontier_table_marks_pareto_points(full: tuple[Path, str]) -> None:
     rows = table_rows(section(full[1], "Frontier"))
     assert len(rows) == 6
-    assert rows[0] == "| #2 max_running_requests=256 | 8 | 90.0 | 300.0 | 400.0 | yes |"
+    assert rows[0] == "| #2 max_running_requests=256 | 8 | 90.0 | 300.0 | 400.0 | 0 | yes |"
     # the baseline's sweep is dominated everywhere (0.8x on both axes)
     assert all(not r.endswith("| yes |") for r in rows[3:])
 
@@ -293,3 +315,32 @@ def test_summary_rows() -> None:
                        "objective": 1000.0, "reason": "baseline"}
     assert rows[2]["changed"] == "chunked_prefill_size=4096"
     assert rows[2]["reason"] == "no gain | -2.0% vs best"
+
+
+def test_graph_ceiling_section_names_the_cause_with_numbers(full: tuple[Path, str]) -> None:
+    block = section(full[1], "CUDA-graph ceiling")
+    assert table_rows(block) == ["| #2 max_running_requests=256 | 160 | 11.0 at 128 (#1) | "
+                                 "24.5 at 256 (this run) | 2.2x |"]
+    assert "raise `--cuda-graph-max-bs-decode`" in block
+
+
+def test_no_graph_ceiling_says_so(tmp_path: Path, study: Study) -> None:
+    text = render(tmp_path, study, search_trials()[2:])
+    assert "No run decoded past its CUDA-graph ceiling" in section(text, "CUDA-graph ceiling")
+
+
+def test_a_frontier_sweep_past_the_graph_ceiling_is_named(tmp_path: Path, study: Study) -> None:
+    """A sweep whose ITL roughly doubles where the decode batch passes the config's ceiling
+    (the measured batch where the server gives one, else what admission allows)."""
+    llama = ServingConfig(model="llama-3.1-8b", gpu="H100", tp_size=1, replicas=1,
+                          weights="bf16", cuda_graph_max_bs_decode=32)
+    sweep = []
+    for seq, (c, itl, batch) in enumerate(((16, 6.5, 16.0), (32, 7.0, None), (40, 13.2, 39.5)),
+                                          start=8):
+        s = summary(900.0, 100.0).model_copy(update={"itl_ms": pct(itl, itl * 2),
+                                                     "decode_batch": batch})
+        sweep.append(trial(seq, "frontier", "sweep", llama, "", f"concurrency {c}",
+                           key=f"frontier:{llama.config_id()}:{c}", saturation=s))
+    block = section(render(tmp_path, study, search_trials()[2:] + sweep), "CUDA-graph ceiling")
+    assert table_rows(block) == ["| frontier baseline | 32 | 7.0 at 32 (c=32) | "
+                                 "13.2 at 40 (c=40) | 1.9x |"]

@@ -154,3 +154,22 @@ def test_cache_aware_router_raises_prefix_hits_over_round_robin() -> None:
     p2, st_p2 = replay(**two, router_policy="power_of_two")
     counts = [s.requests for s in st_p2]
     assert abs(counts[0] - counts[1]) < 0.2 * sum(counts)
+
+
+@pytest.mark.anyio
+async def test_a_twin_run_reports_its_retractions_in_the_summary(tmp_path):
+    """Llama 3.1 8B on one H100 with 1,024 clients of 1,000 + 4,000 tokens: decode outgrows the
+    KV pool, the scheduler retracts, and the bench result's summary carries the count (the
+    replicas' counters summed), which the ledger row and the report show."""
+    from mcp_servers.bench.ops import BenchService
+    from mcp_servers.cluster.twin import TwinBackend
+
+    backend = TwinBackend()
+    config = ServingConfig(model="llama-3.1-8b", gpu="H100", tp_size=1, replicas=1,
+                           weights="bf16", max_running_requests=1024)
+    assert backend.deploy("r", config, {}).phase == "Ready"
+    svc = BenchService(backend, tmp_path / "rec", [])
+    res = await svc.saturation("r", 1000, 4000, 1024, 5)
+    assert res.summary.retractions == sum(r.retractions for r in res.replicas) > 0
+    calm = await svc.saturation("r", 1000, 100, 8, 5)
+    assert calm.summary.retractions == 0  # a counter that reads 0, not an unknown

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from domain.config import ServingConfig
     from domain.engines import Engine
     from domain.lesson import Lesson
+    from domain.preflight import ParsedCommand
     from domain.twin.startup import Startup
 
 VERSIONS = flags.VERSIONS
@@ -85,6 +86,19 @@ class SglangEngine:
 
         return lessons.failure_lesson(config, failure_class, stage, evidence, log_tail, run_id,
                                       trial_key)
+
+    def parse_command(self, argv: Sequence[str]) -> ParsedCommand:
+        """A raw ``sglang serve`` / ``python -m sglang.launch_server`` argv (cmdline.parse)."""
+        from domain.engines.sglang import cmdline
+
+        return cmdline.parse(list(argv), self.version)
+
+    def backend_refusals(self, config: ServingConfig,
+                         values: dict[str, Any]) -> list[tuple[str, str]]:
+        """Attention-backend flags the GPU refuses (startup_checks.backend_refusals)."""
+        from domain.engines.sglang import startup_checks
+
+        return startup_checks.backend_refusals(config, values)
 
 
 def make(version: str | None = None) -> Engine:

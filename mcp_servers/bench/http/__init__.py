@@ -14,12 +14,18 @@
 
 from mcp_servers.bench.http.clients import CLIENTS, DEFAULT_CLIENT, ClientKind
 from mcp_servers.bench.http.errors import ErrorClass, count_error_classes
-from mcp_servers.bench.http.probes import fetch_cache_counters, fetch_model_id
+from mcp_servers.bench.http.probes import (
+    counter_delta,
+    fetch_cache_counters,
+    fetch_counter,
+    fetch_model_id,
+)
 from mcp_servers.bench.http.runner import MAX_CONCURRENCY, HttpRun, HttpRunner, Snapshot, TickFn
 from mcp_servers.bench.http.schedule import PlannedRequest, arrival_schedule
 
 __all__ = [
     "CLIENTS", "DEFAULT_CLIENT", "MAX_CONCURRENCY", "ClientKind", "ErrorClass", "HttpRun",
     "HttpRunner", "PlannedRequest", "Snapshot", "TickFn", "arrival_schedule",
-    "count_error_classes", "fetch_cache_counters", "fetch_model_id",
+    "count_error_classes", "counter_delta", "fetch_cache_counters", "fetch_counter",
+    "fetch_model_id",
 ]

@@ -1,8 +1,9 @@
-"""What the bench reads from a server besides completions: its model id and prefix-cache counters.
+"""What the bench reads from a server besides completions: its model id and engine counters.
 
 ``GET /v1/models`` names the served model (and the twin server's ``x-servetune-simulated``
 header marks a simulated endpoint); ``GET /metrics`` gives the engine's prompt and cached-token
-counters, read before and after a run for its prefix-cache hit rate.
+counters, read before and after a run for its prefix-cache hit rate, and its retraction counter
+(:func:`fetch_counter`), read around every run for the run's retractions.
 """
 
 from __future__ import annotations
@@ -72,3 +73,52 @@ async def fetch_cache_counters(base_urls: Sequence[str],
     except (httpx.HTTPError, ValueError):
         return None
     return prompt, cached
+
+
+def _sample_of(name: str) -> re.Pattern[str]:
+    return re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})?\s+(\S+)", re.M)
+
+
+async def fetch_counter(base_urls: Sequence[str], key: str,
+                        timeout_s: float = 5.0) -> float | None:
+    """One engine counter summed over the servers' ``/metrics`` (every label set), or None.
+
+    Args:
+        base_urls: the servers (duplicates read once).
+        key: servetune's name of the counter, resolved to the engine's Prometheus name through
+            the engine seam (``Engine.metrics``; e.g. ``retracted_requests`` ->
+            ``sglang:num_retracted_requests_total``).
+        timeout_s: per request, s.
+
+    Returns:
+        The sum, or None when a server cannot be read or does not expose the counter (the
+        difference of two readings around a run is the run's count).
+
+    Raises:
+        KeyError: ``key`` is not a metric the engine names.
+    """
+    pattern = _sample_of(engine().metrics[key])
+    total = 0.0
+    try:
+        async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as client:
+            for url in dict.fromkeys(base_urls):
+                r = await client.get(url + "/metrics")
+                if r.status_code != 200:
+                    return None
+                values = pattern.findall(r.text)
+                if not values:
+                    return None
+                total += sum(float(v) for v in values)
+    except (httpx.HTTPError, ValueError):
+        return None
+    return total
+
+
+def counter_delta(before: float | None, after: float | None) -> int | None:
+    """``after - before`` of a counter read around a run, rounded to a count.
+
+    None if either reading is unknown or the counter went down (the server restarted).
+    """
+    if before is None or after is None or after < before:
+        return None
+    return round(after - before)

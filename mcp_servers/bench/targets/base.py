@@ -179,8 +179,13 @@ class BenchTarget(ABC):
     def finish(self, bench_id: str, info: WorkloadInfo, recs: list[RequestRecord],
                stats: list[ReplicaStats], run: HttpRun | AiperfRun | None,
                slo_ttft_ms: float | None = None, quality: Quality | None = None,
-               open_loop: bool = False, prefix: PrefixCacheCheck | None = None) -> BenchResult:
-        """The result of a run's records (``run``: the HTTP run, None on the twin); stored."""
+               open_loop: bool = False, prefix: PrefixCacheCheck | None = None,
+               retractions: int | None = None) -> BenchResult:
+        """The result of a run's records (``run``: the HTTP run, None on the twin); stored.
+
+        ``retractions``: requests the server retracted during the run (HTTP: read from its
+        counter around the run); on the twin the replicas' scheduler counters give it.
+        """
         svc = self.svc
         q = quality or svc.quality
         lag = None if run is None else Percentiles.of(
@@ -219,10 +224,14 @@ class BenchTarget(ABC):
                          f"trace's hash ids (off by more than {prefix.tolerance:.0%}): the "
                          "prompts do not share prefixes as the trace does, or the server's "
                          "cache evicts or is off")
+        summary = summarize(recs, self.gpus, slo_ttft_ms=slo_ttft_ms)
+        summary.retractions = sum(s.retractions for s in stats) if stats else retractions
+        summary.decode_batch = (sum(s.mean_decode_batch for s in stats) / len(stats)
+                                if stats else None)
         res = BenchResult(
             bench_id=bench_id, target=self.kind, deployment=self.deployment,
             endpoint=self.endpoint, config_id=self.config.config_id() if self.config else None,
-            workload=info, summary=summarize(recs, self.gpus, slo_ttft_ms=slo_ttft_ms),
+            workload=info, summary=summary,
             replicas=stats, records_path=str(svc.artifacts / f"{bench_id}.npz"),
             first_error=_first_error(recs), wall_s=None if run is None else run.wall_s,
             dispatch_lag_ms=lag, note=None if run is None else run.stopped_early,

@@ -31,7 +31,9 @@ from mcp_servers.bench.http import (
     HttpRunner,
     Snapshot,
     TickFn,
+    counter_delta,
     fetch_cache_counters,
+    fetch_counter,
     fetch_model_id,
 )
 from mcp_servers.bench.prompts import (
@@ -173,6 +175,14 @@ class HttpTarget(BenchTarget):
         return await fetch_model_id(self.urls[0], simulated=self.svc.simulated_endpoints) or \
             FALLBACK_MODEL
 
+    async def retracted(self) -> float | None:
+        """The servers' retraction counter now (None: not exposed or not readable).
+
+        Read through the engine seam's ``retracted_requests`` metric name (SGLang:
+        ``sglang:num_retracted_requests_total``).
+        """
+        return await fetch_counter(self.urls, "retracted_requests")
+
     def http_runner(self) -> HttpRunner:
         """The built-in runner over this target's URLs."""
         svc = self.svc
@@ -219,8 +229,10 @@ class HttpTarget(BenchTarget):
             raise BackendError(f"concurrency {concurrency} is above the HTTP runner's limit of "
                                f"{MAX_CONCURRENCY}; use a lower concurrency")
         model = await self.model()
+        retracted = await self.retracted()
         run = await self._closed_loop_run(bid, what, model, isl, osl, concurrency, duration_s,
                                           progress, tick)
+        retractions = counter_delta(retracted, await self.retracted())
         capped = len(run.records) >= svc.max_requests
         info = WorkloadInfo(kind="saturation", requests=len(run.records), isl=isl, osl=osl,
                             concurrency=concurrency, tokenizer=svc.tokenizer.name,
@@ -228,7 +240,8 @@ class HttpTarget(BenchTarget):
                                         f"{self.where}" + (f" (clients stopped after "
                                                            f"{svc.max_requests:,} requests)"
                                                            if capped else ""))
-        res = self.finish(bid, info, run.records, [], run, quality=quality)
+        res = self.finish(bid, info, run.records, [], run, quality=quality,
+                          retractions=retractions)
         if progress and tick is None:
             s = res.summary
             await progress(s.requests, s.requests, f"done: {s.requests} requests "
@@ -242,9 +255,11 @@ class HttpTarget(BenchTarget):
         """Open loop at the scheduled send times, in wall time."""
         n = len(times)
         model = await self.model()
+        retracted = await self.retracted()
         run = await self._rate_run(bid, what, model, times, isl, osl, request_rate, duration_s,
                                    arrival, seed, progress)
-        res = self.finish(bid, info, run.records, [], run, slo_ttft_ms, quality, open_loop=True)
+        res = self.finish(bid, info, run.records, [], run, slo_ttft_ms, quality, open_loop=True,
+                          retractions=counter_delta(retracted, await self.retracted()))
         if progress:
             await progress(n, n, f"done: {n}/{n} requests ({res.summary.errors} failed) in "
                                  f"{run.wall_s:.0f} s")
@@ -271,16 +286,18 @@ class HttpTarget(BenchTarget):
         expected = expected_prefix_hits(win.requests)
         has_ids = any(r.hash_ids and r.block_size > 0 for r in win.requests)
         before = await fetch_cache_counters(self.urls) if has_ids else None
+        retracted = await self.retracted()
         if progress:
             await progress(0, n, f"0/{n} requests: prompts built, starting")
         run = await self._replay_run(bid, win.requests, plan, model, slo_ttft_ms, progress)
         after = await fetch_cache_counters(self.urls) if before is not None else None
+        retractions = counter_delta(retracted, await self.retracted())
         prefix = None
         if has_ids:
             prefix = _prefix_check(run, expected, before, after,
                                    (quality or svc.quality).hit_rate_tolerance)
         res = self.finish(bid, info, run.records, [], run, slo_ttft_ms, quality,
-                          open_loop=True, prefix=prefix)
+                          open_loop=True, prefix=prefix, retractions=retractions)
         if progress:
             await progress(n, n, f"done: {n}/{n} requests ({res.summary.errors} failed) in "
                                  f"{run.wall_s:.0f} s")

@@ -1,0 +1,100 @@
+"""CUDA-graph capture memory of SGLang 0.5.23: captured batch sizes, activations, the pool.
+
+Per GPU of one replica, bytes. :func:`domain.fit.fit` budgets :func:`graph_capture_bytes`
+outside the static pool (with the prefill activations and the CUDA context), and
+``servetune check`` reports it (``docs/diagnose-and-check.md``).
+"""
+
+from __future__ import annotations
+
+from domain.models import ModelArch
+
+
+def decode_capture_sizes(max_bs: int, speculative: bool) -> list[int]:
+    """Decode batch sizes SGLang 0.5.23 captures a CUDA graph for, up to ``max_bs``.
+
+    Source: ``arg_groups/cuda_graph_hook.py: generate_decode_cuda_graph_batch_sizes`` --
+    without speculation 1, 2, 4, 8, 12, 16..256 step 8, 272..496 step 16, 512.. step 32; with
+    speculation 1..8, 10..32 step 2, 40..64 step 4, 72..256 step 8, 272.. step 16; sizes above
+    ``max_bs`` dropped and ``max_bs`` itself appended when missing.
+    """
+    if speculative:
+        sizes = (list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 65, 4))
+                 + list(range(72, 257, 8)) + list(range(272, max_bs + 1, 16)))
+    else:
+        sizes = ([1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16))
+                 + list(range(512, max_bs + 1, 32)))
+    sizes = [s for s in sizes if s <= max_bs]
+    return sizes if max_bs in sizes else [*sizes, max_bs]
+
+
+def decode_activation_bytes_per_token(model: ModelArch, tp_size: int) -> float:
+    """Decode activation bytes of one token in the largest layer, on one GPU.
+
+    Per layer, in bf16 (2 bytes): residual and normed hidden (2 x hidden), the attention tensors
+    of the rank (GQA: q, k, v and output of ``heads/tp`` and ``max(1, kv_heads/tp)`` heads;
+    MLA/DSA: q at ``qk_head_dim``, the latent-absorbed q and the attention output at
+    ``kv_lora_rank + rope`` per head, the compressed KV, v at ``head_dim``; DSA adds the
+    indexer's q and its ``index_topk`` int32 indices) and the o_proj output (hidden); dense
+    layers the gate/up and down outputs of ``intermediate/tp``; MoE layers the fp32 router
+    logits, per routed copy (``experts_per_tok``) the dispatched hidden, gate/up and down
+    outputs of ``moe_intermediate/tp`` and the combined output, plus the shared experts. Shapes:
+    DeepSeek-V3 report sec. 2, SGLang ``models/deepseek_v2.py``, ``layers/moe/fused_moe_triton``
+    (its intermediate caches 1-3). The largest of the dense and MoE layers is returned: a
+    layer's tensors are reused by the next.
+    """
+    h, t, e = model.hidden, tp_size, 2.0
+    heads = max(1, model.heads // t)
+    if model.attention == "gqa":
+        attn = (2 * heads + 2 * max(1, model.kv_heads // t)) * model.head_dim
+    else:
+        latent = model.kv_lora_rank + model.qk_rope_head_dim
+        attn = heads * model.qk_head_dim + 2 * heads * latent + latent + heads * model.head_dim
+        if model.attention == "dsa":
+            attn += model.index_n_heads * model.index_head_dim + model.index_topk * 2
+    common = (3 * h + attn) * e
+    dense = common + (3 * model.intermediate / t + h) * e
+    moe = common + model.n_routed_experts * 4.0 + model.experts_per_tok * (
+        2 * h + 3 * model.moe_intermediate / t) * e \
+        + model.n_shared_experts * (3 * model.moe_intermediate / t) * e + h * e
+    return max(dense if model.layers > model.moe_layers else 0.0,
+               moe if model.moe_layers else 0.0)
+
+
+# fa3 on MLA/DSA models: the first decode-graph capture takes about 5 GB on DeepSeek
+# ("Deepseek use 5GB for cuda graph when using fa3", sgl-project/sglang issue #16143, decode
+# graphs), a workspace of the backend that does not come from the model's activations.
+FA3_MLA_CAPTURE_WORKSPACE_BYTES = 5e9
+
+
+def graph_capture_bytes(model: ModelArch, tp_size: int, max_bs: int, attention_backend: str,
+                        speculative: bool = False, sm_major: int = 9) -> float:
+    """GPU memory the decode CUDA graphs of one GPU take, bytes.
+
+    SGLang captures every decode graph into one shared memory pool, largest batch first "so
+    cuda graphs share memory better" (``model_executor/runner/decode_cuda_graph_runner.py:
+    _capture_one_stream``; captured sizes: :func:`decode_capture_sizes`), and every graph writes
+    its logits into one persistent fp32 ``(max rows, vocab)`` buffer
+    (``model_executor/graph_shared_output.py: get_logits_buffer``). So the graphs take:
+
+    - the shared logits buffer: ``max_bs x vocab x 4`` bytes;
+    - the largest graph's working set: ``max_bs x`` one layer's decode activations
+      (:func:`decode_activation_bytes_per_token`; the pool reuses a layer's tensors for the
+      next);
+    - with the fa3 backend on MLA/DSA models, where fa3 runs (SM 8x/9x; elsewhere the engine
+      refuses it before any capture), its capture workspace
+      (:data:`FA3_MLA_CAPTURE_WORKSPACE_BYTES`, about 5 GB).
+
+    Check point: DeepSeek-V3 FP8, TP8 on H200 (fa3), batch 256 -- about 6 GB for graphs alone
+    (sgl-project/sglang PR #5634); this model gives 5.2 GB (within 30 %,
+    tests/unit/test_preflight.py). With speculative decoding a verify graph is counted at its
+    batch of requests. 0 when ``max_bs`` is below 1.
+    """
+    if max_bs < 1:
+        return 0.0
+    bs = max(decode_capture_sizes(max_bs, speculative))
+    workspace = FA3_MLA_CAPTURE_WORKSPACE_BYTES if (
+        attention_backend == "fa3" and model.attention in ("mla", "dsa")
+        and 8 <= sm_major <= 9) else 0.0
+    return bs * model.vocab * 4.0 + bs * decode_activation_bytes_per_token(model, tp_size) \
+        + workspace

@@ -1,0 +1,337 @@
+"""Pre-flight check of a serving launch before GPU time is spent: findings, verdict, memory.
+
+``servetune check`` (``servetune/cli_check.py``) and the lessons MCP tool ``check_command`` run
+:func:`check_command` on a raw launch command; the search and the report run :func:`lint_config`
+on every candidate. Engine-specific reading (the argv, which backend flags a GPU refuses) is the
+engine's (:meth:`domain.engines.Engine.parse_command`, :meth:`~domain.engines.Engine.
+backend_refusals`); the memory arithmetic is :func:`domain.fit.fit`'s, so the twin and the check
+agree. Units: bytes, tokens, requests.
+
+Verdict: ``refuse`` if any finding refuses (the engine would not start, or the memory does not
+fit), else ``warn`` if any warns, else ``ok``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from domain.config import ServingConfig
+from domain.errors import ConfigInvalid, DoesNotFit
+from domain.fit import (
+    KV_BYTES,
+    FitReport,
+    default_decode_graph_bs,
+    fit,
+    resolve_attention_backend,
+)
+from domain.fit import resolve_kv_dtype as _kv_dtype
+from domain.graph_memory import graph_capture_bytes
+from domain.hardware import get_gpu
+from domain.models import get_model
+from domain.speculative import SPEC_MAX_RUNNING_REQUESTS
+from domain.study import Study
+from domain.workload import Trace
+
+Severity = Literal["info", "warn", "refuse"]
+Verdict = Literal["ok", "warn", "refuse"]
+# --max-running-requests at least this many times the decode CUDA-graph ceiling is "far above":
+# the excess decode batches run eagerly (SGLang captures no graph above cuda_graph_max_bs_decode)
+GRAPH_CEILING_FACTOR = 2.0
+# share of prefix-sharing requests whose shared prefix is shorter than one KV page from which the
+# prefix lint warns (below it, an info)
+PREFIX_BELOW_PAGE_SHARE = 0.10
+# the smallest step of the --mem-fraction-static search
+FRACTION_STEP = 0.01
+
+
+class Finding(BaseModel):
+    """One result of the check: how bad, a stable code, what is wrong and what to do."""
+
+    model_config = ConfigDict(frozen=True)
+
+    severity: Severity
+    code: str = Field(description="e.g. UNSUPPORTED_BACKEND, DOES_NOT_FIT, GRAPH_CEILING")
+    message: str
+    fix: str
+
+
+class ParsedCommand(BaseModel):
+    """A launch command as the engine's argparse reads it (:meth:`Engine.parse_command`).
+
+    ``values``: argparse dest -> value of every flag given; ``fields``: the ServingConfig
+    fields (all but ``gpu``) they set, empty when the model is not in the catalog or a flag is
+    refused; ``findings``: what parsing found (refusals, deprecations, unmodelled flags).
+    """
+
+    program: list[str] = Field(default_factory=list)
+    version: str
+    values: dict[str, Any] = Field(default_factory=dict)
+    fields: dict[str, Any] = Field(default_factory=dict)
+    findings: list[Finding] = Field(default_factory=list)
+    decode_cuda_graphs: bool = Field(True, description="False: the command disables them")
+
+
+class MemoryReport(BaseModel):
+    """Per GPU of one replica: weights, KV per token, the pool, the smallest fraction, graphs."""
+
+    weights_bytes_per_gpu: float
+    kv_bytes_per_token: float
+    kv_pool_tokens: int = Field(description="0 when the config does not fit")
+    min_mem_fraction_static: float | None = Field(
+        description="smallest --mem-fraction-static (to 0.01) that fits; None if none does")
+    graph_capture_bytes: float
+
+
+class CheckReport(BaseModel):
+    """The whole answer of a check (``to_json`` gives the documented ``--json`` keys)."""
+
+    verdict: Verdict
+    findings: list[Finding]
+    memory: MemoryReport | None = None
+    resolved: dict[str, Any] = Field(default_factory=dict)
+    config: ServingConfig | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """``{verdict, findings[{severity, code, message, fix}], memory, resolved}``."""
+        return {"verdict": self.verdict,
+                "findings": [f.model_dump() for f in self.findings],
+                "memory": self.memory.model_dump() if self.memory else None,
+                "resolved": self.resolved}
+
+
+def verdict_of(findings: list[Finding]) -> Verdict:
+    """``refuse`` if any finding refuses, else ``warn`` if any warns, else ``ok``."""
+    severities = {f.severity for f in findings}
+    return "refuse" if "refuse" in severities else "warn" if "warn" in severities else "ok"
+
+
+def _fits(config: ServingConfig) -> FitReport | None:
+    try:
+        return fit(config)
+    except DoesNotFit:
+        return None
+
+
+def min_mem_fraction(config: ServingConfig) -> float | None:
+    """The smallest ``--mem-fraction-static`` at which ``config`` fits, or None.
+
+    Searched from 0.01 to 0.99 in steps of 0.01 with :func:`domain.fit.fit`; None when no
+    fraction fits (e.g. weights larger than the GPU).
+    """
+    for i in range(1, 100):
+        f = round(i * FRACTION_STEP, 2)
+        if _fits(config.model_copy(update={"mem_fraction_static": f})) is not None:
+            return f
+    return None
+
+
+def memory_report(config: ServingConfig, decode_graphs: bool = True
+                  ) -> tuple[MemoryReport, FitReport | None, Finding | None]:
+    """The memory numbers of ``config``, its fit (None if it does not fit) and that refusal.
+
+    ``decode_graphs`` False (the command turns decode CUDA graphs off): no graph memory is
+    reported; :func:`domain.fit.fit` still budgets it, so the fit is conservative then.
+    """
+    model, gpu = get_model(config.model), get_gpu(config.gpu)
+    finding = None
+    try:
+        rep: FitReport | None = fit(config)
+    except DoesNotFit as e:
+        rep = None
+        least = min_mem_fraction(config)
+        fix = (f"--mem-fraction-static {least}" if least is not None and e.phase != "cuda_graph"
+               else f"--mem-fraction-static {least} or a smaller --cuda-graph-max-bs-decode"
+               if least is not None else "more GPUs per replica (--tp-size) or a smaller "
+               "checkpoint")
+        finding = Finding(severity="refuse", code="DOES_NOT_FIT",
+                          message=str(e), fix=fix)
+    backend = rep.attention_backend if rep else resolve_attention_backend(config, model, gpu)[0]
+    per_tok = rep.kv_bytes_per_token if rep else model.kv_bytes_per_token(
+        KV_BYTES[_kv_dtype(config, model, gpu)], config.tp_size)
+    graph_bs = rep.cuda_graph_max_bs_decode if rep else (
+        config.cuda_graph_max_bs_decode or default_decode_graph_bs(gpu, config.tp_size))
+    if not decode_graphs:
+        graph_bs = 0
+    mem = MemoryReport(
+        weights_bytes_per_gpu=model.weight_bytes(config.weights) / config.tp_size,
+        kv_bytes_per_token=per_tok, kv_pool_tokens=rep.kv_tokens if rep else 0,
+        min_mem_fraction_static=min_mem_fraction(config),
+        graph_capture_bytes=graph_capture_bytes(model, config.tp_size, graph_bs, backend,
+                                                config.speculative_algorithm is not None,
+                                                gpu.sm_major))
+    return mem, rep, finding
+
+
+def _shared_prefixes(trace: Trace) -> list[int]:
+    """Per request with prefix hashes: tokens of its longest prefix an earlier request shares."""
+    seen: set[tuple[int, int]] = set()
+    out = []
+    for r in trace.requests:
+        if not r.hash_ids or not r.block_size:
+            continue
+        chain, shared, matching = 0, 0, True
+        for i, h in enumerate(r.hash_ids):
+            chain = hash((chain, h))
+            if matching and (i, chain) in seen:
+                shared = i + 1
+            else:
+                matching = False
+            seen.add((i, chain))
+        out.append(min(shared * r.block_size, r.input_tokens))
+    return out
+
+
+def prefix_lint(trace: Trace, page_size: int) -> list[Finding]:
+    """Shared prefixes shorter than one KV page: the radix cache reuses whole pages only."""
+    shared = [s for s in _shared_prefixes(trace) if s > 0]
+    if page_size <= 1 or not shared:
+        return []
+    below = sum(1 for s in shared if s < page_size)
+    lost = sum(s % page_size for s in shared) / sum(shared)
+    if not below:
+        return []
+    share = below / len(shared)
+    return [Finding(
+        severity="warn" if share >= PREFIX_BELOW_PAGE_SHARE else "info",
+        code="PREFIX_BELOW_PAGE",
+        message=f"{below} of {len(shared)} requests that share a prefix share fewer tokens than "
+                f"one KV page (page_size {page_size}) and reuse nothing from the radix cache; "
+                f"{lost:.0%} of all shared prefix tokens fall in partial pages",
+        fix="a backend with a smaller page (or --page-size 1 where the backend allows it), or "
+            "prompts whose shared prefix spans whole pages")]
+
+
+def lint_config(config: ServingConfig, study: Study | None = None, *,
+                trace: Trace | None = None, page_size: int | None = None) -> list[Finding]:
+    """Lints of one config: settings that start but serve worse than they could.
+
+    - ``GRAPH_CEILING``: an explicit ``--max-running-requests`` or ``--cuda-graph-max-bs-decode``
+      leaves the resolved request cap at least :data:`GRAPH_CEILING_FACTOR` x the decode
+      CUDA-graph ceiling: decode batches above the ceiling run eagerly, and a long queue keeps
+      them there.
+    - ``SPEC_DEFAULT_CAP``: speculative decoding without ``--max-running-requests`` runs at
+      most 48 requests (:data:`domain.speculative.SPEC_MAX_RUNNING_REQUESTS`,
+      ``speculative_hook.py``), whatever the load (the study's saturation concurrency is named
+      when it is above that).
+    - ``PREFIX_BELOW_PAGE`` (with ``trace``): requests whose shared prefix is shorter than the
+      KV page (``page_size``; None: the page the attention backend forces, :func:`fit`).
+
+    Returns [] when nothing trips, and for a config that does not fit (that is a refusal of
+    :func:`check_config`, not a lint). No I/O.
+    """
+    rep = _fits(config)
+    if rep is None:
+        return []
+    out: list[Finding] = []
+    explicit = (config.max_running_requests is not None
+                or config.cuda_graph_max_bs_decode is not None)
+    ceiling = rep.cuda_graph_max_bs_decode
+    if explicit and rep.max_running_requests >= GRAPH_CEILING_FACTOR * ceiling:
+        out.append(Finding(
+            severity="warn", code="GRAPH_CEILING",
+            message=f"max_running_requests {rep.max_running_requests} is "
+                    f"{rep.max_running_requests / ceiling:.0f}x the decode CUDA-graph ceiling "
+                    f"{ceiling}: decode batches above {ceiling} run eagerly (slower per token) "
+                    "and a backlog keeps them there",
+            fix=f"--cuda-graph-max-bs-decode {min(rep.max_running_requests, 1024)} (more graph "
+                f"memory) or --max-running-requests {ceiling}"))
+    if config.speculative_algorithm is not None and config.max_running_requests is None:
+        load = ""
+        if study is not None and study.saturation.concurrency > SPEC_MAX_RUNNING_REQUESTS:
+            load = f"; the study runs {study.saturation.concurrency} clients"
+        out.append(Finding(
+            severity="warn", code="SPEC_DEFAULT_CAP",
+            message=f"--speculative-algorithm {config.speculative_algorithm} without "
+                    f"--max-running-requests caps the server at {SPEC_MAX_RUNNING_REQUESTS} "
+                    f"running requests (speculative_hook.py){load}",
+            fix="set --max-running-requests to the concurrency you serve (e.g. 256)"))
+    if trace is not None:
+        out += prefix_lint(trace, page_size if page_size is not None else rep.page_size)
+    return out
+
+
+def resolved(rep: FitReport | None, config: ServingConfig) -> dict[str, Any]:
+    """The server settings the engine would resolve (empty when the config does not fit)."""
+    if rep is None:
+        return {}
+    return {"attention_backend": rep.attention_backend,
+            "max_running_requests": rep.max_running_requests,
+            "chunked_prefill_size": rep.chunked_prefill_size,
+            "cuda_graph_max_bs_decode": rep.cuda_graph_max_bs_decode,
+            "page_size": rep.page_size, "kv_cache_dtype": rep.kv_dtype,
+            "mem_fraction_static": rep.mem_fraction_static}
+
+
+def check_config(config: ServingConfig, values: dict[str, Any] | None = None, *,
+                 gpus: int | None = None, study: Study | None = None,
+                 trace: Trace | None = None, decode_graphs: bool = True) -> CheckReport:
+    """Check one config: backend flags against the GPU, GPU count, memory, startup, lints.
+
+    ``values`` are the parsed flags of the launch command (argparse dest -> value) when there is
+    one: every attention-backend flag among them is checked, and ``page_size`` read.
+    ``decode_graphs`` False: the command disables decode CUDA graphs (no graph memory, no
+    graph-ceiling lint).
+    """
+    from domain.engines import engine_for
+
+    eng = engine_for(config)
+    values = values or {}
+    findings = [Finding(severity="refuse", code="UNSUPPORTED_BACKEND", message=msg,
+                        fix=f"another {flag}, or leave it unset for the engine's choice")
+                for flag, msg in eng.backend_refusals(config, values)]
+    if gpus is not None and config.gpus > gpus:
+        findings.append(Finding(severity="refuse", code="NOT_ENOUGH_GPUS",
+                                message=f"the command needs {config.gpus} GPUs "
+                                        f"(tp {config.tp_size} x dp {config.replicas}); "
+                                        f"{gpus} given",
+                                fix=f"--tp-size {gpus} or fewer, or more GPUs"))
+    mem, rep, refusal = memory_report(config, decode_graphs)
+    if refusal is not None:
+        findings.append(refusal)
+    start = eng.start(config)
+    said = {f.message for f in findings}
+    if not start.ready and start.phase not in ("load_weights", "kv_pool", "cuda_graph") \
+            and not any(start.log[-1].endswith(s) or s.endswith(start.log[-1]) for s in said):
+        findings.append(Finding(severity="refuse", code=f"STARTUP_{start.phase.upper()}",
+                                message=start.log[-1], fix="see the engine's message"))
+    findings += [f for f in lint_config(config, study, trace=trace,
+                                        page_size=values.get("page_size"))
+                 if decode_graphs or f.code != "GRAPH_CEILING"]
+    return CheckReport(verdict=verdict_of(findings), findings=findings, memory=mem,
+                       resolved=resolved(rep, config), config=config)
+
+
+def check_command(argv: list[str], gpu: str, gpus: int | None = None, *, engine: str = "sglang",
+                  version: str | None = None, study: Study | None = None,
+                  trace: Trace | None = None) -> CheckReport:
+    """Pre-flight of a raw launch command (``sglang serve ...``) on ``gpus`` x ``gpu``.
+
+    Raises:
+        ConfigInvalid: bad input (not a launch command, unknown GPU or engine version).
+    """
+    from domain.engines import engine as get_engine
+    from domain.hardware import GPUS
+
+    if gpu not in GPUS:
+        raise ConfigInvalid([f"gpu {gpu!r} is not in the GPU catalog: {', '.join(GPUS)}"])
+    try:
+        eng = get_engine(engine, version)
+    except ValueError as e:
+        raise ConfigInvalid([str(e)]) from e
+    parsed = eng.parse_command(list(argv))
+    if not parsed.fields or any(f.severity == "refuse" for f in parsed.findings):
+        return CheckReport(verdict=verdict_of(parsed.findings) if parsed.findings else "refuse",
+                           findings=parsed.findings)
+    try:
+        config = ServingConfig(gpu=gpu, engine_version=eng.version, **parsed.fields)
+    except ValidationError as e:
+        bad = [Finding(severity="refuse", code="INVALID_VALUE",
+                       message=f"{'.'.join(map(str, err['loc']))}: {err['msg']}",
+                       fix="give a value SGLang accepts") for err in e.errors()]
+        return CheckReport(verdict="refuse", findings=parsed.findings + bad)
+    report = check_config(config, parsed.values, gpus=gpus, study=study, trace=trace,
+                          decode_graphs=parsed.decode_cuda_graphs)
+    findings = parsed.findings + report.findings
+    return report.model_copy(update={"findings": findings, "verdict": verdict_of(findings)})

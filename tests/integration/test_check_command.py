@@ -1,0 +1,97 @@
+"""servetune check in a subprocess (exit codes, --json keys) and the MCP tool check_command."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+from fixtures.cli import servetune, tiny_study, write
+from mcp import Client, StdioServerParameters
+
+from domain.lesson import Clause, Lesson, Scope
+from memory.store import LessonStore
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BAILIAN = REPO_ROOT / "tests" / "fixtures" / "qwen_bailian_tiny.jsonl"
+GLM5 = ["sglang", "serve", "--model-path", "zai-org/GLM-5-FP8"]
+
+
+def check(tmp: Path, *args: str):
+    return servetune("check", "--gpu", "B200", "--gpus", "8", *args, tmp=tmp)
+
+
+def test_exit_codes_and_json_keys(tmp_path: Path) -> None:
+    ok = check(tmp_path, "--json", "--", *GLM5, "--tp-size", "8")
+    assert ok.returncode == 0, ok.stderr
+    out = json.loads(ok.stdout)
+    assert list(out) == ["verdict", "findings", "memory", "resolved"]
+    assert out["verdict"] == "ok" and out["findings"] == []
+    assert list(out["memory"]) == ["weights_bytes_per_gpu", "kv_bytes_per_token",
+                                   "kv_pool_tokens", "min_mem_fraction_static",
+                                   "graph_capture_bytes"]
+    assert out["resolved"]["attention_backend"] == "dsa"
+
+    warn = check(tmp_path, "--json", "--", "python", "-m", "sglang.launch_server",
+                 "--model-path", "zai-org/GLM-5-FP8", "--tp-size", "8",
+                 "--speculative-algorithm", "NEXTN")
+    assert warn.returncode == 0
+    report = json.loads(warn.stdout)
+    assert report["verdict"] == "warn"
+    assert all(list(f) == ["severity", "code", "message", "fix"] for f in report["findings"])
+    assert "SPEC_DEFAULT_CAP" in {f["code"] for f in report["findings"]}
+
+    refuse = check(tmp_path, "--", *GLM5, "--tp-size", "4")  # 186.5 GB of weights per GPU
+    assert refuse.returncode == 1 and "DOES_NOT_FIT" in refuse.stdout
+    retired = check(tmp_path, "--", *GLM5, "--tp-size", "8", "--cuda-graph-max-bs", "256")
+    assert retired.returncode == 1 and "--cuda-graph-max-bs-decode" in retired.stdout
+
+
+def test_bad_input_exits_2(tmp_path: Path) -> None:
+    for args in ((), ("--", "vllm", "serve", "x"), ("--trace", "missing.jsonl", "--", *GLM5)):
+        r = check(tmp_path, *args)
+        assert r.returncode == 2 and r.stderr.startswith("error:"), (args, r.stderr)
+    r = servetune("check", "--gpu", "B300", "--", *GLM5, tmp=tmp_path)
+    assert r.returncode == 2 and "GPU catalog" in r.stderr
+
+
+def test_trace_and_study_feed_the_prefix_lint(tmp_path: Path) -> None:
+    r = check(tmp_path, "--json", "--trace", str(BAILIAN), "--", *GLM5, "--tp-size", "8")
+    assert r.returncode == 0
+    (f,) = json.loads(r.stdout)["findings"]
+    assert f["code"] == "PREFIX_BELOW_PAGE" and "page_size 64" in f["message"]
+    r = check(tmp_path, "--json", "--trace", str(BAILIAN), "--", *GLM5, "--tp-size", "8",
+              "--page-size", "16")
+    assert r.returncode == 0 and json.loads(r.stdout)["findings"] == []  # 48 tokens = 3 pages
+    study = write(tmp_path, "s.yaml", tiny_study(replay={
+        "trace": str(BAILIAN), "format": "bailian", "start_s": 0, "duration_s": 100}))
+    r = check(tmp_path, "--json", "--study", str(study), "--", *GLM5, "--tp-size", "8")
+    assert r.returncode == 0 and "PREFIX_BELOW_PAGE" in r.stdout
+
+
+@pytest.mark.anyio
+async def test_check_command_tool_over_stdio(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    with LessonStore(path, embedding="hashing") as s:
+        s.add_many([Lesson(title="GLM-5 fp8 TP8 crashed on B200", scope=Scope(gpu="B200",
+                                                                            model="glm-5"),
+                           condition=[Clause(field="tp_size", op="eq", value=8)],
+                           outcome="crash", root_cause="r", fix="use TP4 nvfp4",
+                           evidence="e")])
+    params = StdioServerParameters(
+        command=sys.executable, cwd=str(REPO_ROOT),
+        args=["-c", f"from mcp_servers.lessons.server import main; main({str(path)!r})"])
+    with anyio.fail_after(60):
+        async with Client(params) as client:
+            ok = await client.call_tool("check_command", {
+                "command": [*GLM5, "--tp-size", "8"], "gpu": "B200", "gpus": 8})
+            bad = await client.call_tool("check_command", {"command": ["vllm", "serve"],
+                                                           "gpu": "B200"})
+    assert not ok.is_error
+    out = ok.structured_content
+    assert out["verdict"] == "warn" and out["memory"]["kv_pool_tokens"] > 0
+    assert [f["code"] for f in out["findings"]] == ["KNOWN_FAILURE"]
+    assert out["forbidding"][0]["fix"] == "use TP4 nvfp4"
+    assert bad.is_error and "not an SGLang server launch" in bad.content[0].text
