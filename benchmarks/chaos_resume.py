@@ -53,9 +53,10 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = ROOT / "studies" / "default.yaml"
 TRACE = ROOT / "data" / "traces" / "mooncake_fast25_conversation_trace.jsonl"
-# Fields that differ between two uninterrupted runs of one study (timings, paths, the run id).
+# Fields that differ between two uninterrupted runs of one study (timings, paths, the run id,
+# when a lesson was learned).
 VOLATILE = {"created_at", "wall_s", "records_path", "llm_usage", "started_s", "finished_s",
-            "t", "elapsed_s", "seconds"}
+            "t", "elapsed_s", "seconds", "learned_at"}
 
 
 def small_study(**over: Any) -> dict[str, Any]:

@@ -24,6 +24,14 @@ from pydantic import (
 
 from domain.config import ServingConfig
 from domain.knob_domain import field_domain
+from domain.provenance import (
+    REAL_BACKENDS,
+    Contradiction,
+    Provenance,
+    Status,
+    StatusChange,
+    now_iso,
+)
 from domain.redact import RedactedStr
 
 Outcome = Literal["oom", "does-not-fit", "crash", "invalid-flag", "unsupported", "slo-miss",
@@ -305,6 +313,16 @@ class Lesson(BaseModel):
     source_site: RedactedStr | None = Field(None, max_length=300, description="file:line of "
                                             "the engine check the failure came from, e.g. "
                                             "'sglang/srt/layers/attention/vision.py:1331'")
+    # provenance and trust (domain/provenance.py); None on lessons stored before issue 18
+    provenance: Provenance | None = Field(None, description="where it was learned: backend, "
+                                          "engine and version, image, run, trial, evidence")
+    status: Status = Field("active", description="active | quarantined | retracted; only an "
+                           "active lesson forbids anything")
+    history: list[StatusChange] = Field(default_factory=list, description="every status "
+                                        "change, oldest first")
+    contradictions: list[Contradiction] = Field(
+        default_factory=list, description="measurements where a config it forbids ran and "
+        "served, oldest first")
 
     @model_validator(mode="after")
     def _not_universal(self, info: ValidationInfo) -> Lesson:
@@ -340,12 +358,80 @@ class Lesson(BaseModel):
         """True if ``config`` is in this lesson's family (scope and every clause hold)."""
         return self.scope.matches(config) and all(c.matches(config) for c in self.condition)
 
-    def forbids(self, config: ServingConfig) -> bool:
-        """True if the lesson says ``config`` cannot run (a failure outcome and a match).
+    def covers(self, config: ServingConfig) -> bool:
+        """True if ``config`` is in the family this lesson says cannot run, whatever its status.
 
-        A lesson with a :meth:`defect` (read back from a store) forbids nothing.
+        A failure outcome, no :meth:`defect`, and a :meth:`match <matches>`.
         """
         return self.outcome in FORBIDDING and self.defect() is None and self.matches(config)
+
+    def forbids(self, config: ServingConfig) -> bool:
+        """True if the lesson says ``config`` cannot run: it is active and :meth:`covers` it.
+
+        A lesson with a :meth:`defect` (read back from a store), a quarantined and a retracted
+        lesson forbid nothing.
+        """
+        return self.status == "active" and self.covers(config)
+
+    def applies_on(self, backend: str | None) -> bool:
+        """Whether this lesson may prune a study on ``backend`` (twin, local, kubernetes).
+
+        A twin study (or None: unknown) heeds every lesson; a real-backend study only lessons
+        that are source-verified or were not learned on the twin (unknown provenance counts as
+        the twin). See :mod:`domain.provenance`.
+        """
+        if backend not in REAL_BACKENDS or self.verified:
+            return True
+        return self.provenance is not None and self.provenance.backend != "twin"
+
+    def prunes(self, config: ServingConfig, backend: str | None = None) -> bool:
+        """True if this lesson keeps a study on ``backend`` from launching ``config``."""
+        return self.forbids(config) and self.applies_on(backend)
+
+    def trust(self) -> tuple[bool, str]:
+        """``(trusted, why)``: whether this lesson is trusted, and why or why not.
+
+        Trusted = active and (source-verified, or learned on a real backend and never
+        contradicted). Only trusted lessons are exported to the skill.
+        """
+        if self.status != "active":
+            last = self.history[-1].reason if self.history else "no reason recorded"
+            return False, f"{self.status}: {last}"
+        if self.verified:
+            return True, f"source-verified ({self.source_site or 'site not recorded'})"
+        p = self.provenance
+        if p is None:
+            return False, "unknown provenance (stored before provenance was recorded), " \
+                          "not source-verified"
+        if not p.real:
+            return False, f"learned on {p.backend}, not source-verified"
+        if self.contradictions:
+            return False, (f"learned on {p.backend} but contradicted by "
+                           f"{len(self.contradictions)} measurement(s)")
+        return True, f"learned on {p.backend}, never contradicted"
+
+    @property
+    def trusted(self) -> bool:
+        """See :meth:`trust`."""
+        return self.trust()[0]
+
+    def with_status(self, status: Status, reason: str, by: str,
+                    at: str | None = None) -> Lesson:
+        """A copy with ``status``, the change appended to :attr:`history`.
+
+        Args:
+            status: the new status.
+            reason: why, in words (required: the history must say).
+            by: who or what changed it, e.g. ``operator (cli)``.
+            at: ISO 8601 UTC time (default now).
+
+        Raises:
+            ValueError: an empty reason.
+        """
+        if not reason.strip():
+            raise ValueError(f"a reason is required to mark lesson {self.id} {status}")
+        change = StatusChange(status=status, reason=reason.strip(), by=by, at=at or now_iso())
+        return self.model_copy(update={"status": status, "history": [*self.history, change]})
 
     def condition_text(self) -> str:
         """The condition as ``a AND b`` text."""

@@ -18,6 +18,7 @@ from domain.fit import MEMORY_FIELDS, fit
 from domain.hardware import get_gpu
 from domain.knob_domain import field_domain
 from domain.lesson import Clause, Lesson, Scope
+from domain.provenance import Provenance, evidence_lines
 from domain.research import RESEARCH_FLAGS, research_change
 from domain.study import Study
 
@@ -35,7 +36,9 @@ def estimate_lesson(config: ServingConfig, err: DoesNotFit, study: Study) -> Les
         study: the study whose ``tp_size`` values bound the weights family.
 
     Returns:
-        The lesson, with its id (``outcome="does-not-fit"``, ``source="estimate"``).
+        The lesson, with its id (``outcome="does-not-fit"``, ``source="estimate"``, provenance
+        ``estimate``: the arithmetic is its evidence; the run and trial are filled when it is
+        committed, graph/state.py:with_provenance).
     """
     scope = Scope(gpu=config.gpu, model=config.model, quantization=config.weights,
                   engine=config.engine, engine_version=config.engine_version)
@@ -81,7 +84,11 @@ def estimate_lesson(config: ServingConfig, err: DoesNotFit, study: Study) -> Les
     return Lesson(title=title, scope=scope, condition=cond, outcome="does-not-fit",
                   failure_class=failure_class,
                   root_cause=f"memory-fit estimate: {err.arithmetic}", fix=fix,
-                  evidence="\n".join(evidence), source="estimate").with_id()
+                  evidence="\n".join(evidence), source="estimate",
+                  provenance=Provenance(backend="estimate", engine=config.engine,
+                                        engine_version=config.engine_version,
+                                        evidence=evidence_lines("\n".join(evidence)))
+                  ).with_id()
 
 
 def research_lesson(config: ServingConfig, changed: str, reason: str, run_id: str) -> Lesson:
@@ -99,7 +106,8 @@ def research_lesson(config: ServingConfig, changed: str, reason: str, run_id: st
         run_id: the run that asked.
 
     Returns:
-        The lesson, with its id (``outcome="unsupported"``, ``source="research"``).
+        The lesson, with its id (``outcome="unsupported"``, ``source="research"``, provenance
+        ``research``).
 
     Raises:
         ConfigInvalid: ``config.gpu`` is not in the hardware catalog.
@@ -117,4 +125,7 @@ def research_lesson(config: ServingConfig, changed: str, reason: str, run_id: st
                   root_cause=reason[:4000],
                   fix=f"leave {flag} unset or choose a value the {config.gpu} architecture "
                       "supports",
-                  evidence=reason[:20000], source="research", run_id=run_id).with_id()
+                  evidence=reason[:20000], source="research", run_id=run_id,
+                  provenance=Provenance(backend="research", engine=config.engine,
+                                        engine_version=config.engine_version, run_id=run_id,
+                                        evidence=evidence_lines(reason[:20000]))).with_id()

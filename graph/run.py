@@ -203,7 +203,7 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
     try:
         async with Client(cluster_server(backend)) as c_cluster, \
                 Client(bench_server(bench)) as c_bench, \
-                Client(lessons_server(lesson_store, run_id)) as c_lessons, \
+                Client(lessons_server(lesson_store, run_id, backend.kind)) as c_lessons, \
                 Client(source_server(source_tree, study.engine_version)) as c_source, \
                 AsyncSqliteSaver.from_conn_string(str(run_dir / "checkpoint.sqlite")) as saver:
             graph = build_graph().compile(checkpointer=saver)
@@ -233,6 +233,8 @@ async def run_study(study: Study, run_id: str, run_dir: Path, store: LessonStore
                                claude=claude, namespace=backend.namespace, repeats=repeats,
                                replay=replay_profile(bench, study))
             ctx.event("backend", backend=backend.kind)  # the report's first lines
+            if resumed:  # a kill may have come between a row's lessons and its contradictions
+                await ctx.recheck_served()
             for name in await tear_down_leftovers(c_cluster, run_id):
                 ctx.event("teardown-leftover", name=name)
             already_done = resumed and snap.values.get("phase") == "done"

@@ -27,9 +27,13 @@ from pydantic import ValidationError
 from domain.config import ServingConfig
 from domain.errors import ServetuneError
 from domain.lesson import FORBIDDING, STORED, Lesson
+from domain.provenance import Contradiction, Status
 from memory.embeddings import KIND_BY_NAME, EmbeddingKind, default_embedding
+from memory.markdown import lessons_markdown
 
 log = logging.getLogger(__name__)
+
+__all__ = ["LessonStore", "StoreUnavailable", "UnknownLesson", "lessons_markdown"]
 
 COLLECTION = "lessons"
 SCOPE_FIELDS = ("gpu", "model", "quantization", "engine", "engine_version")
@@ -56,6 +60,15 @@ def _decode(meta: Any) -> Lesson | None:
         log.warning("skipping an unreadable lesson %s: %s", meta.get("id", "?"),
                     str(e).splitlines()[0])
         return None
+
+class UnknownLesson(ValueError):
+    """No lesson with this id is stored (``ValueError``: the lessons server's tool error)."""
+
+    def __init__(self, lesson_id: str, path: Path | str) -> None:
+        self.lesson_id = lesson_id
+        super().__init__(f"no lesson {lesson_id!r} in {path}; list the ids with "
+                         "`servetune lessons list` (or the list_lessons tool)")
+
 
 class StoreUnavailable(ServetuneError):
     """The lesson store cannot be opened or used.
@@ -116,17 +129,30 @@ def _merge(old: Lesson, new: Lesson) -> Lesson:
     """The stored lesson after ``new`` repeats the finding ``old`` already holds (same id).
 
     The newer wording wins; the first run and trial that found it are kept; distinct evidence is
-    appended (capped at MAX_EVIDENCE_CHARS).
+    appended (capped at MAX_EVIDENCE_CHARS). The first provenance is kept, noting the new run
+    among its further runs; the stored status, its history and the contradictions are kept (a
+    repeat of a quarantined finding does not make it active again: ``restore`` does). A
+    source-verified repeat makes the lesson verified.
     """
     evidence = old.evidence
     if new.evidence.strip() and new.evidence.strip() not in old.evidence:
         evidence = f"{old.evidence}\n---\n{new.evidence}"[:MAX_EVIDENCE_CHARS]
+    provenance = old.provenance or new.provenance
+    if provenance is not None and old.provenance is not None:
+        again = new.provenance.run_id if new.provenance is not None else new.run_id
+        provenance = provenance.seen_again(again)
     return new.model_copy(update={
         "id": old.id,
         "run_id": old.run_id or new.run_id,
         "trial_id": old.trial_id or new.trial_id,
         "failure_class": new.failure_class or old.failure_class,
         "evidence": evidence,
+        "verified": old.verified or new.verified,
+        "source_site": new.source_site if new.verified else (old.source_site or new.source_site),
+        "provenance": provenance,
+        "status": old.status,
+        "history": old.history,
+        "contradictions": old.contradictions,
     })
 
 
@@ -301,26 +327,101 @@ class LessonStore:
         out.sort(key=lambda pair: -pair[1])  # stable: chroma's order among equal scores
         return out
 
-    def forbidding(self, config: ServingConfig) -> list[Lesson]:
-        """Every lesson that forbids ``config`` (failure outcome, scope and condition match).
+    def covering(self, config: ServingConfig) -> list[tuple[int, Lesson]]:
+        """``(seq, lesson)`` of every lesson whose family covers ``config``, any status.
 
         Candidates are narrowed by scope metadata in the store; the condition is checked with
-        ``Lesson.forbids``. Oldest first. A lesson whose condition names no family
+        ``Lesson.covers``. Oldest first. A lesson whose condition names no family
         (``Lesson.defect``) is ignored, with a warning logged once per lesson.
         """
         where = _and([{"forbidding": True}, *_clauses(
             gpu=config.gpu, model=config.model, quantization=config.weights,
             engine=config.engine, engine_version=config.engine_version)])
         out = []
-        for _, lesson in self._fetch(where=where):
+        for seq, lesson in self._fetch(where=where):
             defect = lesson.defect()
             if defect is not None:
                 if lesson.id not in _warned:
                     _warned.add(lesson.id)
                     log.warning("ignoring lesson %s of %s: %s", lesson.id, self.path, defect)
-            elif lesson.forbids(config):
-                out.append(lesson)
+            elif lesson.covers(config):
+                out.append((seq, lesson))
         return out
+
+    def forbidding(self, config: ServingConfig, backend: str | None = None) -> list[Lesson]:
+        """Every lesson that keeps a study on ``backend`` from launching ``config``.
+
+        Active lessons whose family covers ``config`` (:meth:`covering`), oldest first; on a
+        real backend (local, kubernetes) only those that may prune it
+        (``Lesson.applies_on``: twin-learned lessons need to be source-verified). Quarantined
+        and retracted lessons forbid nothing.
+        """
+        return [lesson for _, lesson in self.covering(config)
+                if lesson.prunes(config, backend)]
+
+    def set_status(self, lesson_id: str, status: Status, reason: str, by: str) -> Lesson:
+        """Mark a stored lesson ``status`` (quarantined, retracted, or active again).
+
+        Args:
+            lesson_id: the lesson's id.
+            status: the new status.
+            reason: why (required; kept in the lesson's history).
+            by: who or what, e.g. ``operator (cli)``.
+
+        Returns:
+            The lesson as stored now (unchanged when it already has ``status``, or when asked
+            to quarantine a retracted lesson: only ``active`` undoes a retraction).
+
+        Raises:
+            UnknownLesson: no lesson has this id.
+            ValueError: an empty reason.
+            StoreUnavailable: the store cannot be written.
+        """
+        rows = self._fetch(ids=[lesson_id])
+        if not rows:
+            raise UnknownLesson(lesson_id, self.path)
+        seq, lesson = rows[0]
+        if lesson.status == status or (status == "quarantined" and lesson.status == "retracted"):
+            return lesson
+        lesson = lesson.with_status(status, reason, by)
+        self._write(lesson, seq)
+        return lesson
+
+    def contradict(self, config: ServingConfig, measurement: Contradiction) -> list[Lesson]:
+        """Record that ``config`` ran and served; quarantine the active lessons it contradicts.
+
+        Each lesson whose family covers ``config`` and against which the measurement weighs
+        (``Contradiction.weighs_against``: a twin measurement does not overrule a lesson
+        learned on a real backend) gets the measurement among its ``contradictions`` (once
+        per run and trial) and, when active, the status ``quarantined``.
+
+        Returns:
+            The lessons quarantined by this call (already quarantined ones are not repeated).
+
+        Raises:
+            StoreUnavailable: the store cannot be read or written.
+        """
+        quarantined = []
+        for seq, lesson in self.covering(config):
+            if not measurement.weighs_against(lesson.provenance):
+                continue
+            known = {(c.run_id, c.trial) for c in lesson.contradictions}
+            if (measurement.run_id, measurement.trial) in known and lesson.status != "active":
+                continue
+            updated = lesson
+            if (measurement.run_id, measurement.trial) not in known:
+                updated = lesson.model_copy(
+                    update={"contradictions": [*lesson.contradictions, measurement]})
+            if updated.status == "active":
+                where = " ".join(x for x in (measurement.backend, "run", measurement.run_id,
+                                             "trial", measurement.trial) if x)
+                updated = updated.with_status(
+                    "quarantined", f"contradicted: config {measurement.config_id} ran and "
+                    f"served ({where}): {measurement.evidence}".strip().rstrip(":"),
+                    by=f"measurement ({measurement.backend})", at=measurement.at)
+                quarantined.append(updated)
+            self._write(updated, seq)
+        return quarantined
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -347,10 +448,13 @@ class LessonStore:
             lesson = _merge(old, lesson)
         else:
             seq = self.count()
+        self._write(lesson, seq)
+        return lesson
+
+    def _write(self, lesson: Lesson, seq: int) -> None:
         with self._guard("write"):
             self._collection.upsert(ids=[lesson.id], documents=[lesson.document()],
                                     metadatas=[_flat_metadata(lesson, seq)])
-        return lesson
 
     def add_many(self, lessons: Iterable[Lesson]) -> list[Lesson]:
         """:meth:`add` each lesson in turn; returns the stored lessons."""
@@ -361,47 +465,3 @@ class LessonStore:
     def export_markdown(self, lessons: Iterable[Lesson] | None = None) -> str:
         """A SKILL.md-style Markdown document, one section per lesson (all lessons by default)."""
         return lessons_markdown(self.list() if lessons is None else lessons)
-
-
-def _fence(text: str) -> str:
-    ticks = 3
-    while "`" * ticks in text:
-        ticks += 1
-    return f"{'`' * ticks}text\n{text.rstrip()}\n{'`' * ticks}"
-
-
-def lessons_markdown(lessons: Iterable[Lesson]) -> str:
-    """Render lessons as Markdown: one ``##`` section per lesson.
-
-    Each section gives the id, scope, condition, outcome, root cause, fix, provenance and the
-    evidence in a fenced block.
-    """
-    parts = ["# Lessons learned", ""]
-    for lesson in lessons:
-        s = lesson.scope
-        scope = ", ".join([f"GPU {s.gpu or 'any'}", f"model {s.model or 'any'}",
-                           f"weights {s.quantization or 'any'}",
-                           f"engine {s.engine or 'any'} {s.engine_version or '(any version)'}"])
-        outcome = lesson.outcome + (f" ({lesson.failure_class})" if lesson.failure_class else "")
-        origin = lesson.source + "".join(f", {k} {v}" for k, v in
-                                         (("run", lesson.run_id), ("trial", lesson.trial_id)) if v)
-        parts += [
-            f"## {lesson.title}",
-            "",
-            f"- **Id:** `{lesson.id or '(unsaved)'}`",
-            f"- **Scope:** {scope}",
-            f"- **When:** `{lesson.condition_text()}`"
-            + (f" (ignored: {defect})" if (defect := lesson.defect()) else ""),
-            f"- **Outcome:** {outcome}",
-            f"- **Root cause:** {lesson.root_cause}",
-            f"- **Fix:** {lesson.fix}",
-            f"- **Source:** {origin}",
-            "",
-            "Evidence:",
-            "",
-            _fence(lesson.evidence),
-            "",
-        ]
-    if len(parts) == 2:
-        parts += ["(no lessons)", ""]
-    return "\n".join(parts)

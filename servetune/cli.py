@@ -281,6 +281,10 @@ def _drive(session: Any, study_run: Any, store: Any, trace_path: Path, tree: Any
         task = bar.add_task("preparing", total=study_run.budget.max_trials)
 
         def progress(ev: dict[str, Any]) -> None:
+            if "quarantined" in ev:  # a measurement contradicted a lesson (graph/state.py)
+                bar.console.print(f"  quarantined lesson {ev['quarantined']}: {ev['reason']}",
+                                  highlight=False, markup=False)
+                return
             if "pruned" in ev:
                 why = ev["reason"].split(":")[0]
                 bar.console.print(f"  pruned {ev['pruned']} ({why})", highlight=False,

@@ -33,13 +33,18 @@ source_app = typer.Typer(no_args_is_help=True, help="The SGLang source tree the 
 
 @mcp_app.command("lessons")
 def mcp_lessons(lessons_dir: LessonsDir = None,
+                allow_retract: Annotated[bool, typer.Option(
+                    "--allow-retract", help="operator only: also serve retract_lesson and "
+                    "restore_lesson (without it an agent can quarantine a lesson, never erase "
+                    "or revive one)")] = False,
                 ) -> None:
     """The lessons server over stdio (for Claude Code)."""
     from mcp_servers.lessons.server import main
 
     settings = load_settings()
     try:
-        main(str(lessons_dir or settings.lessons_dir), settings.embedding)
+        main(str(lessons_dir or settings.lessons_dir), settings.embedding,
+             allow_retract=allow_retract)
     except ServetuneError as e:
         fail(str(e))
 

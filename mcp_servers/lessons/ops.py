@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 
 from domain.config import ServingConfig
 from domain.lesson import FORBIDDING, STORED, Lesson, Outcome
+from domain.provenance import Contradiction, Provenance, Status, evidence_lines, now_iso
 from memory.store import LessonStore
 
 
@@ -22,6 +23,9 @@ class LessonHit(BaseModel):
 
     score: float = Field(description="cosine similarity, 0..1 (1 = same meaning)")
     lesson: Lesson
+    trusted: bool = Field(description="active and (source-verified, or learned on a real "
+                          "backend and never contradicted)")
+    trust: str = Field(description="why it is trusted or not")
 
 
 class QueryResult(BaseModel):
@@ -41,6 +45,9 @@ class LessonPage(BaseModel):
         default_factory=dict, description="id -> why: lessons of this page whose condition "
         "names no family of configs (true for every config, or a value outside its field's "
         "domain); they forbid nothing and are left out of export_skill")
+    trust: dict[str, str] = Field(
+        default_factory=dict, description="id -> 'trusted: why' or 'untrusted: why' for each "
+        "lesson of this page (each item's status says active, quarantined or retracted)")
 
 
 class AddResult(BaseModel):
@@ -59,6 +66,32 @@ class ForbiddingLesson(BaseModel):
     condition: str = Field(description="the lesson's condition, e.g. 'tp_size <= 4'")
     outcome: Outcome
     fix: str
+    trusted: bool
+    learned_on: str | None = Field(description="the backend it was learned on (null: unknown)")
+
+
+class LessonView(BaseModel):
+    """One lesson with its status, provenance and trust, as ``show_lesson`` returns it."""
+
+    lesson: Lesson
+    trusted: bool
+    trust: str = Field(description="why it is trusted or not")
+    prunes_real_backend: bool = Field(description="whether it may prune a study on a real "
+                                      "backend (local, kubernetes) while active")
+
+
+class StatusResult(BaseModel):
+    """A lesson after a status change."""
+
+    changed: bool = Field(description="false if the lesson already had this status")
+    lesson: Lesson
+
+
+class ServedResult(BaseModel):
+    """The lessons a served config contradicted and that were quarantined now."""
+
+    config_id: str
+    quarantined: list[LessonView]
 
 
 class CheckResult(BaseModel):
@@ -92,7 +125,8 @@ def query_lessons(store: LessonStore, text: str, k: int = 5, gpu: str | None = N
     hits = store.query(text, k=k, gpu=gpu, model=model, quantization=quantization)
     # STORED: a stored lesson whose condition names no family is shown, not refused
     return QueryResult.model_validate(
-        {"query": text, "hits": [{"score": s, "lesson": x} for x, s in hits]}, context=STORED)
+        {"query": text, "hits": [{"score": s, "lesson": x, "trusted": x.trust()[0],
+                                  "trust": x.trust()[1]} for x, s in hits]}, context=STORED)
 
 
 def list_lessons(store: LessonStore, gpu: str | None = None, model: str | None = None,
@@ -118,21 +152,28 @@ def list_lessons(store: LessonStore, gpu: str | None = None, model: str | None =
     end = start + max_items
     items = matching[start:end]
     ignored = {x.id: defect for x in items if (defect := x.defect()) is not None}
+    trust = {x.id: f"{'trusted' if ok else 'untrusted'}: {why}"
+             for x in items for ok, why in [x.trust()]}
     return LessonPage.model_validate(
-        {"items": items, "total": len(matching), "ignored": ignored,
+        {"items": items, "total": len(matching), "ignored": ignored, "trust": trust,
          "next_start": end if end < len(matching) else None}, context=STORED)
 
 
-def add_lesson(store: LessonStore, lesson: Lesson, run_id: str | None = None) -> AddResult:
+def add_lesson(store: LessonStore, lesson: Lesson, run_id: str | None = None,
+               backend: str | None = None) -> AddResult:
     """Store a lesson; repeating a finding merges into the stored one (idempotent).
 
     The id is always recomputed from scope + condition + outcome, so the same finding gets the
-    same id whoever reports it.
+    same id whoever reports it. A new lesson is stored active with no history and no
+    contradictions, whatever the caller sent (status changes go through :func:`set_status`
+    and :func:`report_served`); a repeat keeps the stored status.
 
     Args:
         store: the lesson store.
         lesson: the lesson.
         run_id: run to record when the lesson names none (injected by the server, not the model).
+        backend: the backend of the run the server serves (injected by the server): the
+            provenance of a lesson that names none.
 
     Raises:
         ValueError: the condition names no family of configs (``Lesson.defect``).
@@ -143,19 +184,100 @@ def add_lesson(store: LessonStore, lesson: Lesson, run_id: str | None = None) ->
     lesson = lesson.model_copy(update={"id": ""}).with_id()
     if lesson.run_id is None and run_id is not None:
         lesson = lesson.model_copy(update={"run_id": run_id})
+    if lesson.provenance is None and backend is not None:
+        lesson = lesson.model_copy(update={"provenance": default_provenance(lesson, backend)})
+    lesson = lesson.model_copy(update={"status": "active", "history": [], "contradictions": []})
     created = store.get(lesson.id) is None
     return AddResult(created=created, lesson=store.add(lesson))
 
 
-def check_config(store: LessonStore, config: ServingConfig) -> CheckResult:
-    """Which stored lessons forbid ``config``.
+def default_provenance(lesson: Lesson, backend: str) -> Provenance:
+    """The provenance of a lesson that names none, added on ``backend``'s run.
+
+    A lesson of the memory-fit estimate or of research is learned by that, whatever backend
+    the run uses; a trial's lesson on ``backend`` (twin, local, kubernetes).
+    """
+    kind = lesson.source if lesson.source in ("estimate", "research", "user") else backend
+    return Provenance.model_validate({
+        "backend": kind, "engine": lesson.scope.engine,
+        "engine_version": lesson.scope.engine_version, "run_id": lesson.run_id,
+        "trial": lesson.trial_id, "evidence": evidence_lines(lesson.evidence),
+        "learned_at": now_iso()})
+
+
+def check_config(store: LessonStore, config: ServingConfig,
+                 backend: str | None = None) -> CheckResult:
+    """Which stored lessons keep a study on ``backend`` from launching ``config``.
+
+    Active lessons only; on a real backend (local, kubernetes) a twin-learned lesson counts
+    only when source-verified (``Lesson.applies_on``). None: every active lesson.
 
     Raises:
         StoreUnavailable: the store cannot be read.
     """
     found = [ForbiddingLesson(id=x.id, title=x.title, condition=x.condition_text(),
-                              outcome=x.outcome, fix=x.fix) for x in store.forbidding(config)]
+                              outcome=x.outcome, fix=x.fix, trusted=x.trusted,
+                              learned_on=x.provenance.backend if x.provenance else None)
+             for x in store.forbidding(config, backend)]
     return CheckResult(allowed=not found, config_id=config.config_id(), forbidding=found)
+
+
+def _view(lesson: Lesson) -> LessonView:
+    ok, why = lesson.trust()
+    return LessonView.model_validate(
+        {"lesson": lesson, "trusted": ok, "trust": why,
+         "prunes_real_backend": lesson.applies_on("local")}, context=STORED)
+
+
+def show_lesson(store: LessonStore, lesson_id: str) -> LessonView:
+    """One lesson with its provenance, status history, contradictions and trust.
+
+    Raises:
+        UnknownLesson: no lesson has this id (a ``ValueError``).
+        StoreUnavailable: the store cannot be read.
+    """
+    from memory.store import UnknownLesson
+
+    lesson = store.get(lesson_id)
+    if lesson is None:
+        raise UnknownLesson(lesson_id, store.path)
+    return _view(lesson)
+
+
+def set_status(store: LessonStore, lesson_id: str, status: Status, reason: str,
+               by: str) -> StatusResult:
+    """Quarantine, retract or restore (``active``) a lesson, with the reason in its history.
+
+    Raises:
+        UnknownLesson: no lesson has this id (a ``ValueError``).
+        ValueError: an empty reason.
+        StoreUnavailable: the store cannot be written.
+    """
+    if not reason.strip():
+        raise ValueError(f"give a reason to mark lesson {lesson_id} {status}: it is kept in "
+                         "the lesson's history")
+    before = show_lesson(store, lesson_id).lesson
+    lesson = store.set_status(lesson_id, status, reason, by)
+    return StatusResult.model_validate({"changed": lesson != before, "lesson": lesson},
+                                       context=STORED)
+
+
+def report_served(store: LessonStore, config: ServingConfig, backend: str,
+                  run_id: str | None = None, trial: str | None = None,
+                  evidence: str = "") -> ServedResult:
+    """``config`` ran and served on ``backend``: quarantine the lessons that forbid it.
+
+    See ``LessonStore.contradict`` (a twin measurement does not overrule a lesson learned on
+    a real backend).
+
+    Raises:
+        ValueError: ``backend`` is not twin, local, kubernetes (or estimate, research, user).
+        StoreUnavailable: the store cannot be read or written.
+    """
+    done = store.contradict(config, Contradiction.model_validate(
+        {"backend": backend, "run_id": run_id, "trial": trial, "config_id": config.config_id(),
+         "evidence": evidence[:2_000]}))
+    return ServedResult(config_id=config.config_id(), quarantined=[_view(x) for x in done])
 
 
 SKILL_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,63}$"
@@ -187,6 +309,15 @@ def _scope_text(lesson: Lesson) -> str:
     return ", ".join(parts)
 
 
+def _provenance_lines(lesson: Lesson) -> list[str]:
+    p = lesson.provenance
+    lines = [f"  - learned: {_one_line(p.text()) if p else 'unknown provenance'}",
+             f"  - trusted: {_one_line(lesson.trust()[1])}"]
+    if p and p.evidence:
+        lines.append(f"  - evidence: `{_one_line(p.evidence[-1], 300).replace('`', chr(39))}`")
+    return lines
+
+
 def export_skill(store: LessonStore, name: str = "servetune-lessons", gpu: str | None = None,
                  model: str | None = None, quantization: str | None = None) -> SkillFile:
     """Render the stored lessons (optionally scoped) as a Claude Code skill file.
@@ -194,8 +325,11 @@ def export_skill(store: LessonStore, name: str = "servetune-lessons", gpu: str |
     Forbidding lessons (oom, does-not-fit, crash, invalid-flag, unsupported) come first as
     rules ("do not launch configs where ..."), then the informative ones (improvements,
     regressions, SLO misses). Each carries its id so a chat can cite it and look it up with
-    the lessons server's ``query_lessons``. Lessons whose condition names no family of configs
-    (``Lesson.defect``, possible only in a store written before that check) are left out.
+    the lessons server's ``query_lessons``, and its provenance (where it was learned) and why
+    it is trusted. Only trusted lessons are written (``Lesson.trust``: active and
+    source-verified, or learned on a real backend and never contradicted); lessons whose
+    condition names no family of configs (``Lesson.defect``, possible only in a store written
+    before that check) are left out too.
 
     Args:
         store: the lesson store.
@@ -211,8 +345,10 @@ def export_skill(store: LessonStore, name: str = "servetune-lessons", gpu: str |
     if not re.match(SKILL_NAME_PATTERN, name):
         raise ValueError(f"skill name {name!r}: use lowercase letters, digits and '-', starting "
                          "with a letter or digit, at most 64 characters")
-    lessons = [x for x in store.list(gpu=gpu, model=model, quantization=quantization)
-               if x.defect() is None]
+    found = [x for x in store.list(gpu=gpu, model=model, quantization=quantization)
+             if x.defect() is None]
+    lessons = [x for x in found if x.trusted]
+    untrusted = len(found) - len(lessons)
     rules = [x for x in lessons if x.outcome in FORBIDDING]
     notes = [x for x in lessons if x.outcome not in FORBIDDING]
     scope = ", ".join(f"{k} {v}" for k, v in (("GPU", gpu), ("model", model),
@@ -237,15 +373,24 @@ def export_skill(store: LessonStore, name: str = "servetune-lessons", gpu: str |
         out += [f"- **{_one_line(x.title)}** (`{x.id}`, {x.outcome}"
                 f"{', ' + x.failure_class if x.failure_class else ''})",
                 f"  - scope: {_scope_text(x)}", f"  - fails when: `{x.condition_text()}`",
-                f"  - why: {_one_line(x.root_cause)}", f"  - fix: {_one_line(x.fix)}"]
+                f"  - why: {_one_line(x.root_cause)}", f"  - fix: {_one_line(x.fix)}",
+                *_provenance_lines(x)]
     if notes:
         out += ["", "## Notes: what helped or hurt", ""]
     for x in notes:
         out += [f"- **{_one_line(x.title)}** (`{x.id}`, {x.outcome})",
                 f"  - scope: {_scope_text(x)}", f"  - when: `{x.condition_text()}`",
-                f"  - why: {_one_line(x.root_cause)}", f"  - so: {_one_line(x.fix)}"]
+                f"  - why: {_one_line(x.root_cause)}", f"  - so: {_one_line(x.fix)}",
+                *_provenance_lines(x)]
     if not lessons:
-        out += ["No lessons are stored yet for this scope: run `servetune run` first."]
+        out += ["No lessons are stored yet for this scope: run `servetune run` first."
+                if not untrusted else
+                f"No trusted lessons for this scope ({untrusted} untrusted left out: learned "
+                "on the twin without a source-verified condition, contradicted, quarantined "
+                "or retracted; see `servetune lessons show ID`)."]
+    elif untrusted:
+        out += ["", f"({untrusted} untrusted lessons of this scope are left out; see "
+                "`servetune lessons list`.)"]
     return SkillFile(name=name, path=f".claude/skills/{name}/SKILL.md",
                      lesson_count=len(lessons), content="\n".join(out) + "\n")
 

@@ -18,6 +18,7 @@ from pydantic import Field
 
 from domain.config import ServingConfig
 from domain.lesson import Lesson, Outcome
+from domain.provenance import Backend
 from mcp_servers.lessons import ops
 from mcp_servers.tool_errors import StrictMCPServer, as_tool_errors
 from memory.embeddings import EmbeddingKind
@@ -30,7 +31,9 @@ INSTRUCTIONS = (
     "Lessons learned from earlier serving trials: what failed (OOM, crash, invalid flag, "
     "unsupported backend) or helped, for which GPU/model/weights, under which config condition. "
     "Call check_config before launching a config; query_lessons to find what is known about a "
-    "symptom; add_lesson to record a new finding; export_skill to carry them into a skill file."
+    "symptom; add_lesson to record a new finding; export_skill to carry them into a skill file. "
+    "show_lesson gives a lesson's provenance, status and trust; quarantine_lesson sets aside a "
+    "lesson a measurement contradicts (it then forbids nothing)."
 )
 # Catalog keys look like 'B200', 'glm-5', 'fp8': refuse anything else (no leading '-', no spaces).
 KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,63}$"
@@ -48,16 +51,33 @@ ModelArg = Annotated[str | None, Field(
     pattern=KEY_PATTERN)]
 
 
-def build_server(store: LessonStore, run_id: str | None = None) -> MCPServer:
+LessonIdArg = Annotated[str, Field(pattern=r"^L-[0-9a-f]{10}$",
+                                   description="the lesson's id, e.g. 'L-3f2a9c01be'")]
+ReasonArg = Annotated[str, Field(min_length=3, max_length=2000, description=(
+    "why, in words (kept in the lesson's history), e.g. 'tp_size 8 served in run r7'"))]
+DESTRUCTIVE = ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=True,
+                              openWorldHint=False)
+
+
+def build_server(store: LessonStore, run_id: str | None = None, backend: str | None = None,
+                 allow_retract: bool = False) -> MCPServer:
     """An MCP server over ``store`` (held by the server; never a tool argument).
 
     Args:
         store: the lesson store; the caller keeps ownership (and closes it).
         run_id: recorded on lessons added through ``add_lesson`` that name no run.
+        backend: the backend of the run this server serves (twin, local, kubernetes):
+            the provenance of lessons added without one, the measurements of
+            ``report_served``, and the default backend ``check_config`` prunes for. None
+            (a standalone server): the caller names it.
+        allow_retract: also register ``retract_lesson`` and ``restore_lesson`` (the
+            operator's ``servetune mcp lessons --allow-retract``); without it an agent can
+            quarantine a lesson but never erase or revive one.
 
     Returns:
         The server, with tools query_lessons, list_lessons, add_lesson, check_config,
-        export_skill and diagnose_log.
+        export_skill, diagnose_log, show_lesson, quarantine_lesson and report_served (and
+        retract_lesson, restore_lesson with ``allow_retract``).
     """
     server = StrictMCPServer(SERVER_NAME, instructions=INSTRUCTIONS)
 
@@ -101,19 +121,23 @@ def build_server(store: LessonStore, run_id: str | None = None) -> MCPServer:
     ) -> ops.AddResult:
         """Record a lesson. Adding the same finding again merges into the stored lesson."""
         with as_tool_errors(ValueError, StoreUnavailable):
-            return ops.add_lesson(store, lesson, run_id=run_id)
+            return ops.add_lesson(store, lesson, run_id=run_id, backend=backend)
 
     @server.tool(annotations=READ_ONLY)
     def check_config(
         config: Annotated[ServingConfig, Field(description="the serving config to check")],
+        on: Annotated[Backend | None, Field(description=(
+            "where it will run: twin, local or kubernetes; on a real backend a lesson learned "
+            "on the twin counts only when source-verified (default: this server's run's "
+            "backend, else every active lesson counts)"))] = None,
     ) -> ops.CheckResult:
         """Check a serving config against stored lessons before launching it.
 
         Returns allowed=false and the forbidding lessons (with their fixes) when a known failure
-        covers this config.
+        covers this config. Quarantined and retracted lessons forbid nothing.
         """
         with as_tool_errors(ValueError, StoreUnavailable):
-            return ops.check_config(store, config)
+            return ops.check_config(store, config, on or backend)
 
     @server.tool(annotations=READ_ONLY)
     def export_skill(
@@ -156,6 +180,7 @@ def build_server(store: LessonStore, run_id: str | None = None) -> MCPServer:
         with as_tool_errors(ValueError):
             return ops.diagnose_log(log, engine=engine, version=version, gpu=gpu, model=model)
 
+    _status_tools(server, store, backend, run_id, allow_retract)
     _add_check_command(server, store)
     return server
 
@@ -186,12 +211,79 @@ def _add_check_command(server: MCPServer, store: LessonStore) -> None:
             return ops.check_command(store, command, gpu, gpus=gpus, version=version)
 
 
-def main(store_path: str, embedding: EmbeddingKind = "auto") -> None:
+def _status_tools(server: MCPServer, store: LessonStore, backend: str | None,
+                  run_id: str | None, allow_retract: bool) -> None:
+    """show_lesson, quarantine_lesson, report_served; retract/restore only for the operator."""
+
+    @server.tool(annotations=READ_ONLY)
+    def show_lesson(lesson_id: LessonIdArg) -> ops.LessonView:
+        """One lesson: provenance, status history, contradicting measurements, trust.
+
+        Provenance is where it was learned: backend, engine and version, image, run, trial and
+        evidence lines.
+        """
+        with as_tool_errors(ValueError, StoreUnavailable):
+            return ops.show_lesson(store, lesson_id)
+
+    @server.tool(annotations=WRITE_IDEMPOTENT)
+    def quarantine_lesson(lesson_id: LessonIdArg, reason: ReasonArg) -> ops.StatusResult:
+        """Quarantine a lesson: it forbids nothing and is not exported; the evidence stays.
+
+        Use when a measurement contradicts it. Only an operator can restore it.
+        """
+        with as_tool_errors(ValueError, StoreUnavailable):
+            return ops.set_status(store, lesson_id, "quarantined", reason, by="agent (mcp)")
+
+    @server.tool(annotations=WRITE_IDEMPOTENT)
+    def report_served(
+        config: Annotated[ServingConfig, Field(description="a config that ran and served: "
+                                               "ready, and benchmarked with a valid result")],
+        trial: Annotated[str | None, Field(max_length=300, description=(
+            "the trial (ledger key) that measured it"))] = None,
+        evidence: Annotated[str, Field(max_length=2000, description=(
+            "what it measured, e.g. 'saturation 1234 tok/s/GPU, 0 errors'"))] = "",
+        on: Annotated[Backend | None, Field(description=(
+            "where it ran (default: this server's run's backend)"))] = None,
+    ) -> ops.ServedResult:
+        """Record that a config served; every active lesson that forbids it is quarantined.
+
+        A twin measurement does not overrule a lesson learned on a real backend.
+        """
+        with as_tool_errors(ValueError, StoreUnavailable):
+            where = on or backend
+            if where is None:
+                raise ValueError("name where the config ran: on='twin', 'local' or "
+                                 "'kubernetes'")
+            return ops.report_served(store, config, where, run_id=run_id,
+                                     trial=trial, evidence=evidence)
+
+    if not allow_retract:
+        return
+
+    @server.tool(annotations=DESTRUCTIVE)
+    def retract_lesson(lesson_id: LessonIdArg, reason: ReasonArg) -> ops.StatusResult:
+        """Retract a lesson (operator only): it forbids nothing and is never exported.
+
+        Its evidence and history stay in the store.
+        """
+        with as_tool_errors(ValueError, StoreUnavailable):
+            return ops.set_status(store, lesson_id, "retracted", reason, by="operator (mcp)")
+
+    @server.tool(annotations=DESTRUCTIVE)
+    def restore_lesson(lesson_id: LessonIdArg, reason: ReasonArg) -> ops.StatusResult:
+        """Make a quarantined or retracted lesson active again (operator only)."""
+        with as_tool_errors(ValueError, StoreUnavailable):
+            return ops.set_status(store, lesson_id, "active", reason, by="operator (mcp)")
+
+
+def main(store_path: str, embedding: EmbeddingKind = "auto",
+         allow_retract: bool = False) -> None:
     """Serve the lessons in ``store_path`` over stdio until the client disconnects.
 
     Args:
         store_path: lesson store directory (created if missing).
         embedding: embedding kind for a new store (see ``memory.store.LessonStore``).
+        allow_retract: register retract_lesson and restore_lesson (operator's flag).
 
     Raises:
         StoreUnavailable: if the store cannot be opened.
@@ -201,6 +293,6 @@ def main(store_path: str, embedding: EmbeddingKind = "auto") -> None:
     store = LessonStore(store_path, embedding=embedding)
     log.info("serving %d lessons from %s over stdio", store.count(), store.path)
     try:
-        build_server(store).run()
+        build_server(store, allow_retract=allow_retract).run()
     finally:
         store.close()

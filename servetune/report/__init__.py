@@ -21,6 +21,7 @@ from domain.study import Study
 from domain.trial import Trial
 from domain.usage import LLM_CALLS, read_llm_calls
 from servetune.faults_report import faults_section, read_events
+from servetune.lessons_report import quarantine_section
 from servetune.report.agents import _agents_section, _lessons_section, _research_section
 from servetune.report.format import _write_atomic
 from servetune.report.plots import (
@@ -114,6 +115,7 @@ def render_report(run_dir: Path, study: Study, trials: list[Trial], lessons: lis
     lines += _agents_section(trials, brains, extra_usage or {}, prices,
                              read_llm_calls(run_dir / LLM_CALLS))
     lines += faults_section(study, run_dir / "events.jsonl")
+    lines += quarantine_section(run_dir / "events.jsonl")
     lines += _lessons_section(lessons)
 
     path = run_dir / "report.md"

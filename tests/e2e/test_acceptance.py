@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from fixtures.cli import tiny_study, write
+from fixtures.lesson_invariants import assert_no_contradicted
 from mcp import Client
 
 from agents.analyst import Analyst, Verdict, acceptance, check_verdict, gates
@@ -212,6 +213,7 @@ def run_tiny(tmp: Path, store, *, noise: float, repeats: int | None, env_repeats
         knobs=SMALL_GAIN_KNOBS, acceptance={"repeats": repeats, "twin_noise_pct": noise})))
     asyncio.run(run_study(study, "acc", tmp / "run", store, [Path(study.replay.trace).parent],
                           research=False, repeats=env_repeats))
+    assert_no_contradicted(tmp / "run", store)
     led = Ledger(tmp / "run" / "ledger.sqlite")
     try:
         return study, led.trials()

@@ -17,6 +17,7 @@ import pytest
 from fixtures.anthropic_script import Scripted, msg, tool_use
 from fixtures.anthropic_stub import State, answer
 from fixtures.cli import tiny_study, write
+from fixtures.lesson_invariants import assert_no_contradicted
 from mcp import Client
 
 from agents.analyst import ClaudeAnalyst, Verdict, check_verdict
@@ -309,6 +310,7 @@ async def test_analyst_invalid_twice_marks_the_trial_failed_and_the_study_goes_o
     trace = Path(study.replay.trace)
     out = await run_study(study, "cb1", tmp_path / "run", store, [trace.parent], research=False,
                           claude=ClaudeSetup(client=client, model="claude-test"))
+    assert_no_contradicted(tmp_path / "run", store)
     trials = search_trials(tmp_path / "run")
     failed = next(t for t in trials if t.changed == broken)
     assert failed.status == "failed" and failed.objective is None
@@ -353,6 +355,7 @@ async def test_planner_modify_after_research_launches_the_alternative(study, sto
     trace = Path(study.replay.trace)
     await run_study(study, "cb2", tmp_path / "run", store, [trace.parent], source_tree=tree,
                     claude=ClaudeSetup(client=client, model="claude-test"))
+    assert_no_contradicted(tmp_path / "run", store)
     trials = search_trials(tmp_path / "run")
     assert decisions, "the planner was never asked about fa3"
     fa3 = next(t for t in trials if t.changed == "attention_backend=fa3")

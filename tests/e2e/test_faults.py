@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from fixtures.cli import tiny_study, write
 from fixtures.configs import serving_config
+from fixtures.lesson_invariants import assert_no_contradicted
 from mcp import Client
 
 from agents.mcp_tools import TRANSIENT_RETRIES, call
@@ -170,6 +171,7 @@ def faulty_run(tmp_path_factory):
         out = asyncio.run(run_study(study, "faults", tmp / "run", store,
                                     [Path(study.replay.trace).parent], research=False,
                                     backend=backend))
+        assert_no_contradicted(tmp / "run", store)
     finally:
         store.close()
     led = Ledger(tmp / "run" / "ledger.sqlite")

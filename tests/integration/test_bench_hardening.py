@@ -242,7 +242,8 @@ async def test_d9_budget_stops_the_simulation_loop(tmp_path, monkeypatch):
         r = await b.call_tool("run_saturation", {"deployment": "d1", **HEAVY})
         took = time.monotonic() - t0
     text = r.content[0].text
-    assert r.is_error and took < 0.5 + 1.5, (took, text)
+    # the budget (0.5 s) stops it, not the run's end; the bound leaves room for a loaded machine
+    assert r.is_error and took < 0.5 + 4.5, (took, text)
     assert "compute budget" in text and "0.5 s" in text, text
     assert one_line_error(text), text
     assert not simulating()

@@ -115,7 +115,12 @@ def refusal(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_mcp_tools_command_lists_a_server(tmp_path):
     r = run_cli(tmp_path, "mcp", "tools", "lessons")
     assert r.returncode == 0, r.stderr
-    assert "servetune mcp lessons: 5 tools" in r.stdout and "check_config" in r.stdout
+    tools = ("query_lessons", "list_lessons", "add_lesson", "check_config", "export_skill",
+             "show_lesson", "quarantine_lesson", "report_served", "check_command")
+    listed = re.search(r"servetune mcp lessons: (\d+) tools", r.stdout)
+    assert listed and int(listed.group(1)) >= len(tools), r.stdout
+    assert all(t in r.stdout for t in tools), r.stdout
+    assert "retract_lesson" not in r.stdout  # only with the operator's --allow-retract
     bad = run_cli(tmp_path, "mcp", "tools", "kubectl")
     assert bad.returncode == 2 and "unknown server 'kubectl'" in bad.stderr
 

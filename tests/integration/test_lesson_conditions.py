@@ -34,7 +34,8 @@ CONFIG = {"model": "glm-5", "gpu": "B200", "weights": "fp8", "tp_size": 8}
 
 def payload(*clauses: dict[str, Any], outcome: str = "crash") -> dict[str, Any]:
     return {"title": "everything crashes", "scope": {}, "condition": list(clauses),
-            "outcome": outcome, "root_cause": "x", "fix": "y", "evidence": "z"}
+            "outcome": outcome, "root_cause": "x", "fix": "y", "evidence": "z",
+            "provenance": {"backend": "local"}}  # learned on a real server: exported
 
 
 @pytest.fixture

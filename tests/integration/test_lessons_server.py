@@ -11,6 +11,7 @@ import yaml
 from mcp import Client, StdioServerParameters
 
 from domain.lesson import Clause, Lesson, Scope
+from domain.provenance import Provenance
 from mcp_servers.lessons import ops
 from mcp_servers.lessons.server import build_server
 from memory.store import LessonStore
@@ -25,7 +26,8 @@ def lesson(title: str, gpu: str | None, field: str, op: str, value: object, outc
     return Lesson(title=title, scope=Scope(gpu=gpu, model="glm-5"),
                   condition=[Clause(field=field, op=op, value=value)], outcome=outcome,
                   root_cause=f"cause of {title}", fix=f"fix for {title}",
-                  evidence=f"log of {title}", **extra)
+                  evidence=f"log of {title}",
+                  **({"provenance": Provenance(backend="local")} | extra))
 
 
 OOM = lesson("FP8 weights do not fit on 4 B200 GPUs: CUDA out of memory at weight load", "B200",
@@ -78,11 +80,12 @@ def test_ops_add_recomputes_id_and_stamps_run(store):
 async def test_tools_are_listed_with_descriptions_and_annotations(store):
     async with Client(build_server(store)) as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
-    assert set(tools) == {"query_lessons", "list_lessons", "add_lesson", "check_config",
-                          "export_skill", "check_command", "diagnose_log"}
-    assert {n: t.annotations.read_only_hint for n, t in tools.items()} == {
-        "query_lessons": True, "list_lessons": True, "add_lesson": False, "check_config": True,
-        "export_skill": True, "check_command": True, "diagnose_log": True}
+    hints = {"query_lessons": True, "list_lessons": True, "add_lesson": False,
+             "check_config": True, "export_skill": True, "check_command": True,
+             "show_lesson": True, "quarantine_lesson": False, "report_served": False,
+             "diagnose_log": True}
+    assert set(tools) == set(hints)  # retract/restore: only with the operator flag
+    assert {n: t.annotations.read_only_hint for n, t in tools.items()} == hints
     assert tools["add_lesson"].annotations.idempotent_hint is True
     assert tools["add_lesson"].annotations.destructive_hint is False
     assert tools["query_lessons"].description.startswith("Search lessons by meaning")
@@ -90,7 +93,8 @@ async def test_tools_are_listed_with_descriptions_and_annotations(store):
     assert props["k"]["description"] == "at most this many hits"
     assert (props["k"]["minimum"], props["k"]["maximum"]) == (1, 50)
     assert "store" not in tools["query_lessons"].input_schema["properties"]
-    assert list(tools["check_config"].input_schema["properties"]) == ["config"]
+    assert list(tools["check_config"].input_schema["properties"]) == ["config", "on"]
+    assert tools["quarantine_lesson"].input_schema["required"] == ["lesson_id", "reason"]
 
 
 async def test_query_lessons_tool(store):
@@ -228,7 +232,8 @@ async def test_stdio_round_trip(tmp_path):
             names = sorted(t.name for t in (await client.list_tools()).tools)
             r = await client.call_tool("list_lessons", {"gpu": "H200"})
     assert names == ["add_lesson", "check_command", "check_config", "diagnose_log",
-                     "export_skill", "list_lessons", "query_lessons"]
+                     "export_skill", "list_lessons", "quarantine_lesson", "query_lessons",
+                     "report_served", "show_lesson"]
     assert not r.is_error
     assert [x["title"] for x in r.structured_content["items"]] == [KV.title]
     assert r.structured_content["next_start"] is None

@@ -176,7 +176,9 @@ def secret_lesson() -> dict[str, Any]:
             "condition": [{"field": "attention_backend", "op": "eq", "value": "fa3"}],
             "outcome": "unsupported", "failure_class": "UNSUPPORTED_BACKEND",
             "root_cause": f"startup failed; env had OPENAI_API_KEY={OPENAI}",
-            "fix": f"do not pass {SECRET_TEXT}", "evidence": f"log: {SECRET_TEXT}"}
+            "fix": f"do not pass {SECRET_TEXT}", "evidence": f"log: {SECRET_TEXT}",
+            "provenance": {"backend": "kubernetes", "image": f"registry/sglang:{HF}",
+                           "evidence": [f"log: {SECRET_TEXT}"], "run_id": OPENAI}}
 
 
 def leaks(text: str) -> list[str]:
