@@ -248,7 +248,8 @@ def diagnosis_lesson(config: ServingConfig, d: Diagnosis, log_tail: Sequence[str
     """The lesson a diagnosed log teaches for ``config`` (what ``servetune diagnose`` prints).
 
     ``verified`` and ``source_site`` are the diagnosis's (source-grounded or not); the lesson's
-    source is ``user`` (a log handed in, no run or trial of servetune's).
+    source and provenance backend are ``user`` (a log a person handed in, no run or trial of
+    servetune's), with the log's last lines as its evidence.
 
     Raises:
         NoLesson: the class is transient or its rule cannot name the failing setting for
@@ -262,5 +263,11 @@ def diagnosis_lesson(config: ServingConfig, d: Diagnosis, log_tail: Sequence[str
     except ValueError as e:  # the condition names no family (e.g. a default-only clause)
         raise NoLesson(f"the {d.failure_class} rule names no family for this config: {e}") \
             from e
+    from domain.provenance import Provenance, evidence_lines, now_iso
+
+    prov = Provenance(backend="user", engine=config.engine,
+                      engine_version=config.engine_version,
+                      evidence=evidence_lines(lesson.evidence), learned_at=now_iso())
     return lesson.model_copy(update={"verified": d.verified, "source_site": d.source,
-                                     "source": "user", "run_id": None, "trial_id": None})
+                                     "source": "user", "run_id": None, "trial_id": None,
+                                     "provenance": prov})
