@@ -12,7 +12,8 @@ guard tests:
   9 for H100/H200; ``is_blackwell()`` is ``sm_major in [10, 11, 12]`` in SGLang 0.5.23,
   ``sglang/srt/utils/common.py:297``).
 * :class:`PlatformAtom`: the device platform (``is_cuda()``, ``is_hip()``, ...).
-* :class:`ModelAtom`: a property of the model (its HF config, MLA or not, ...).
+* :class:`ModelAtom`: a property of the model (its HF config, MLA or not, ...); its value
+  is not known here, so it decides nothing, and a lesson that needs it names the model.
 * :class:`OpaqueAtom`: anything else (a function argument, a loop variable, a call result).
 
 :func:`grounded_condition` builds a lesson's scope and condition from exactly the atoms of one
@@ -201,9 +202,7 @@ def _atom_holds(config: ServingConfig, atom: Atom) -> bool | None:
         return atom.holds(get_gpu(config.gpu).sm_major)
     if isinstance(atom, PlatformAtom):
         return atom.holds()
-    if isinstance(atom, ModelAtom):
-        return True  # the model failed here: its properties are what they are
-    return None
+    return None  # a model property or an opaque value: the config does not say
 
 
 def _clause(config: ServingConfig, atom: FlagAtom) -> Clause | None:
@@ -234,12 +233,40 @@ def _clause(config: ServingConfig, atom: FlagAtom) -> Clause | None:
     raise NotGrounded(f"no lesson clause can express {atom.text} for {atom.dest}={v!r}")
 
 
+def _forceable(atom: Atom) -> bool:
+    """Whether the lesson pins the atom's inputs.
+
+    True for a model property (the scope names the model) and for a comparison of a flag the
+    config states (or that sits at a literal default).
+    """
+    if isinstance(atom, ModelAtom):
+        return True
+    return isinstance(atom, FlagAtom) and atom.op == "compared" and (
+        atom.dest in ServingConfig.model_fields or atom.default_known)
+
+
+def _build(config: ServingConfig, conj: list[Atom]) -> tuple[Scope, list[Clause]]:
+    clauses: list[Clause] = []
+    for a in conj:
+        if isinstance(a, FlagAtom) and (c := _clause(config, a)) is not None \
+                and c not in clauses:
+            clauses.append(c)
+    sm = get_gpu(config.gpu).sm_major if any(isinstance(a, SmAtom) for a in conj) else None
+    model = any(isinstance(a, ModelAtom) for a in conj)
+    scope = Scope(engine=config.engine, engine_version=config.engine_version, sm_major=sm,
+                  model=config.model if model else None,
+                  quantization=config.weights if model else None)
+    return scope, clauses
+
+
 def grounded_condition(config: ServingConfig, facts: GuardFacts) -> tuple[Scope, list[Clause]]:
     """The lesson scope and condition for ``config`` failing at the site of ``facts``.
 
     Picks the first conjunction of the guard whose every atom the config satisfies (flag atoms
     read the config's field, or the flag's declared default for a flag ServingConfig does not
-    hold; SM atoms the GPU's ``sm_major``), and turns exactly its atoms into the lesson:
+    hold; SM atoms the GPU's ``sm_major``); when none is decided true but exactly one is not
+    false, that one held (the config failed at this site), its model properties and the
+    comparisons of its flags with non-literals included. Exactly its atoms become the lesson:
 
     * a flag compared with a literal gives that clause (``mm_attention_backend eq 'fa3'``);
       a truth test or a comparison with a non-literal gives ``field eq <failing value>``; a
@@ -257,26 +284,23 @@ def grounded_condition(config: ServingConfig, facts: GuardFacts) -> tuple[Scope,
         NotGrounded: no conjunction holds for the config, or the one that holds tests a
             function argument or another value the config cannot express (an opaque atom).
     """
+    truths = [[_atom_holds(config, a) for a in conj] for conj in facts.disjuncts]
+    open_ = [i for i, t in enumerate(truths) if False not in t]
+    chosen = next((i for i in open_ if all(t is True for t in truths[i])), None)
     reasons: list[str] = []
-    for conj in facts.disjuncts:
-        truth = [_atom_holds(config, a) for a in conj]
-        if any(t is False for t in truth):
-            continue
-        unknown = [a.text for a, t in zip(conj, truth, strict=True) if t is None]
-        if unknown:
-            reasons.append(f"it tests {'; '.join(unknown)}, which the config does not state")
-            continue
-        clauses: list[Clause] = []
-        for a in conj:
-            if isinstance(a, FlagAtom) and (c := _clause(config, a)) is not None \
-                    and c not in clauses:
-                clauses.append(c)
-        sm = get_gpu(config.gpu).sm_major if any(isinstance(a, SmAtom) for a in conj) else None
-        model = any(isinstance(a, ModelAtom) for a in conj)
-        scope = Scope(engine=config.engine, engine_version=config.engine_version, sm_major=sm,
-                      model=config.model if model else None,
-                      quantization=config.weights if model else None)
-        return scope, clauses
+    if chosen is None and len(open_) == 1 and not facts.truncated:
+        # The config failed here, so some conjunction held, and every other one is false for
+        # it: this one held, its comparisons with non-literals included.
+        i = open_[0]
+        if all(t is True or _forceable(a) for a, t in zip(facts.disjuncts[i], truths[i],
+                                                           strict=True)):
+            chosen = i
+    if chosen is not None:
+        return _build(config, facts.disjuncts[chosen])
+    for i in open_:
+        unknown = [a.text for a, t in zip(facts.disjuncts[i], truths[i], strict=True)
+                   if t is None]
+        reasons.append(f"it tests {'; '.join(unknown)}, which the config does not state")
     why = "; ".join(reasons) if reasons else "no branch of the guard holds for this config"
     raise NotGrounded(f"the guard of {facts.site} ({facts.guard}) gives no condition for this "
                       f"config: {why}")

@@ -262,8 +262,8 @@ class GuardReader:
             return [d for p in parts for d in p][:MAX_DISJUNCTS * 4]
         if isinstance(e, ast.Compare):
             pairs = list(zip([e.left, *e.comparators[:-1]], e.ops, e.comparators, strict=True))
-            atoms = [self._pair(a, op, b, positive) for a, op, b in pairs]
-            return [atoms] if positive else [[a] for a in atoms]
+            groups = [self._pair(a, op, b, positive) for a, op, b in pairs]
+            return [[a for g in groups for a in g]] if positive else groups
         return [[self._truth(e, positive)]]
 
     def _text(self, e: ast.AST, positive: bool) -> str:
@@ -294,7 +294,39 @@ class GuardReader:
         return FlagAtom(dest=r.name, op=op, value=value, default=default,  # type: ignore[arg-type]
                         default_known=src is None, text=text, via=r.via)
 
-    def _pair(self, a: ast.expr, op: ast.cmpop, b: ast.expr, positive: bool) -> Atom:
+    def _arith_flags(self, e: ast.expr) -> list[Ref] | None:
+        """The flags of an arithmetic expression over flags and literals, else None."""
+        if _literal(e) is not _NOLIT:
+            return []
+        if isinstance(e, ast.BinOp):
+            left, right = self._arith_flags(e.left), self._arith_flags(e.right)
+            return None if left is None or right is None else left + right
+        if isinstance(e, ast.UnaryOp) and isinstance(e.op, (ast.USub, ast.UAdd)):
+            return self._arith_flags(e.operand)
+        r = self.ref(e)
+        return [r] if r is not None and r.kind in ("flag", "model") else None
+
+    def _pair(self, a: ast.expr, op: ast.cmpop, b: ast.expr, positive: bool) -> list[Atom]:
+        """The atoms of one comparison: one, or one per flag of an arithmetic comparison.
+
+        ``(cfg.tp_size * cfg.pp_size) % cfg.nnodes != 0`` gives a ``compared`` atom for each
+        flag (together they hold for the failing values), and a comparison with a model
+        property (``num_heads % cfg.tp_size``) a model atom too.
+        """
+        single = self._one(a, op, b, positive)
+        if not isinstance(single, OpaqueAtom):
+            return [single]
+        fa, fb = self._arith_flags(a), self._arith_flags(b)
+        if fa is None or fb is None or not any(r.kind == "flag" for r in fa + fb):
+            return [single]
+        flags: dict[str, Ref] = {r.name: r for r in fa + fb if r.kind == "flag"}
+        atoms: list[Atom] = [self._flag(r, "compared", None, single.text)
+                             for r in flags.values()]
+        if any(r.kind == "model" for r in fa + fb):
+            atoms.append(ModelAtom(text=single.text))
+        return atoms
+
+    def _one(self, a: ast.expr, op: ast.cmpop, b: ast.expr, positive: bool) -> Atom:
         name = _OPS[type(op)]
         if not positive:
             name = _NEG[name]
@@ -322,13 +354,7 @@ class GuardReader:
             if ra.kind == "model":
                 return ModelAtom(text=text)
             return OpaqueAtom(text=text)
-        if la is _NOLIT and lb is _NOLIT and ra is not None and rb is not None \
-                and {ra.kind, rb.kind} <= {"flag", "model"}:
-            flag = ra if ra.kind == "flag" else rb
-            if ra.kind == rb.kind == "flag":
-                return OpaqueAtom(text=text)  # two flags: one atom cannot hold both
-            return self._flag(flag, "compared", None, text)
-        return OpaqueAtom(text=text)
+        return OpaqueAtom(text=text)  # flags against non-literals: see _pair
 
     # -- evaluation ----------------------------------------------------------------------------
 

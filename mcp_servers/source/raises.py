@@ -17,11 +17,12 @@ about; parsing the whole 0.5.23 wheel at once would take ~13 s).
 from __future__ import annotations
 
 import ast
+import math
 import re
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import regex
 from pydantic import BaseModel, Field
@@ -29,13 +30,14 @@ from pydantic import BaseModel, Field
 from domain.grounding import GuardFacts
 from mcp_servers.source.flags import FlagInventory
 from mcp_servers.source.guards import GuardReader
-from mcp_servers.source.scan import STAGE_RANK, is_test, negate, short, stage
+from mcp_servers.source.scan import STAGE_RANK, is_test, lines_of, negate, short, stage, units
 from mcp_servers.source.tree import SourceError, SourceTree
 
 MAX_MESSAGE_CHARS = 4_000
 MIN_LITERAL_CHARS = 8  # a template with fewer literal characters matches too much
 MIN_LITERAL_SHARE = 0.4  # its literals must cover this share of the message
-MATCH_BUDGET_S = 2.0
+MATCH_BUDGET_S = 0.5  # one template's regex against the message
+MAX_NEEDLES = 12  # word n-grams of a message searched for in the file texts
 SERVING_PREFIX = "sglang/srt/"  # the serving runtime; its sites rank before other packages'
 _EXC_RE = re.compile(r"^(?:.*?[\s:(\[])?((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|"
                      r"Exit|Interrupt|Warning))\s*:\s*(.+)$", re.S)
@@ -62,6 +64,9 @@ class RaiseSite(BaseModel):
     guard: str = Field(description="the condition under which it raises, as source text: "
                                    "enclosing if tests, early exits passed, the negated assert "
                                    "test ('True' when unconditional)")
+    reached_only_if: list[str] = Field(description="earlier checks that raise (`if c: raise` "
+                                       "gives `not c`): a config failing them fails there "
+                                       "first, so they are not part of the guard")
     flags: list[str] = Field(description="flag dests the guard tests")
     hardware: list[str] = Field(description="hardware facts the guard tests, as source text")
     tests_model: bool = Field(description="the guard tests a property of the model")
@@ -85,11 +90,13 @@ class _Site:
     line: int
     kind: str
     exception: str
-    func: str
-    cls: str
-    fn: ast.FunctionDef | ast.AsyncFunctionDef | None
-    conds: list[ast.expr]
+    at: _Where
+    conds: list[ast.expr]  # all hold when it raises
     parts: list[str | None]  # literal text, or None for a formatted part
+
+    @property
+    def func(self) -> str:
+        return self.at.func
 
     @property
     def literal(self) -> int:
@@ -191,49 +198,66 @@ def _exception(exc: ast.expr | None) -> tuple[str, ast.expr | None]:
     return (ast.unparse(exc).rsplit(".", 1)[-1] if exc is not None else "(re-raise)"), None
 
 
-def _walk(body: list[ast.stmt], conds: list[ast.expr], func: str, cls: str,
-          fn: ast.FunctionDef | ast.AsyncFunctionDef | None, rel: str,
-          out: list[_Site]) -> None:
-    conds = list(conds)
+@dataclass(frozen=True)
+class _Where:
+    func: str
+    cls: str
+    fn: ast.FunctionDef | ast.AsyncFunctionDef | None
+    conds: tuple[ast.expr, ...] = ()  # the guard: enclosing if tests, quiet early exits
+    passed: tuple[ast.expr, ...] = ()  # earlier `if c: raise` checks: `not c` holds here
+
+    def under(self, *c: ast.expr) -> _Where:
+        return replace(self, conds=(*self.conds, *c))
+
+
+def _walk(body: list[ast.stmt], at: _Where, rel: str, out: list[_Site]) -> None:
+    """Collect the raise / assert sites under ``body`` with their guards.
+
+    An early exit ``if c: return`` (or continue / break) passed before a site adds ``not c``
+    to its guard: had ``c`` held, it would not be reached. An earlier ``if c: raise`` adds
+    ``not c`` to ``reached_only_if`` only: a config with ``c`` fails there anyway.
+    """
     for st in body:
         if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            name = f"{cls}.{st.name}" if cls else st.name
-            _walk(st.body, [], name, cls, st, rel, out)
+            name = f"{at.cls}.{st.name}" if at.cls else st.name
+            _walk(st.body, _Where(name, at.cls, st), rel, out)
         elif isinstance(st, ast.ClassDef):
-            _walk(st.body, [], func, st.name, fn, rel, out)
+            _walk(st.body, _Where(at.func, st.name, at.fn), rel, out)
         elif isinstance(st, ast.If):
-            _walk(st.body, [*conds, st.test], func, cls, fn, rel, out)
-            _walk(st.orelse, [*conds, negate(st.test)], func, cls, fn, rel, out)
+            _walk(st.body, at.under(st.test), rel, out)
+            _walk(st.orelse, at.under(negate(st.test)), rel, out)
         elif isinstance(st, ast.Raise):
             exc, msg = _exception(st.exc)
             if msg is not None:
-                out.append(_Site(rel, st.lineno, "raise", exc, func, cls, fn, conds,
-                                 _parts(msg, fn)))
+                out.append(_Site(rel, st.lineno, "raise", exc, at, list(at.conds),
+                                 _parts(msg, at.fn)))
         elif isinstance(st, ast.Assert):
             if st.msg is not None:
-                out.append(_Site(rel, st.lineno, "assert", "AssertionError", func, cls, fn,
-                                 [*conds, negate(st.test)], _parts(st.msg, fn)))
+                out.append(_Site(rel, st.lineno, "assert", "AssertionError", at,
+                                 [*at.conds, negate(st.test)], _parts(st.msg, at.fn)))
         elif isinstance(st, ast.Try) or type(st).__name__ == "TryStar":
-            _walk(st.body, conds, func, cls, fn, rel, out)  # type: ignore[attr-defined]
+            _walk(st.body, at, rel, out)  # type: ignore[attr-defined]
             for h in st.handlers:  # type: ignore[attr-defined]
                 caught = ast.Name(id=f"<caught {ast.unparse(h.type) if h.type else 'any'}>")
-                _walk(h.body, [*conds, caught], func, cls, fn, rel, out)
-            _walk(st.orelse + st.finalbody, conds, func, cls, fn, rel,  # type: ignore
-                  out)
+                _walk(h.body, at.under(caught), rel, out)
+            _walk(st.orelse + st.finalbody, at, rel, out)  # type: ignore[attr-defined]
         elif isinstance(st, (ast.For, ast.AsyncFor, ast.While)):
-            _walk(st.body + st.orelse, conds, func, cls, fn, rel, out)
+            _walk(st.body + st.orelse, at, rel, out)
         elif isinstance(st, (ast.With, ast.AsyncWith)):
-            _walk(st.body, conds, func, cls, fn, rel, out)
+            _walk(st.body, at, rel, out)
         elif isinstance(st, ast.Match):
             for c in st.cases:
-                _walk(c.body, [*conds, ast.Name(id=f"<case {ast.unparse(c.pattern)}>")],
-                      func, cls, fn, rel, out)
-        if isinstance(st, ast.If) and st.body and isinstance(st.body[-1], _QUIET) \
-                and not st.orelse:
-            conds.append(negate(st.test))  # `if c: return` before: not c holds below
+                _walk(c.body, at.under(ast.Name(id=f"<case {ast.unparse(c.pattern)}>")), rel,
+                      out)
+        if isinstance(st, ast.If) and st.body and not st.orelse:
+            if isinstance(st.body[-1], _QUIET):
+                at = at.under(negate(st.test))
+            elif isinstance(st.body[-1], ast.Raise):
+                at = replace(at, passed=(*at.passed, negate(st.test)))
 
 
 def _file_sites(tree: SourceTree, rel: str) -> list[_Site]:
+    """Every site of file ``rel`` (parsed once per tree, then kept)."""
     with _LOCK:
         per_tree = _CACHE.setdefault(tree, {})
         if rel in per_tree:
@@ -241,41 +265,92 @@ def _file_sites(tree: SourceTree, rel: str) -> list[_Site]:
     mod = tree.parse(rel)
     sites: list[_Site] = []
     if mod is not None:
-        _walk(mod.body, [], "<module>", "", None, rel, sites)
+        _walk(mod.body, _Where("<module>", "", None), rel, sites)
     with _LOCK:
         per_tree[rel] = sites
     return sites
 
 
-def _needles(message: str) -> list[str]:
-    words = _WORD_RE.findall(message)
-    grams = [" ".join(words[i:i + 3]) for i in range(max(0, len(words) - 2))]
-    if not grams:
-        grams = sorted((w for w in words if len(w) >= 5), key=len, reverse=True)[:2]
-    return list(dict.fromkeys(grams))[:40]
+def _sites_near(tree: SourceTree, rel: str, needles: list[str]) -> list[_Site]:
+    """The sites of the functions of ``rel`` whose text holds a needle.
 
-
-def _candidate_files(tree: SourceTree, text: str, include_tests: bool) -> list[str]:
-    """Python files holding the most of the message's word trigrams.
-
-    A file is kept when it holds at least half as many as the best file: the file of the
-    template holds the trigrams of its literal parts.
+    Each such function is cut out and parsed alone (:func:`mcp_servers.source.scan.units`)
+    and kept per tree; the whole file is parsed when a needle lies outside any function.
     """
-    needles = _needles(text)
-    counts: dict[str, int] = {}
-    for rel, body in tree.texts.items():
-        if rel.endswith(".py") and (include_tests or not is_test(rel)):
-            n = sum(1 for x in needles if x in body)
-            if n:
-                counts[rel] = n
-    best = max(counts.values(), default=0)
-    return sorted(rel for rel, n in counts.items() if 2 * n >= best)
+    with _LOCK:
+        per_tree = _CACHE.setdefault(tree, {})
+        if rel in per_tree:
+            return per_tree[rel]
+    text = tree.texts[rel]
+    positions = sorted({i for n in needles for i in _finds(text, n)})
+    lines = sorted(set(lines_of(text, positions)))
+    out: list[_Site] = []
+    for unit, prefix in units(tree, rel, lines):
+        if not isinstance(unit, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return _file_sites(tree, rel)  # the whole module was parsed anyway
+        key = f"{rel}#{unit.lineno}"
+        with _LOCK:
+            cached = per_tree.get(key)
+        if cached is None:
+            cached = []
+            cls = prefix.rstrip(".").rsplit(".", 1)[-1] if prefix else ""
+            _walk([unit], _Where("<module>", cls, None), rel, cached)
+            with _LOCK:
+                per_tree[key] = cached
+        out += cached
+    return out
+
+
+def _finds(text: str, needle: str) -> list[int]:
+    out, i = [], text.find(needle)
+    while i >= 0 and len(out) < 50:
+        out.append(i)
+        i = text.find(needle, i + 1)
+    return out
+
+
+def _needles(message: str, n: int) -> list[str]:
+    """The message's word n-grams (single words of at least 4 characters for n = 1)."""
+    words = _WORD_RE.findall(message)
+    if n == 1:
+        grams = list(dict.fromkeys(w for w in words if len(w) >= 4))
+    else:
+        grams = list(dict.fromkeys(" ".join(words[i:i + n])
+                                   for i in range(len(words) - n + 1)))
+    step = -(-len(grams) // MAX_NEEDLES)  # spread over the message
+    return grams[::max(1, step)]
+
+
+def _candidate_files(tree: SourceTree, text: str, include_tests: bool,
+                     share: float = 0.5) -> tuple[list[str], list[str]]:
+    """(files, needles): the Python files most likely to hold the message's template.
+
+    Needles are the message's word trigrams, each weighted by its rarity over the files
+    (log(N / files holding it)); a file is kept when its weight is at least ``share`` of the
+    best file's: the file of the template holds the trigrams of its literal parts, and common
+    phrases ("is not divisible") weigh little. When no file holds a trigram (formatted values
+    between every few words), bigrams, then single words are tried.
+    """
+    scope = [(rel, body) for rel, body in tree.texts.items()
+             if rel.endswith(".py") and (include_tests or not is_test(rel))]
+    for n in (3, 2, 1):
+        needles = _needles(text, n)
+        held = {rel: [x for x in needles if x in body] for rel, body in scope}
+        held = {rel: h for rel, h in held.items() if h}
+        if not held:
+            continue
+        df = {x: sum(1 for h in held.values() if x in h) for x in needles}
+        weight = {rel: sum(math.log(1 + len(scope) / df[x]) for x in h)
+                  for rel, h in held.items()}
+        best = max(weight.values())
+        return sorted(rel for rel, w in weight.items() if w >= share * best), needles
+    return [], []
 
 
 def _module_and_reader(tree: SourceTree, inv: FlagInventory, s: _Site) -> GuardReader:
     mod = tree.parse(s.rel)
     assert mod is not None  # its sites came from this parse
-    return GuardReader(tree, inv, s.rel, mod, s.fn, s.cls)
+    return GuardReader(tree, inv, s.rel, mod, s.at.fn, s.at.cls)
 
 
 def _public(tree: SourceTree, inv: FlagInventory, s: _Site, matched: int) -> RaiseSite:
@@ -288,8 +363,36 @@ def _public(tree: SourceTree, inv: FlagInventory, s: _Site, matched: int) -> Rai
     return RaiseSite(path=s.rel, line=s.line, site=f"{s.rel}:{s.line}", kind=s.kind,
                      exception=s.exception, function=s.func, stage=stage(s.rel, s.func),
                      template=short(template_text(s.parts), 600), literal_chars=matched,
-                     guard=guard, flags=facts.flags, hardware=facts.hardware,
+                     guard=guard, reached_only_if=[short(ast.unparse(c), 200)
+                                                   for c in s.at.passed],
+                     flags=facts.flags, hardware=facts.hardware,
                      tests_model=facts.tests_model, facts=facts)
+
+
+def _matches(tree: SourceTree, text: str, files: list[str],
+             needles: list[str]) -> list[tuple[_Site, int]]:
+    """(site, literal characters) of every site in ``files`` whose template matches ``text``.
+
+    Raises:
+        SourceError: one template's match ran past ``MATCH_BUDGET_S``.
+    """
+    found: list[tuple[_Site, int]] = []
+    for rel in files:
+        for s in _sites_near(tree, rel, needles):
+            lit = s.literal
+            if lit < MIN_LITERAL_CHARS or lit < MIN_LITERAL_SHARE * len(text) \
+                    or lit > len(text):
+                continue
+            try:
+                rx = regex.compile(_regex(s.parts), regex.S)
+                hit = rx.fullmatch(text, timeout=MATCH_BUDGET_S) \
+                    or rx.search(text, timeout=MATCH_BUDGET_S)
+            except TimeoutError as e:
+                raise SourceError("matching the message took longer than "
+                                  f"{MATCH_BUDGET_S:g} s; give a shorter excerpt") from e
+            if hit is not None:
+                found.append((s, lit))
+    return found
 
 
 def locate_message(tree: SourceTree, inv: FlagInventory, message: str,
@@ -307,7 +410,7 @@ def locate_message(tree: SourceTree, inv: FlagInventory, message: str,
         include_tests: also match sites in test code.
 
     Raises:
-        SourceError: an empty or overlong message, or matching ran past 2 s.
+        SourceError: an empty or overlong message, or one template's match ran past 0.5 s.
     """
     t0 = time.perf_counter()
     if not message.strip() or len(message) > MAX_MESSAGE_CHARS:
@@ -316,24 +419,12 @@ def locate_message(tree: SourceTree, inv: FlagInventory, message: str,
     named, text = split_exception(message.strip().splitlines()[-1] if "\n" in message.strip()
                                   else message)
     want = exception or named
-    files = _candidate_files(tree, text, include_tests)
-    deadline = t0 + MATCH_BUDGET_S
-    found: list[tuple[_Site, int]] = []
-    for rel in sorted(files):
-        for s in _file_sites(tree, rel):
-            lit = s.literal
-            if lit < MIN_LITERAL_CHARS or lit < MIN_LITERAL_SHARE * len(text) \
-                    or lit > len(text):
-                continue
-            try:
-                rx = regex.compile(_regex(s.parts), regex.S)
-                hit = rx.fullmatch(text, timeout=max(deadline - time.perf_counter(), 1e-3)) \
-                    or rx.search(text, timeout=max(deadline - time.perf_counter(), 1e-3))
-            except TimeoutError as e:
-                raise SourceError("matching the message took longer than "
-                                  f"{MATCH_BUDGET_S:g} s; give a shorter excerpt") from e
-            if hit is not None:
-                found.append((s, lit))
+    files, needles = _candidate_files(tree, text, include_tests)
+    found = _matches(tree, text, files, needles)
+    if want is not None and not any(s.exception == want for s, _ in found):
+        # the log line names an exception none of the likeliest files raises with it: widen
+        files, needles = _candidate_files(tree, text, include_tests, share=0.0)
+        found = _matches(tree, text, files, needles)
     found.sort(key=lambda p: (want is not None and p[0].exception != want, -p[1],
                               not p[0].rel.startswith(SERVING_PREFIX),
                               STAGE_RANK[stage(p[0].rel, p[0].func)], p[0].rel, p[0].line))

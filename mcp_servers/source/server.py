@@ -22,10 +22,9 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 
-from mcp_servers.source import analysis
+from mcp_servers.source import analysis, raises
 from mcp_servers.source import files as file_ops
 from mcp_servers.source import outline as outline_ops
-from mcp_servers.source import raises
 from mcp_servers.source.fetch import cached_tree, check_version, default_cache_dir, fetch_wheel
 from mcp_servers.source.flags import FieldDecl, FlagInfo, FlagInventory, extract_flags
 from mcp_servers.source.tree import SourceError, SourceTree, short_path
