@@ -287,12 +287,23 @@ class GuardReader:
         return OpaqueAtom(text=text)
 
     def _flag(self, r: Ref, op: str, value: Any, text: str) -> FlagAtom:
-        decl = self.inv.fields.get(r.name)
-        entry = next((f for f in self.inv.flags if f.dest == r.name), None)
-        src = decl.default_source if decl else entry.default_source if entry else "?"
-        default = decl.default if decl else entry.default if entry else None
+        default, known = self.default(r.name)
         return FlagAtom(dest=r.name, op=op, value=value, default=default,  # type: ignore[arg-type]
-                        default_known=src is None, text=text, via=r.via)
+                        default_known=known, text=text, via=r.via)
+
+    def default(self, dest: str) -> tuple[Any, bool]:
+        """(declared default, whether it is the value at the check) of flag ``dest``.
+
+        Not known: a computed default, a resolvable flag (``Arg(resolvable=True)``: start-up
+        resolution may change it, e.g. ``page_size`` by attention backend) and a None default
+        (unset: some later rule decides).
+        """
+        decl = self.inv.fields.get(dest)
+        entry = next((f for f in self.inv.flags if f.dest == dest), None)
+        src = decl.default_source if decl else entry.default_source if entry else "?"
+        value = decl.default if decl else entry.default if entry else None
+        known = src is None and value is not None and not (entry and entry.resolvable)
+        return value, known
 
     def _arith_flags(self, e: ast.expr) -> list[Ref] | None:
         """The flags of an arithmetic expression over flags and literals, else None."""
@@ -363,8 +374,9 @@ class GuardReader:
         """Whether every condition holds for these flag values on a GPU of ``sm_major``.
 
         Walks the conditions' AST (BoolOp, UnaryOp not, Compare, Constant, literals, and the
-        references of :meth:`ref`); a flag missing from ``values``, a model property or any
-        other name makes the answer None where it matters (three-valued logic).
+        references of :meth:`ref`). A flag missing from ``values`` takes its declared default
+        when that is known (:meth:`default`); otherwise it, a model property or any other
+        name makes the answer None where it matters (three-valued logic).
         """
         env = _Env(self, values, sm_major, platform)
         result: bool | None = True
@@ -453,9 +465,12 @@ class _Env:
         if r is None or r.kind == "model":
             raise _Unknown
         if r.kind == "flag":
-            if r.name not in self.values:
+            if r.name in self.values:
+                return self.values[r.name]
+            default, known = self.reader.default(r.name)
+            if not known:
                 raise _Unknown
-            return self.values[r.name]
+            return default
         if r.kind == "sm_major":
             return self.sm_major
         if r.kind == "sm":

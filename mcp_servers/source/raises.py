@@ -210,6 +210,25 @@ class _Where:
         return replace(self, conds=(*self.conds, *c))
 
 
+def _registered(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[ast.expr, ...]:
+    """The condition under which a registered factory runs.
+
+    ``@register_attention_backend("fa3")`` (``layers/attention/attention_registry.py``) files
+    the function under that name; the model runner calls it for the resolved prefill or
+    decode backend, which is ``--attention-backend`` unless those are set apart. Its sites
+    get ``server_args.attention_backend == "fa3"``.
+    """
+    for d in fn.decorator_list:
+        if isinstance(d, ast.Call) and ast.unparse(d.func).endswith(
+                "register_attention_backend") and d.args \
+                and isinstance(d.args[0], ast.Constant) and isinstance(d.args[0].value, str):
+            dest = ast.Attribute(value=ast.Name(id="server_args", ctx=ast.Load()),
+                                 attr="attention_backend", ctx=ast.Load())
+            return (ast.Compare(left=dest, ops=[ast.Eq()],
+                                comparators=[ast.Constant(d.args[0].value)]),)
+    return ()
+
+
 def _walk(body: list[ast.stmt], at: _Where, rel: str, out: list[_Site]) -> None:
     """Collect the raise / assert sites under ``body`` with their guards.
 
@@ -220,7 +239,7 @@ def _walk(body: list[ast.stmt], at: _Where, rel: str, out: list[_Site]) -> None:
     for st in body:
         if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef)):
             name = f"{at.cls}.{st.name}" if at.cls else st.name
-            _walk(st.body, _Where(name, at.cls, st), rel, out)
+            _walk(st.body, _Where(name, at.cls, st, _registered(st)), rel, out)
         elif isinstance(st, ast.ClassDef):
             _walk(st.body, _Where(at.func, st.name, at.fn), rel, out)
         elif isinstance(st, ast.If):
@@ -293,11 +312,27 @@ def _sites_near(tree: SourceTree, rel: str, needles: list[str]) -> list[_Site]:
             cached = per_tree.get(key)
         if cached is None:
             cached = []
+            if not unit.decorator_list:  # a cut starts at the def line: read decorators above
+                unit.decorator_list = _decorators_above(text, unit.lineno)
             cls = prefix.rstrip(".").rsplit(".", 1)[-1] if prefix else ""
             _walk([unit], _Where("<module>", cls, None), rel, cached)
             with _LOCK:
                 per_tree[key] = cached
         out += cached
+    return out
+
+
+def _decorators_above(text: str, line: int) -> list[ast.expr]:
+    """The one-line decorators right above 1-based ``line`` (a def), parsed."""
+    lines = text.split("\n")
+    out: list[ast.expr] = []
+    j = line - 2
+    while j >= 0 and lines[j].lstrip().startswith("@"):
+        try:
+            out.insert(0, ast.parse(lines[j].strip()[1:], mode="eval").body)
+        except SyntaxError:
+            break
+        j -= 1
     return out
 
 
@@ -347,10 +382,26 @@ def _candidate_files(tree: SourceTree, text: str, include_tests: bool,
     return [], []
 
 
+_READERS: weakref.WeakKeyDictionary[SourceTree, dict[tuple[int, str, int], GuardReader]] = \
+    weakref.WeakKeyDictionary()
+
+
 def _module_and_reader(tree: SourceTree, inv: FlagInventory, s: _Site) -> GuardReader:
+    """The guard reader of site ``s``, kept per tree and inventory.
+
+    Audits evaluate one site over many configs.
+    """
+    key = (id(inv), s.rel, s.line)
+    with _LOCK:
+        found = _READERS.setdefault(tree, {}).get(key)
+    if found is not None and found.inv is inv:
+        return found
     mod = tree.parse(s.rel)
     assert mod is not None  # its sites came from this parse
-    return GuardReader(tree, inv, s.rel, mod, s.at.fn, s.at.cls)
+    reader = GuardReader(tree, inv, s.rel, mod, s.at.fn, s.at.cls)
+    with _LOCK:
+        _READERS[tree][key] = reader
+    return reader
 
 
 def _public(tree: SourceTree, inv: FlagInventory, s: _Site, matched: int) -> RaiseSite:
@@ -450,8 +501,10 @@ def evaluate_site(tree: SourceTree, inv: FlagInventory, path: str, line: int,
                   values: dict[str, object], sm_major: int) -> bool | None:
     """Whether the site at ``path:line`` raises for these flag values on SM ``sm_major``.
 
-    Evaluates the guard's AST (see :meth:`GuardReader.evaluate`); None when it depends on
-    something else (a model property, a function argument, a flag not in ``values``).
+    Evaluates the guard's AST (see :meth:`GuardReader.evaluate`): ``values`` maps flag dests
+    to values (e.g. a ServingConfig's fields); other flags take their declared default when
+    it is known. None when it depends on something else (a model property, a function
+    argument, a flag whose value is resolved at start-up).
 
     Raises:
         SourceError: no such site.

@@ -39,8 +39,8 @@ REAL = [
                  ["enable_hierarchical_cache", "disable_radix_cache"], id="implicit-concat"),
     pytest.param("AssertionError: FlashAttention v3 Backend requires SM>=80 and SM<=90. Please "
                  "use `--attention-backend flashinfer`.",
-                 "sglang/srt/layers/attention/attention_registry.py:243", "AssertionError", [],
-                 id="fa3-sm-assert"),
+                 "sglang/srt/layers/attention/attention_registry.py:243", "AssertionError",
+                 ["attention_backend"], id="fa3-sm-assert-registered-backend"),
     pytest.param("ValueError: TRTLLM MLA backend is only supported on Blackwell GPUs "
                  "(SM100/SM12x). Please use a different backend.", f"{OVERRIDES}:1211",
                  "ValueError", ["attention_backend", "decode_attention_backend"],
@@ -103,6 +103,8 @@ def test_negated_hardware_and_model_properties(pinned_index):
             for d in trt.facts.disjuncts] == [[("sm", "not_in", [10, 11, 12])]] * 2
     fa3 = site_at(tree, inv, "sglang/srt/layers/attention/attention_registry.py", 243)
     assert fa3.tests_model  # runner.use_mla_backend
+    # @register_attention_backend("fa3"): the factory runs for --attention-backend fa3
+    assert fa3.guard.startswith("(server_args.attention_backend == 'fa3') and ")
     assert {(a.op, a.value) for d in fa3.facts.disjuncts for a in d
             if isinstance(a, SmAtom)} == {("ne", 8), ("ne", 9)}  # major, _ = capability
 
