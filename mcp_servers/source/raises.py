@@ -1,17 +1,16 @@
 """From an engine error message to the raise or assert site that produced it, with its guard.
 
 Every ``raise XError(msg)`` and ``assert test, msg`` of the tree's Python files is a *site*; its
-message expression becomes a template: string literals as they are, the formatted parts of
-f-strings, ``"...".format(...)`` and ``"..." % (...)`` templates as wildcards, implicit and
-``+`` concatenation joined, and a message held in a local variable followed one assignment. A
+message expression becomes a template (:mod:`mcp_servers.source.templates`: string literals as
+they are, formatted parts of f-strings, ``.format`` and ``%`` templates as wildcards). A
 log message matches a site when the template's regex matches it (whole, or inside a longer log
 line); ties are ranked by the exception type named in the log line, then by the number of
 literal characters matched (the longest literal match wins), then stage (argument resolution
 before runtime) and path.
 
-Files are read lazily: a message's word trigrams pick the files whose text can hold it, and the
-sites of each file are parsed once per tree and kept (the index grows with the files asked
-about; parsing the whole 0.5.23 wheel at once would take ~13 s).
+Files are read lazily: a message's word trigrams (weighted by rarity) pick the files whose text
+can hold it, and the functions holding them are parsed once per tree and kept (the index grows
+with the messages asked about; parsing the whole 0.5.23 wheel at once would take ~13 s).
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from domain.grounding import GuardFacts
 from mcp_servers.source.flags import FlagInventory
 from mcp_servers.source.guards import GuardReader
 from mcp_servers.source.scan import STAGE_RANK, is_test, lines_of, negate, short, stage, units
+from mcp_servers.source.templates import parts, pattern, split_exception, template_text
 from mcp_servers.source.tree import SourceError, SourceTree
 
 MAX_MESSAGE_CHARS = 4_000
@@ -39,12 +39,7 @@ MIN_LITERAL_SHARE = 0.4  # its literals must cover this share of the message
 MATCH_BUDGET_S = 0.5  # one template's regex against the message
 MAX_NEEDLES = 12  # word n-grams of a message searched for in the file texts
 SERVING_PREFIX = "sglang/srt/"  # the serving runtime; its sites rank before other packages'
-_EXC_RE = re.compile(r"^(?:.*?[\s:(\[])?((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|"
-                     r"Exit|Interrupt|Warning))\s*:\s*(.+)$", re.S)
 _WORD_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
-_FORMAT_FIELD = re.compile(r"\{\{|\}\}|\{[^{}]*\}")
-_PERCENT_FIELD = re.compile(r"%%|%(?:\([^)]*\))?[-#0 +]*(?:\*|\d+)?(?:\.(?:\*|\d+))?"
-                            r"[diouxXeEfFgGcrsa]")
 _QUIET = (ast.Return, ast.Continue, ast.Break)
 
 
@@ -106,85 +101,6 @@ class _Site:
 _CACHE: weakref.WeakKeyDictionary[SourceTree, dict[str, list[_Site]]] = \
     weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
-
-
-def split_exception(message: str) -> tuple[str | None, str]:
-    """(exception type, message) of a log line such as ``ValueError: The 'fa3' backend ...``."""
-    m = _EXC_RE.match(message.strip())
-    if m and " " not in m.group(1):
-        return m.group(1).rsplit(".", 1)[-1], m.group(2).strip()
-    return None, message.strip()
-
-
-# -- templates -----------------------------------------------------------------------------------
-
-def _locals_of(fn: ast.AST | None, name: str) -> list[ast.expr]:
-    if fn is None:
-        return []
-    return [n.value for n in ast.walk(fn) if isinstance(n, ast.Assign)
-            and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
-
-
-def _parts(node: ast.expr | None, fn: ast.AST | None, depth: int = 0) -> list[str | None]:
-    """The message ``node`` as literal pieces and wildcards (None)."""
-    if node is None:
-        return []
-    if isinstance(node, ast.Constant):
-        return [str(node.value)] if isinstance(node.value, str) else [None]
-    if isinstance(node, ast.JoinedStr):
-        out: list[str | None] = []
-        for v in node.values:
-            out += [str(v.value)] if isinstance(v, ast.Constant) else [None]
-        return out
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        return _parts(node.left, fn, depth) + _parts(node.right, fn, depth)
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) \
-            and isinstance(node.left, ast.Constant) and isinstance(node.left.value, str):
-        return _fields(node.left.value, _PERCENT_FIELD, {"%%": "%"})
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-            and node.func.attr == "format":
-        inner = _parts(node.func.value, fn, depth)
-        out = []
-        for p in inner:
-            out += _fields(p, _FORMAT_FIELD, {"{{": "{", "}}": "}"}) if p else [None]
-        return out
-    if isinstance(node, ast.Name) and depth < 1:
-        found = _locals_of(fn, node.id)
-        if len(found) == 1:
-            return _parts(found[0], fn, depth + 1)
-    return [None]
-
-
-def _fields(text: str, rx: re.Pattern[str], escapes: dict[str, str]) -> list[str | None]:
-    out: list[str | None] = []
-    pos = 0
-    buf = ""
-    for m in rx.finditer(text):
-        buf += text[pos:m.start()]
-        if m.group(0) in escapes:
-            buf += escapes[m.group(0)]
-        else:
-            out += [buf, None]
-            buf = ""
-        pos = m.end()
-    out.append(buf + text[pos:])
-    return out
-
-
-def _regex(parts: list[str | None]) -> str:
-    out: list[str] = []
-    for p in parts:
-        if p is None:
-            if not out or out[-1] != "(.*?)":
-                out.append("(.*?)")
-        elif p:
-            out.append(r"\s+".join(regex.escape(w) for w in re.split(r"\s+", p)))
-    return "".join(out)
-
-
-def template_text(parts: list[str | None]) -> str:
-    """The template with ``{}`` for each formatted part."""
-    return "".join("{}" if p is None else p for p in parts)
 
 
 # -- sites of a file -------------------------------------------------------------------------
@@ -249,11 +165,11 @@ def _walk(body: list[ast.stmt], at: _Where, rel: str, out: list[_Site]) -> None:
             exc, msg = _exception(st.exc)
             if msg is not None:
                 out.append(_Site(rel, st.lineno, "raise", exc, at, list(at.conds),
-                                 _parts(msg, at.fn)))
+                                 parts(msg, at.fn)))
         elif isinstance(st, ast.Assert):
             if st.msg is not None:
                 out.append(_Site(rel, st.lineno, "assert", "AssertionError", at,
-                                 [*at.conds, negate(st.test)], _parts(st.msg, at.fn)))
+                                 [*at.conds, negate(st.test)], parts(st.msg, at.fn)))
         elif isinstance(st, ast.Try) or type(st).__name__ == "TryStar":
             _walk(st.body, at, rel, out)  # type: ignore[attr-defined]
             for h in st.handlers:  # type: ignore[attr-defined]
@@ -435,7 +351,7 @@ def _matches(tree: SourceTree, text: str, files: list[str],
                     or lit > len(text):
                 continue
             try:
-                rx = regex.compile(_regex(s.parts), regex.S)
+                rx = regex.compile(pattern(s.parts), regex.S)
                 hit = rx.fullmatch(text, timeout=MATCH_BUDGET_S) \
                     or rx.search(text, timeout=MATCH_BUDGET_S)
             except TimeoutError as e:
