@@ -4,9 +4,10 @@ Every ``raise XError(msg)`` and ``assert test, msg`` of the tree's Python files 
 message expression becomes a template (:mod:`mcp_servers.source.templates`: string literals as
 they are, formatted parts of f-strings, ``.format`` and ``%`` templates as wildcards). A
 log message matches a site when the template's regex matches it (whole, or inside a longer log
-line); ties are ranked by the exception type named in the log line, then by the number of
-literal characters matched (the longest literal match wins), then stage (argument resolution
-before runtime) and path.
+line), or when it is the start of the template (a cut line); ties are ranked by the exception
+type named in the log line, whole matches before starts, then by the number of literal
+characters matched (the longest literal match wins), the serving runtime (``sglang/srt/``)
+before other packages, then stage (argument resolution before runtime) and path.
 
 Files are read lazily: a message's word trigrams (weighted by rarity) pick the files whose text
 can hold it, and the functions holding them are parsed once per tree and kept (the index grows
@@ -30,13 +31,20 @@ from domain.grounding import GuardFacts
 from mcp_servers.source.flags import FlagInventory
 from mcp_servers.source.guards import GuardReader
 from mcp_servers.source.scan import STAGE_RANK, is_test, lines_of, negate, short, stage, units
-from mcp_servers.source.templates import parts, pattern, split_exception, template_text
+from mcp_servers.source.templates import (
+    parts,
+    pattern,
+    prefix_literal,
+    split_exception,
+    template_text,
+)
 from mcp_servers.source.tree import SourceError, SourceTree
 
 MAX_MESSAGE_CHARS = 4_000
 MIN_LITERAL_CHARS = 8  # a template with fewer literal characters matches too much
 MIN_LITERAL_SHARE = 0.4  # its literals must cover this share of the message
 MATCH_BUDGET_S = 0.5  # one template's regex against the message
+MIN_PARTIAL_CHARS = 24  # a shorter message is not matched against the start of a template
 MAX_NEEDLES = 12  # word n-grams of a message searched for in the file texts
 SERVING_PREFIX = "sglang/srt/"  # the serving runtime; its sites rank before other packages'
 _WORD_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
@@ -56,6 +64,8 @@ class RaiseSite(BaseModel):
     stage: str = Field(description="arg-resolution, engine-startup, runtime or test")
     template: str = Field(description="the message as a template: {} marks a formatted part")
     literal_chars: int = Field(description="literal characters of the template that matched")
+    partial: bool = Field(False, description="the message is only the start of the template "
+                                             "(a cut log line or a quoted fragment)")
     guard: str = Field(description="the condition under which it raises, as source text: "
                                    "enclosing if tests, early exits passed, the negated assert "
                                    "test ('True' when unconditional)")
@@ -320,7 +330,8 @@ def _module_and_reader(tree: SourceTree, inv: FlagInventory, s: _Site) -> GuardR
     return reader
 
 
-def _public(tree: SourceTree, inv: FlagInventory, s: _Site, matched: int) -> RaiseSite:
+def _public(tree: SourceTree, inv: FlagInventory, s: _Site, matched: int,
+            partial: bool = False) -> RaiseSite:
     reader = _module_and_reader(tree, inv, s)
     disjuncts, truncated = reader.facts(s.conds)
     guard = " and ".join(f"({short(ast.unparse(c), 300)})" if len(s.conds) > 1
@@ -330,6 +341,7 @@ def _public(tree: SourceTree, inv: FlagInventory, s: _Site, matched: int) -> Rai
     return RaiseSite(path=s.rel, line=s.line, site=f"{s.rel}:{s.line}", kind=s.kind,
                      exception=s.exception, function=s.func, stage=stage(s.rel, s.func),
                      template=short(template_text(s.parts), 600), literal_chars=matched,
+                     partial=partial,
                      guard=guard, reached_only_if=[short(ast.unparse(c), 200)
                                                    for c in s.at.passed],
                      flags=facts.flags, hardware=facts.hardware,
@@ -337,28 +349,38 @@ def _public(tree: SourceTree, inv: FlagInventory, s: _Site, matched: int) -> Rai
 
 
 def _matches(tree: SourceTree, text: str, files: list[str],
-             needles: list[str]) -> list[tuple[_Site, int]]:
-    """(site, literal characters) of every site in ``files`` whose template matches ``text``.
+             needles: list[str]) -> list[tuple[_Site, int, bool]]:
+    """(site, literal characters matched, partial) of the sites in ``files`` matching ``text``.
+
+    A template matches when its regex matches the whole message or a part of a longer log
+    line; or, for a message of at least ``MIN_PARTIAL_CHARS``, when the message is a start of
+    the template (``partial``: a cut log line, or a quoted fragment).
 
     Raises:
         SourceError: one template's match ran past ``MATCH_BUDGET_S``.
     """
-    found: list[tuple[_Site, int]] = []
+    found: list[tuple[_Site, int, bool]] = []
     for rel in files:
         for s in _sites_near(tree, rel, needles):
             lit = s.literal
-            if lit < MIN_LITERAL_CHARS or lit < MIN_LITERAL_SHARE * len(text) \
-                    or lit > len(text):
+            if lit < MIN_LITERAL_CHARS or lit < MIN_LITERAL_SHARE * len(text):
                 continue
             try:
                 rx = regex.compile(pattern(s.parts), regex.S)
-                hit = rx.fullmatch(text, timeout=MATCH_BUDGET_S) \
-                    or rx.search(text, timeout=MATCH_BUDGET_S)
+                hit = None
+                if lit <= len(text):
+                    hit = rx.fullmatch(text, timeout=MATCH_BUDGET_S) \
+                        or rx.search(text, timeout=MATCH_BUDGET_S)
             except TimeoutError as e:
                 raise SourceError("matching the message took longer than "
                                   f"{MATCH_BUDGET_S:g} s; give a shorter excerpt") from e
             if hit is not None:
-                found.append((s, lit))
+                found.append((s, lit, False))
+            elif len(text) >= MIN_PARTIAL_CHARS:
+                start = prefix_literal(s.parts, text)
+                if start is not None and start >= max(MIN_LITERAL_CHARS,
+                                                      MIN_LITERAL_SHARE * len(text)):
+                    found.append((s, start, True))
     return found
 
 
@@ -386,16 +408,18 @@ def locate_message(tree: SourceTree, inv: FlagInventory, message: str,
     named, text = split_exception(message.strip().splitlines()[-1] if "\n" in message.strip()
                                   else message)
     want = exception or named
+    if text.endswith(("...", "\u2026")):  # a quoted fragment: match it as a start
+        text = text.rstrip(" .\u2026")
     files, needles = _candidate_files(tree, text, include_tests)
     found = _matches(tree, text, files, needles)
-    if want is not None and not any(s.exception == want for s, _ in found):
+    if want is not None and not any(s.exception == want for s, _, _ in found):
         # the log line names an exception none of the likeliest files raises with it: widen
         files, needles = _candidate_files(tree, text, include_tests, share=0.0)
         found = _matches(tree, text, files, needles)
-    found.sort(key=lambda p: (want is not None and p[0].exception != want, -p[1],
+    found.sort(key=lambda p: (want is not None and p[0].exception != want, p[2], -p[1],
                               not p[0].rel.startswith(SERVING_PREFIX),
                               STAGE_RANK[stage(p[0].rel, p[0].func)], p[0].rel, p[0].line))
-    sites = [_public(tree, inv, s, lit) for s, lit in found[:max(1, max_sites)]]
+    sites = [_public(tree, inv, s, lit, partial) for s, lit, partial in found[:max(1, max_sites)]]
     return MessageMatch(message=text, exception=want, total=len(found), sites=sites,
                         files_searched=len(files), elapsed_s=round(time.perf_counter() - t0, 4))
 

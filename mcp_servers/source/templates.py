@@ -104,3 +104,36 @@ def pattern(pieces: list[str | None]) -> str:
 def template_text(parts: list[str | None]) -> str:
     """The template with ``{}`` for each formatted part."""
     return "".join("{}" if p is None else p for p in parts)
+
+
+def prefix_literal(pieces: list[str | None], text: str) -> int | None:
+    """Literal characters of the template matched when ``text`` is the start of a message.
+
+    None when ``text`` is not the start of any message of the template. Whitespace runs
+    count as one space; a wildcard takes the text up to the next literal piece's first
+    occurrence, or up to where the rest of the fragment starts that piece.
+    """
+    def norm(x: str) -> str:
+        return re.sub(r"\s+", " ", x)
+
+    rest, matched = norm(text), 0
+    items = [norm(p) if p is not None else None for p in pieces]
+    for i, piece in enumerate(items):
+        if not rest:
+            break
+        if piece is None:
+            nxt = next((q for q in items[i + 1:] if q), None)
+            at = rest.find(nxt) if nxt else -1
+            if at < 0:  # the fragment ends in the wildcard or inside the next piece
+                cut = next((j for j in range(len(rest)) if nxt and nxt.startswith(rest[j:])),
+                           len(rest))
+                return matched + len(rest) - cut
+            rest = rest[at:]
+        elif rest.startswith(piece):
+            matched += len(piece)
+            rest = rest[len(piece):]
+        elif piece.startswith(rest):
+            return matched + len(rest)
+        else:
+            return None
+    return matched if not rest else None
