@@ -105,7 +105,7 @@ class _Site:
 
     @property
     def literal(self) -> int:
-        return sum(len(p) for p in self.parts if p)
+        return sum(len(p.replace("`", "")) for p in self.parts if p)  # backticks optional
 
 
 _CACHE: weakref.WeakKeyDictionary[SourceTree, dict[str, list[_Site]]] = \

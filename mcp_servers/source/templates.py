@@ -88,7 +88,8 @@ def _fields(text: str, rx: re.Pattern[str], escapes: dict[str, str]) -> list[str
 def pattern(pieces: list[str | None]) -> str:
     """The regex of a template.
 
-    Literal pieces are escaped (a whitespace run matches any whitespace); each run of
+    Literal pieces are escaped (a whitespace run matches any whitespace, a backtick may be
+    left out: quotes of the message without its Markdown code marks still match); each run of
     wildcards is one lazy group.
     """
     out: list[str] = []
@@ -97,7 +98,8 @@ def pattern(pieces: list[str | None]) -> str:
             if not out or out[-1] != "(.*?)":
                 out.append("(.*?)")
         elif p:
-            out.append(r"\s+".join(regex.escape(w) for w in re.split(r"\s+", p)))
+            out.append(r"\s+".join(regex.escape(w).replace("`", "`?")
+                                    for w in re.split(r"\s+", p)))
     return "".join(out)
 
 
@@ -110,11 +112,12 @@ def prefix_literal(pieces: list[str | None], text: str) -> int | None:
     """Literal characters of the template matched when ``text`` is the start of a message.
 
     None when ``text`` is not the start of any message of the template. Whitespace runs
-    count as one space; a wildcard takes the text up to the next literal piece's first
-    occurrence, or up to where the rest of the fragment starts that piece.
+    count as one space, backticks are left out; a wildcard takes the text up to the next
+    literal piece's first occurrence, or up to where the rest of the fragment starts that
+    piece.
     """
     def norm(x: str) -> str:
-        return re.sub(r"\s+", " ", x)
+        return re.sub(r"\s+", " ", x.replace("`", ""))
 
     rest, matched = norm(text), 0
     items = [norm(p) if p is not None else None for p in pieces]

@@ -111,6 +111,15 @@ def test_the_vision_fa3_refusal_tests_the_backend_and_blackwell(pinned_index):
     assert best.hardware == ["get_platform().is_blackwell"] and not best.tests_model
 
 
+def test_a_quote_without_backticks_still_matches(pinned_index):
+    """The twin and the knobs reference quote the fa3 assert without its Markdown marks."""
+    tree, inv = pinned_index
+    found = locate_message(tree, inv, "AssertionError: FlashAttention v3 Backend requires "
+                           "SM>=80 and SM<=90. Please use --attention-backend flashinfer.")
+    assert found.sites[0].site == "sglang/srt/layers/attention/attention_registry.py:243"
+    assert not found.sites[0].partial
+
+
 def test_negated_hardware_and_model_properties(pinned_index):
     tree, inv = pinned_index
     trt = site_at(tree, inv, OVERRIDES, 1211)
