@@ -348,6 +348,19 @@ def _public(tree: SourceTree, inv: FlagInventory, s: _Site, matched: int,
                      tests_model=facts.tests_model, facts=facts)
 
 
+def _last_exception(message: str) -> str:
+    """From a traceback or several log lines, the last exception line and what follows it.
+
+    A message of one line, or of lines none of which names an exception, is returned whole
+    (a multi-line message of its own).
+    """
+    lines = message.strip().splitlines()
+    for k in range(len(lines) - 1, -1, -1):
+        if split_exception(lines[k])[0] is not None:
+            return "\n".join(lines[k:])
+    return message.strip()
+
+
 def _matches(tree: SourceTree, text: str, files: list[str],
              needles: list[str]) -> list[tuple[_Site, int, bool]]:
     """(site, literal characters matched, partial) of the sites in ``files`` matching ``text``.
@@ -405,8 +418,7 @@ def locate_message(tree: SourceTree, inv: FlagInventory, message: str,
     if not message.strip() or len(message) > MAX_MESSAGE_CHARS:
         raise SourceError(f"give the error message (1 to {MAX_MESSAGE_CHARS} characters), e.g. "
                           "\"ValueError: The 'fa3' backend is not supported on Blackwell GPUs\"")
-    named, text = split_exception(message.strip().splitlines()[-1] if "\n" in message.strip()
-                                  else message)
+    named, text = split_exception(_last_exception(message))
     want = exception or named
     if text.endswith(("...", "\u2026")):  # a quoted fragment: match it as a start
         text = text.rstrip(" .\u2026")

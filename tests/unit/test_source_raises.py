@@ -189,6 +189,22 @@ def test_a_fragment_matches_the_start_of_its_template(pinned_index):
     assert prefix_literal(["The ", None, " is odd"], "A 4 is odd") is None
 
 
+def test_a_traceback_or_a_multi_line_message(pinned_index):
+    tree, inv = pinned_index
+    tb = ("Traceback (most recent call last):\n"
+          '  File "/sgl/python/sglang/srt/arg_groups/validation_hook.py", line 314, in check\n'
+          "    assert cfg.schedule_conservativeness >= 0, (\n"
+          "AssertionError: schedule_conservativeness must be non-negative")
+    assert locate_message(tree, inv, tb).sites[0].site == f"{VALIDATION}:314"
+    # an f-string message of several lines (moe_hook.py): every line is part of it
+    multi = ("AssertionError: Invalid quantization 'w8a8_int8'. \nFlashInfer TRTLLM MOE "
+             "supports only: 'modelopt_fp4', 'nvfp4_online', 'fp8', 'modelopt_fp8', "
+             "'modelopt_mixed', 'compressed-tensors', or bfloat16 (None).")
+    found = locate_message(tree, inv, multi)
+    assert found.sites[0].site == "sglang/srt/arg_groups/moe_hook.py:124"
+    assert found.sites[0].flags == ["moe_runner_backend", "quantization"]
+
+
 def test_split_exception():
     assert split_exception("ValueError: boom here") == ("ValueError", "boom here")
     assert split_exception("[2026-01-01 TP0] torch.OutOfMemoryError: CUDA out of memory") == (
