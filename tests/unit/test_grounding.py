@@ -32,6 +32,7 @@ from domain.grounding import (
 from domain.hardware import GPUS, get_gpu
 from domain.lesson import KNOB_FIELDS, Clause, Lesson, Scope
 from domain.models import MODELS, get_model
+from mcp_servers.source.ground import ground_message
 from mcp_servers.source.raises import evaluate_site, locate_message
 
 EXAMPLES = 60  # generated configs per site
@@ -221,3 +222,18 @@ def test_grounded_condition_rules_on_hand_made_facts():
     assert grounded_condition(b200, other) == (Scope(engine_version="0.5.23"),
                                                [Clause(field="tp_size", op="ge", value=2)])
     assert Scope(sm_major=10).matches(b200) and not Scope(sm_major=9).matches(b200)
+
+
+def test_ground_message_in_one_call(pinned_index):
+    tree, inv = pinned_index
+    config = _config(gpu="B200", model="glm-5", weights="fp8", tp_size=8,
+                     mm_attention_backend="fa3", max_running_requests=256)
+    g = ground_message(tree, inv, "ValueError: The 'fa3' backend is not supported on "
+                       "Blackwell GPUs", config)
+    assert g.verified and g.source_site == "sglang/srt/layers/attention/vision.py:1331"
+    assert [c.text() for c in g.condition] == ["mm_attention_backend == 'fa3'"]
+    assert g.scope is not None and g.scope.sm_major == 10 and g.scope.gpu is None
+    odd = ground_message(tree, inv, "AssertionError: 4 is not divisible by 8", config)
+    assert not odd.verified and odd.site is not None and "numerator" in (odd.reason or "")
+    none = ground_message(tree, inv, "RuntimeError: servetune test says no", config)
+    assert (none.verified, none.site) == (False, None) and "no raise or assert" in none.reason
