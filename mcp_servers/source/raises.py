@@ -45,9 +45,11 @@ MIN_LITERAL_CHARS = 8  # a template with fewer literal characters matches too mu
 MIN_LITERAL_SHARE = 0.4  # its literals must cover this share of the message
 MATCH_BUDGET_S = 0.5  # one template's regex against the message
 MIN_PARTIAL_CHARS = 24  # a shorter message is not matched against the start of a template
+RARE_FILES = 20  # a needle held by at most this many files makes a file's case
 MAX_NEEDLES = 12  # word n-grams of a message searched for in the file texts
 SERVING_PREFIX = "sglang/srt/"  # the serving runtime; its sites rank before other packages'
 _WORD_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
+_NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
 _QUIET = (ast.Return, ast.Continue, ast.Break)
 
 
@@ -271,13 +273,22 @@ def _finds(text: str, needle: str) -> list[int]:
 
 
 def _needles(message: str, n: int) -> list[str]:
-    """The message's word n-grams (single words of at least 4 characters for n = 1)."""
-    words = _WORD_RE.findall(message)
-    if n == 1:
-        grams = list(dict.fromkeys(w for w in words if len(w) >= 4))
+    """Pieces of the message to look for in the file texts, spread over it.
+
+    For n = 0, the stretches between numbers (formatted values are mostly numbers) of at
+    least 12 characters; for n >= 2, runs of n whitespace-separated tokens as the message
+    spells them (a literal piece of the template holds them verbatim); for n = 1, its words of
+    at least 4 characters.
+    """
+    if n == 0:
+        grams = list(dict.fromkeys(seg.strip() for seg in _NUMBER_RE.split(message)
+                                   if len(seg.strip()) >= 12))
+    elif n == 1:
+        grams = list(dict.fromkeys(w for w in _WORD_RE.findall(message) if len(w) >= 4))
     else:
-        grams = list(dict.fromkeys(" ".join(words[i:i + n])
-                                   for i in range(len(words) - n + 1)))
+        tokens = message.split()
+        grams = list(dict.fromkeys(" ".join(tokens[i:i + n])
+                                   for i in range(len(tokens) - n + 1)))
     step = -(-len(grams) // MAX_NEEDLES)  # spread over the message
     return grams[::max(1, step)]
 
@@ -287,24 +298,34 @@ def _candidate_files(tree: SourceTree, text: str, include_tests: bool,
     """(files, needles): the Python files most likely to hold the message's template.
 
     Needles are the message's word trigrams, each weighted by its rarity over the files
-    (log(N / files holding it)); a file is kept when its weight is at least ``share`` of the
-    best file's: the file of the template holds the trigrams of its literal parts, and common
-    phrases ("is not divisible") weigh little. When no file holds a trigram (formatted values
-    between every few words), bigrams, then single words are tried.
+    (log(1 + N / files holding it)); a file is kept when its weight is at least ``share`` of
+    the best file's: the file of the template holds the trigrams of its literal parts, and
+    common phrases ("is not divisible") weigh little. The stretches between numbers come first;
+    when no file holds a rare needle (formatted values between every few words), trigrams,
+    bigrams, then single words are added.
     """
     scope = [(rel, body) for rel, body in tree.texts.items()
              if rel.endswith(".py") and (include_tests or not is_test(rel))]
-    for n in (3, 2, 1):
-        needles = _needles(text, n)
-        held = {rel: [x for x in needles if x in body] for rel, body in scope}
-        held = {rel: h for rel, h in held.items() if h}
+    rare = math.log(1 + len(scope) / RARE_FILES)
+    needles: list[str] = []
+    held: dict[str, list[str]] = {}
+    for n in (0, 3, 2, 1):
+        more = [x for x in _needles(text, n) if x not in needles]
+        needles += more
+        for rel, body in scope:
+            got = [x for x in more if x in body]
+            if got:
+                held.setdefault(rel, []).extend(got)
         if not held:
             continue
         df = {x: sum(1 for h in held.values() if x in h) for x in needles}
         weight = {rel: sum(math.log(1 + len(scope) / df[x]) for x in h)
                   for rel, h in held.items()}
         best = max(weight.values())
-        return sorted(rel for rel, w in weight.items() if w >= share * best), needles
+        # trigrams always join (a stretch may be found only in the wrong files); share 0:
+        # every level, every file
+        if n in (3, 2) and best >= rare and share > 0 or n == 1:
+            return sorted(rel for rel, w in weight.items() if w >= share * best), needles
     return [], []
 
 
