@@ -45,6 +45,7 @@ MIN_LITERAL_CHARS = 8  # a template with fewer literal characters matches too mu
 MIN_LITERAL_SHARE = 0.4  # its literals must cover this share of the message
 MATCH_BUDGET_S = 0.5  # one template's regex against the message
 MIN_PARTIAL_CHARS = 24  # a shorter message is not matched against the start of a template
+WIDEN_FILES = 100  # files searched at most when the named exception is not found at first
 RARE_FILES = 20  # a needle held by at most this many files makes a file's case
 MAX_NEEDLES = 12  # word n-grams of a message searched for in the file texts
 SERVING_PREFIX = "sglang/srt/"  # the serving runtime; its sites rank before other packages'
@@ -302,7 +303,8 @@ def _candidate_files(tree: SourceTree, text: str, include_tests: bool,
     the best file's: the file of the template holds the trigrams of its literal parts, and
     common phrases ("is not divisible") weigh little. The stretches between numbers come first;
     when no file holds a rare needle (formatted values between every few words), trigrams,
-    bigrams, then single words are added.
+    bigrams, then single words are added. ``share=0`` widens: the ``WIDEN_FILES`` heaviest
+    files holding a stretch, trigram or bigram.
     """
     scope = [(rel, body) for rel, body in tree.texts.items()
              if rel.endswith(".py") and (include_tests or not is_test(rel))]
@@ -322,8 +324,11 @@ def _candidate_files(tree: SourceTree, text: str, include_tests: bool,
         weight = {rel: sum(math.log(1 + len(scope) / df[x]) for x in h)
                   for rel, h in held.items()}
         best = max(weight.values())
-        # trigrams always join (a stretch may be found only in the wrong files); share 0:
-        # every level, every file
+        # trigrams always join (a stretch may be found only in the wrong files); share 0
+        # (widening): every file holding a stretch, trigram or bigram, the heaviest first
+        if share == 0 and n == 2:
+            top = sorted(weight, key=lambda rel: -weight[rel])[:WIDEN_FILES]
+            return sorted(top), needles
         if n in (3, 2) and best >= rare and share > 0 or n == 1:
             return sorted(rel for rel, w in weight.items() if w >= share * best), needles
     return [], []
