@@ -237,3 +237,30 @@ def test_ground_message_in_one_call(pinned_index):
     assert not odd.verified and odd.site is not None and "numerator" in (odd.reason or "")
     none = ground_message(tree, inv, "RuntimeError: servetune test says no", config)
     assert (none.verified, none.site) == (False, None) and "no raise or assert" in none.reason
+
+
+def test_new_fields_keep_old_ids():
+    """Scope.sm_major and ServingConfig.mm_attention_backend, unset, change no stored id."""
+    import hashlib
+    import json
+
+    config = _config(gpu="H200", model="qwen3-32b", weights="fp8", tp_size=2)
+    data = config.model_dump(mode="json")
+    for name in ("schedule_conservativeness", "speculative_algorithm", "speculative_num_steps",
+                 "speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_adaptive",
+                 "disable_radix_cache", "enable_hierarchical_cache", "hicache_ratio",
+                 "mm_attention_backend"):
+        del data[name]
+    old = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+    assert config.config_id() == old
+    lesson = Lesson(title="fa3 refused", scope=Scope(gpu="B200"), outcome="unsupported",
+                    condition=[Clause(field="attention_backend", op="eq", value="fa3")],
+                    root_cause="-", fix="-", evidence="-").with_id()
+    key = json.dumps({"scope": {"gpu": "B200", "model": None, "quantization": None,
+                                "engine": "sglang", "engine_version": None},
+                      "outcome": "unsupported",
+                      "condition": [{"field": "attention_backend", "op": "eq", "value": "fa3"}]},
+                     sort_keys=True, default=str)
+    assert lesson.id == "L-" + hashlib.sha256(key.encode()).hexdigest()[:10]
+    with_sm = lesson.model_copy(update={"scope": Scope(sm_major=10)}).with_id()
+    assert with_sm.id != lesson.id
