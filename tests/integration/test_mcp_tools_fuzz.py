@@ -91,6 +91,8 @@ SEEDS: dict[str, dict[str, dict[str, Any]]] = {
         "where_used": {"flag": FLAG, "max_hits": 5},
         "constraints": {"flag": FLAG, "max_items": 5},
         "explain_default": {"flag": FLAG, "max_items": 5},
+        "locate_message": {"message": "AssertionError: max_running_requests must be positive",
+                           "max_sites": 2},
     },
 }
 ADVERSARIAL: list[Any] = [
