@@ -30,10 +30,13 @@ def check_engine_version(v: str) -> str:
 
 EngineVersion = Annotated[str, AfterValidator(check_engine_version)]
 
-# Fields added in twin v1; config_id() leaves them out while they hold their default.
+# Fields added since twin v1; config_id() leaves them out while they hold their default.
 V1_FIELDS = ("schedule_conservativeness", "speculative_algorithm", "speculative_num_steps",
              "speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_adaptive",
-             "disable_radix_cache", "enable_hierarchical_cache", "hicache_ratio")
+             "disable_radix_cache", "enable_hierarchical_cache", "hicache_ratio",
+             "mm_attention_backend")
+# String fields whose values are the choices of the engine version's flag inventory.
+CHOICE_FIELDS = ("attention_backend", "mm_attention_backend")
 
 
 class ServingConfig(BaseModel):
@@ -70,6 +73,10 @@ class ServingConfig(BaseModel):
     cuda_graph_max_bs_decode: int | None = Field(
         None, ge=1, le=4096, description="--cuda-graph-max-bs-decode; None = by GPU memory")
     attention_backend: str | None = Field(None, description="--attention-backend; None = auto")
+    mm_attention_backend: str | None = Field(
+        None, description="--mm-attention-backend: attention kernels of a multimodal model's "
+        "vision/audio encoder; None = by platform (SGLang 0.5.23 "
+        "layers/attention/vision.py _determine_attention_backend: fa3 on SM 9, fa4 on SM 10)")
     schedule_policy: Literal["fcfs", "lpm"] = Field("fcfs", description="--schedule-policy")
     schedule_conservativeness: float | None = Field(
         None, allow_inf_nan=False, description="--schedule-conservativeness: scales the "
@@ -130,14 +137,17 @@ class ServingConfig(BaseModel):
 
     @model_validator(mode="after")
     def _choices(self) -> ServingConfig:
-        if self.attention_backend is not None:
+        for name in CHOICE_FIELDS:
+            value = getattr(self, name)
+            if value is None:
+                continue
             from domain.engines import engine_for
 
             eng = engine_for(self)
-            choices = eng.flag_inventory()["attention_backend"]["choices"] or []
-            if self.attention_backend not in choices:
-                raise ValueError(f"attention_backend {self.attention_backend!r} is not a choice "
-                                 f"of {eng.label} {self.engine_version}: {', '.join(choices)}")
+            choices = eng.flag_inventory()[name]["choices"] or []
+            if value not in choices:
+                raise ValueError(f"{name} {value!r} is not a choice of {eng.label} "
+                                 f"{self.engine_version}: {', '.join(choices)}")
         return self
 
     @property

@@ -5,8 +5,9 @@ fail for another, and the values it names must be valid values (see
 :meth:`domain.lesson.Lesson.defect`). The domain of a field is read from ServingConfig itself, so
 it cannot drift from the schema of record:
 
-- ``Literal`` fields and ``bool``: their members; ``attention_backend``: the choices of the
-  shipped SGLang flag inventories; ``weights``: every checkpoint key of the model catalog.
+- ``Literal`` fields and ``bool``: their members; ``attention_backend`` and
+  ``mm_attention_backend`` (``CHOICE_FIELDS``): the choices of the shipped SGLang flag
+  inventories; ``weights``: every checkpoint key of the model catalog.
 - ``int``/``float`` fields: the numbers within the field's ``ge``/``gt``/``le``/``lt`` bounds
   (``allow_inf_nan=False``: finite), less what the model's own validators refuse
   (``chunked_prefill_size`` 0).
@@ -38,7 +39,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import ValidationError
 
-from domain.config import ServingConfig
+from domain.config import CHOICE_FIELDS, ServingConfig
 from domain.engines import engine
 
 BIG_INT = 10**18  # stands for "no bound" on an unbounded integer field
@@ -213,10 +214,9 @@ def _plain_domain(field: str, ann: Any, info: Any, nullable: bool) -> FieldDomai
 
         keys = sorted({k for m in MODELS for k in get_model(m).checkpoints})
         return FieldDomain(field, nullable, choices=tuple(keys))
-    if field == "attention_backend":
+    if field in CHOICE_FIELDS:
         keys = sorted({str(c) for v in engine("sglang").versions
-                       for c in engine("sglang", v).flag_inventory()["attention_backend"][
-                           "choices"] or []})
+                       for c in engine("sglang", v).flag_inventory()[field]["choices"] or []})
         return FieldDomain(field, nullable, choices=tuple(keys))
     if get_origin(ann) is Literal:
         return FieldDomain(field, nullable, choices=get_args(ann))

@@ -49,6 +49,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     _k("cuda_graph_max_bs_decode", "largest decode batch captured in a CUDA graph",
        "cuda_graph_max_bs_decode"),
     _k("attention_backend", "attention kernel family", "attention_backend"),
+    _k("mm_attention_backend", "attention kernels of a multimodal model's vision encoder",
+       "mm_attention_backend"),
     _k("schedule_policy", "waiting-queue order (fcfs, lpm)", "schedule_policy", False),
     _k("schedule_conservativeness", "admission's estimate of future decode tokens (x 0.7 "
        "initial new-token ratio); higher admits fewer requests", "schedule_conservativeness"),

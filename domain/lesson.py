@@ -251,6 +251,10 @@ class Scope(BaseModel):
     quantization: str | None = Field(None, description="checkpoint key, e.g. 'fp8'")
     engine: str | None = "sglang"
     engine_version: str | None = None
+    sm_major: int | None = Field(None, ge=1, le=99, description=(
+        "CUDA compute-capability major of the GPU (domain/hardware.py GPU.sm_major: 10 for "
+        "B200, 9 for H100/H200); set when the engine check tests the hardware, instead of "
+        "naming one GPU"))
 
     @model_validator(mode="after")
     def _known(self) -> Scope:
@@ -282,6 +286,11 @@ class Scope(BaseModel):
         pairs = ((self.gpu, config.gpu), (self.model, config.model),
                  (self.quantization, config.weights), (self.engine, config.engine),
                  (self.engine_version, config.engine_version))
+        if self.sm_major is not None:
+            from domain.hardware import get_gpu
+
+            if get_gpu(config.gpu).sm_major != self.sm_major:
+                return False
         return all(want is None or want == have for want, have in pairs)
 
 
@@ -349,7 +358,10 @@ class Lesson(BaseModel):
 
     def with_id(self) -> Lesson:
         """A copy whose id hashes scope + condition + outcome (same finding => same id)."""
-        key = json.dumps({"scope": self.scope.model_dump(), "outcome": self.outcome,
+        scope = self.scope.model_dump()
+        if scope["sm_major"] is None:
+            del scope["sm_major"]  # lessons made before Scope.sm_major keep their ids
+        key = json.dumps({"scope": scope, "outcome": self.outcome,
                           "condition": [c.model_dump(mode="json") for c in self.condition]},
                          sort_keys=True, default=str)
         return self.model_copy(update={"id": "L-" + hashlib.sha256(key.encode()).hexdigest()[:10]})
@@ -440,8 +452,9 @@ class Lesson(BaseModel):
     def document(self) -> str:
         """The text that is embedded for semantic search."""
         s = self.scope
+        gpu = s.gpu or (f"SM {s.sm_major}.x GPUs" if s.sm_major else "any GPU")
         return (f"{self.title}. Outcome: {self.outcome} ({self.failure_class or '-'}). "
-                f"Scope: {s.gpu or 'any GPU'}, {s.model or 'any model'}, "
+                f"Scope: {gpu}, {s.model or 'any model'}, "
                 f"weights {s.quantization or 'any'}, {s.engine} {s.engine_version or ''}. "
                 f"When: {self.condition_text()}. Cause: {self.root_cause} Fix: {self.fix} "
                 f"Evidence: {self.evidence}")

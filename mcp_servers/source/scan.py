@@ -382,8 +382,13 @@ def _parse_function(lines: list[str], start: int, end: int) -> ast.stmt | None:
     return mod.body[0]
 
 
-def _units(tree: SourceTree, rel: str, lines_named: list[int]) -> list[tuple[ast.stmt, str]]:
-    """(statement, class prefix) units to walk: the functions naming the flag, else the module."""
+def units(tree: SourceTree, rel: str, lines_named: list[int]) -> list[tuple[ast.stmt, str]]:
+    """(statement, class prefix) units to walk: the functions holding the lines, else the module.
+
+    ``lines_named`` are sorted 1-based line numbers; each is covered by the outermost function
+    around it, cut out and parsed alone; when one lies outside any function or a cut does not
+    parse, the whole module's statements are returned instead.
+    """
     text = tree.texts[rel]
     lines = text.split("\n")
     units: list[tuple[ast.stmt, str]] = []
@@ -422,6 +427,6 @@ def scan(tree: SourceTree, dest: str, cli: list[str]) -> Iterator[tuple[str, ast
             continue
         named = _Lines(lines_of(text, [o[0] for o in occ]))
         top = Ctx("<module>", (), False, False)
-        for unit, prefix in _units(tree, rel, sorted(set(named.lines))):
+        for unit, prefix in units(tree, rel, sorted(set(named.lines))):
             for st, ctx in _statements([unit], top, mentions, named, prefix):
                 yield rel, st, ctx, mentions

@@ -22,7 +22,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 
-from mcp_servers.source import analysis
+from mcp_servers.source import analysis, raises
 from mcp_servers.source import files as file_ops
 from mcp_servers.source import outline as outline_ops
 from mcp_servers.source.fetch import cached_tree, check_version, default_cache_dir, fetch_wheel
@@ -127,7 +127,7 @@ def build_server(tree: SourceTree | None, version: str = DEFAULT_VERSION,
 
     Returns:
         The server, with tools source_info, list_files, read_file, grep, outline, list_flags,
-        get_flag, where_used, constraints and explain_default.
+        get_flag, where_used, constraints, explain_default and locate_message.
     """
     inv = inventory if inventory is not None or tree is None else extract_flags(tree)
     hint = (f"No SGLang source tree is configured. Run {fetch_hint(version)} (pip downloads "
@@ -139,7 +139,9 @@ def build_server(tree: SourceTree | None, version: str = DEFAULT_VERSION,
         f"Read-only access to the SGLang source ({where}); never executed. Cite file:line. "
         "get_flag / list_flags give a flag's type, default, choices and help; explain_default "
         "shows where an unset default is computed at start-up; constraints lists the asserts, "
-        "raises and warnings that involve a flag; where_used lists the lines that read it; "
+        "raises and warnings that involve a flag; locate_message finds the raise or assert an "
+        "error message comes from, with the flags and hardware facts its guard tests; "
+        "where_used lists the lines that read it; "
         "grep, outline and read_file (paged by line) follow up."
         + ("" if tree else " " + hint)))
 
@@ -318,6 +320,29 @@ def build_server(tree: SourceTree | None, version: str = DEFAULT_VERSION,
         t, i = need()
         with as_tool_errors():
             return analysis.explain_default(t, i, flag, start, max_items, include_tests)
+
+    @server.tool(annotations=READ_ONLY)
+    def locate_message(
+        message: Annotated[str, Field(min_length=1, max_length=raises.MAX_MESSAGE_CHARS,
+                                      description=(
+            "the error message or its log line, e.g. \"ValueError: The 'fa3' backend is not "
+            "supported on Blackwell GPUs\" (with a traceback, its last line is used)"))],
+        exception: Annotated[str | None, Field(max_length=100, pattern=r"^[A-Za-z_][\w.]*$",
+                                               description=(
+            "exception type when the message does not name it, e.g. 'AssertionError'"))] = None,
+        max_sites: Annotated[int, Field(ge=1, le=20, description="sites to return")] = 5,
+        include_tests: IncludeTests = False,
+    ) -> raises.MessageMatch:
+        """The raise or assert site an error message comes from, best first, with its guard.
+
+        f-string, .format and % templates match with wildcards for the formatted parts. Each
+        site has file:line, exception type, the condition under which it raises, the flag
+        dests and hardware facts (SM predicates, platform) that condition tests, and the same
+        as atoms (facts) for building a lesson condition from exactly those fields.
+        """
+        t, i = need()
+        with as_tool_errors():
+            return raises.locate_message(t, i, message, exception, max_sites, include_tests)
 
     return server
 

@@ -605,7 +605,7 @@ async def test_tools_listed_with_annotations(mini):
         tools = {t.name: t for t in (await client.list_tools()).tools}
     assert set(tools) == {"source_info", "list_files", "read_file", "grep", "outline",
                           "list_flags", "get_flag", "where_used", "constraints",
-                          "explain_default"}
+                          "explain_default", "locate_message"}
     for t in tools.values():
         a = t.annotations
         assert (a.read_only_hint, a.idempotent_hint, a.open_world_hint) == (True, True, False)
@@ -802,7 +802,7 @@ async def test_stdio_round_trip(tmp_path):
         async with Client(params) as client:
             names = sorted(t.name for t in (await client.list_tools()).tools)
             r = await client.call_tool("where_used", {"flag": "max_running_requests"})
-    assert len(names) == 10
+    assert len(names) == 11
     assert ("sglang/srt/managers/scheduler.py", 15, "read") in {
         (h["path"], h["line"], h["kind"]) for h in r.structured_content["hits"]}
 
@@ -1051,3 +1051,34 @@ def test_real_constraints_mentions_finds_the_fa3_sm_check_by_its_alias(real_tree
     assert fa3.total + fa3.not_mentioning == everything.total and fa3.total < 20
     # "FlashAttention v3 Backend requires SM>=80 and SM<=90" never says "fa3"
     assert any("SM>=80 and SM<=90" in c.message for c in fa3.items)
+
+
+async def test_locate_message_through_client(mini):
+    async with Client(build_server(mini)) as client:
+        r = await client.call_tool("locate_message", {"message": "the quick brown fox"})
+        bad = await client.call_tool("locate_message", {"message": "x", "exception": "-rf"})
+    assert (r.structured_content["total"], r.structured_content["sites"]) == (0, [])
+    assert bad.is_error and "String should match pattern" in bad.content[0].text
+
+
+async def test_locate_message_over_stdio_on_the_pinned_tree():
+    """The real 0.5.23 tree served over stdio: the vision encoder's fa3 refusal on Blackwell."""
+    from fixtures.pinned_source import pinned_tree_path
+
+    tree = pinned_tree_path()
+    params = StdioServerParameters(
+        command=sys.executable, cwd=str(REPO_ROOT),
+        args=["-c", f"from mcp_servers.source.server import main; main({str(tree)!r})"])
+    with anyio.fail_after(120):
+        async with Client(params) as client:
+            r = await client.call_tool("locate_message", {
+                "message": "ValueError: The 'fa3' backend is not supported on Blackwell GPUs"})
+            empty = await client.call_tool("locate_message", {"message": "   "})
+    best = r.structured_content["sites"][0]
+    assert (best["site"], best["exception"], best["flags"], best["hardware"]) == (
+        "sglang/srt/layers/attention/vision.py:1331", "ValueError", ["mm_attention_backend"],
+        ["get_platform().is_blackwell"])
+    [[flag, sm]] = best["facts"]["disjuncts"]
+    assert (flag["dest"], flag["op"], flag["value"]) == ("mm_attention_backend", "eq", "fa3")
+    assert (sm["kind"], sm["op"], sm["value"]) == ("sm", "in", [10, 11, 12])
+    assert empty.is_error and "give the error message" in empty.content[0].text

@@ -82,7 +82,7 @@ def argv(config: ServingConfig, version: str) -> list[str]:
     if config.kv_cache_dtype != "auto":
         pairs.append(("kv_cache_dtype", config.kv_cache_dtype))
     for name in ("mem_fraction_static", "max_running_requests", "chunked_prefill_size",
-                 "cuda_graph_max_bs_decode", "attention_backend"):
+                 "cuda_graph_max_bs_decode", "attention_backend", "mm_attention_backend"):
         value = getattr(config, name)
         if value is not None:
             pairs.append((name, value))
