@@ -68,7 +68,7 @@ def diagnose(
     try:
         eng = get_engine(engine, version)
         if not no_source and eng.name == "sglang":
-            from servetune.diagnose_source import source_ground
+            from mcp_servers.lessons.ground import source_ground
 
             ground, note = source_ground(source, eng.version)
         report = diagnose_log(lines, engine, version, gpu, model, weights, ground=ground)

@@ -1,4 +1,4 @@
-"""Source grounding for ``servetune diagnose``: the raise site of a log's evidence line.
+"""Source grounding for ``servetune diagnose`` and ``diagnose_log``: a log line's raise site.
 
 With an engine source tree (``--source PATH``, else the cached tree of the version when it has
 been fetched: ``servetune source fetch``), the evidence line's message is looked up in the tree
@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from domain.diagnosis import Ground
+from domain.errors import ServetuneError
 from domain.failures import Diagnosis
 from domain.grounding import GuardFacts
 
@@ -61,3 +62,19 @@ def source_ground(source: Path | None, version: str) -> tuple[Ground | None, str
                                     "verified": bool(site.flags)}), site.facts
 
     return ground, f"source: {tree.root}"
+
+
+_HOOKS: dict[str, tuple[Ground | None, str]] = {}
+
+
+def cached_ground(version: str) -> tuple[Ground | None, str]:
+    """:func:`source_ground` over the version's cached tree, opened once per process.
+
+    A tree that cannot be opened gives no hook (the note says why), never an error.
+    """
+    if version not in _HOOKS:
+        try:
+            _HOOKS[version] = source_ground(None, version)
+        except ServetuneError as e:
+            _HOOKS[version] = None, f"source tree unusable: {e}"
+    return _HOOKS[version]
