@@ -34,6 +34,7 @@ from domain.errors import ConfigInvalid
 from domain.failures import TAXONOMY, Diagnosis, NoLesson
 from domain.grounding import GuardFacts, NotGrounded, grounded_condition
 from domain.lesson import Lesson
+from domain.provenance import Provenance, evidence_lines, now_iso
 
 # the hook that grounds a diagnosis in a source tree: the diagnosis with its site and the flags
 # its guard tests, and the guard's facts (None: no site matched the message)
@@ -189,6 +190,9 @@ def _grounded(eng: Engine, config: ServingConfig, d: Diagnosis, facts: GuardFact
             root_cause=f"{eng.label} {eng.version} raises {facts.exception} at {facts.site} "
                        f"when {facts.guard}: {d.evidence}",
             fix=d.fix, evidence="\n".join(list(lines)[-6:]), source="user", verified=True,
-            source_site=facts.site).with_id()
+            source_site=facts.site, provenance=Provenance(
+                backend="user", engine=eng.name, engine_version=eng.version,
+                evidence=evidence_lines("\n".join(list(lines)[-6:])),
+                learned_at=now_iso())).with_id()
     except ValueError:  # the condition names no family (Lesson.defect)
         return None
