@@ -11,8 +11,14 @@ the engine reads its own log through :meth:`domain.engines.Engine.diagnose` and
 3. the lesson the diagnosis teaches for that config (the taxonomy's rule), or why none can be
    formed (a transient class, no config, a refused setting servetune's config has no field for).
 
-Source grounding (the raise site and the flags its guard tests) is applied by the caller's
-``ground`` hook when a source tree is at hand; without it ``verified`` stays False.
+Source grounding is the caller's ``ground`` hook, given when a source tree is at hand: it
+finds the message's raise or assert site and the facts of its guard
+(:class:`domain.grounding.GuardFacts`). The diagnosis then names that site, and the flags the
+guard tests (``verified``); the lesson's condition is built from exactly those facts
+(:func:`domain.grounding.grounded_condition`), never from other fields of the failed config.
+Where the guard gives no condition (it tests only hardware, the model or a value the config
+cannot express), or without a source tree, the condition is the taxonomy's rule and the lesson
+is unverified.
 """
 
 from __future__ import annotations
@@ -25,8 +31,14 @@ from pydantic import BaseModel, ValidationError
 from domain.config import ServingConfig
 from domain.engines import Engine, engine
 from domain.errors import ConfigInvalid
-from domain.failures import Diagnosis, NoLesson
+from domain.failures import TAXONOMY, Diagnosis, NoLesson
+from domain.grounding import GuardFacts, NotGrounded, grounded_condition
 from domain.lesson import Lesson
+from domain.provenance import Provenance, evidence_lines, now_iso
+
+# the hook that grounds a diagnosis in a source tree: the diagnosis with its site and the flags
+# its guard tests, and the guard's facts (None: no site matched the message)
+Ground = Callable[[Diagnosis, Sequence[str]], tuple[Diagnosis, GuardFacts | None]]
 
 # ServingConfig fields a log's server_args cannot state (servetune's own, or the scope's)
 _NOT_LOGGED = ("engine", "engine_version", "model", "gpu", "weights", "replicas", "router_policy")
@@ -108,8 +120,7 @@ def config_from_log(eng: Engine, log: Sequence[str], gpu: str | None, model: str
 
 def diagnose_log(lines: Sequence[str], engine_name: str = "sglang", version: str | None = None,
                  gpu: str | None = None, model: str | None = None, weights: str | None = None,
-                 ground: Callable[[Diagnosis, Sequence[str]], Diagnosis] | None = None
-                 ) -> DiagnosisReport:
+                 ground: Ground | None = None) -> DiagnosisReport:
     """Diagnose ``lines`` and form the lesson it teaches (module docstring).
 
     Raises:
@@ -131,14 +142,19 @@ def diagnose_log(lines: Sequence[str], engine_name: str = "sglang", version: str
         if model not in MODELS:
             raise ConfigInvalid([f"model: unknown model {model!r}; known: {', '.join(MODELS)}"])
     d = eng.diagnose(lines)
+    facts = None
     if ground is not None:
-        d = ground(d, lines)
+        d, facts = ground(d, lines)
     config, problem = config_from_log(eng, lines, gpu, model, weights)
     report = DiagnosisReport(diagnosis=d, config=config, config_problem=problem)
     if config is None:
         return report.model_copy(update={"no_lesson": f"the lesson cannot be formed: {problem}"})
-    try:
-        lesson = eng.diagnosis_lesson(config, d, list(lines))
+    grounded = _grounded(eng, config, d, facts, lines) if facts is not None else None
+    if grounded is not None:
+        return report.model_copy(update={"lesson": grounded})
+    try:  # the taxonomy's rule: an unverified condition, whatever the diagnosis found
+        lesson = eng.diagnosis_lesson(config, d.model_copy(update={"verified": False}),
+                                      list(lines))
     except NoLesson as e:
         return report.model_copy(update={"no_lesson": f"the lesson cannot be formed: {e}"})
     if not d.verified:  # the flags are the ones the taxonomy's condition tests
@@ -149,3 +165,34 @@ def diagnose_log(lines: Sequence[str], engine_name: str = "sglang", version: str
 
 def _flag(field: str) -> str:
     return "--" + field.replace("_", "-")
+
+
+def _grounded(eng: Engine, config: ServingConfig, d: Diagnosis, facts: GuardFacts,
+              lines: Sequence[str]) -> Lesson | None:
+    """The lesson whose condition is exactly the guard's atoms the config satisfies.
+
+    None when the guard gives no condition for the config, or the class teaches no lesson.
+    """
+    fc = TAXONOMY.get(d.failure_class)
+    if fc is None or fc.outcome is None:
+        return None
+    try:
+        scope, clauses = grounded_condition(config, facts)
+    except NotGrounded:
+        return None
+    if not clauses:  # only hardware or the model: a forbidding lesson needs a clause
+        return None
+    when = " AND ".join(c.text() for c in clauses)
+    try:
+        return Lesson(
+            title=f"{eng.label} {eng.version} refuses {when} ({facts.site})"[:300],
+            scope=scope, condition=clauses, outcome=fc.outcome, failure_class=d.failure_class,
+            root_cause=f"{eng.label} {eng.version} raises {facts.exception} at {facts.site} "
+                       f"when {facts.guard}: {d.evidence}",
+            fix=d.fix, evidence="\n".join(list(lines)[-6:]), source="user", verified=True,
+            source_site=facts.site, provenance=Provenance(
+                backend="user", engine=eng.name, engine_version=eng.version,
+                evidence=evidence_lines("\n".join(list(lines)[-6:])),
+                learned_at=now_iso())).with_id()
+    except ValueError:  # the condition names no family (Lesson.defect)
+        return None

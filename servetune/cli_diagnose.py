@@ -49,6 +49,11 @@ def diagnose(
     weights: Annotated[str | None, typer.Option(help="checkpoint key of the model, e.g. fp8 "
                                                      "(default: from the log's model_path)")
                        ] = None,
+    source: Annotated[Path | None, typer.Option(
+        "--source", help="SGLang source tree or wheel to ground the diagnosis in (default: the "
+                         "version's cached tree, if fetched)")] = None,
+    no_source: Annotated[bool, typer.Option("--no-source", help="do not read any source "
+                                                                "tree")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     learn: Annotated[bool, typer.Option("--learn", help="store the lesson in the lesson "
                                                         "store")] = False,
@@ -56,10 +61,17 @@ def diagnose(
 ) -> None:
     """Diagnose a failed engine log: class, phase, evidence, source site, fix and lesson."""
     from domain.diagnosis import diagnose_log
+    from domain.engines import engine as get_engine
 
     lines = _read(logfile)
+    ground, note = None, "source: not read (--no-source)"
     try:
-        report = diagnose_log(lines, engine, version, gpu, model, weights)
+        eng = get_engine(engine, version)
+        if not no_source and eng.name == "sglang":
+            from mcp_servers.lessons.ground import source_ground
+
+            ground, note = source_ground(source, eng.version)
+        report = diagnose_log(lines, engine, version, gpu, model, weights, ground=ground)
     except ServetuneError as e:
         fail(f"diagnose: {e}")
     except ValueError as e:
@@ -75,6 +87,8 @@ def diagnose(
             fail(f"diagnose --learn: {e}")
     if as_json:
         print(json.dumps(report.as_json(), indent=2))
+        if ground is None:
+            err_console.print(f"note: {escape(note)}", highlight=False)
         if report.no_lesson:
             err_console.print(f"note: {escape(report.no_lesson)}", highlight=False)
         if learn and stored is None:
@@ -82,7 +96,8 @@ def diagnose(
         return
     d = report.diagnosis
     rows = [("class", d.failure_class), ("phase", d.phase), ("evidence", d.evidence),
-            ("source", d.source or "(unknown: no source tree read; the taxonomy's rule)"),
+            ("source", d.source or ("(no raise site matched the message)" if ground else
+                                    f"(unknown: {note})")),
             ("flags", ", ".join(d.flags) or "-"),
             ("retry", "yes (a retry can cure it)" if d.retry else "no"), ("fix", d.fix),
             ("verified", "yes" if d.verified else "no")]
@@ -93,9 +108,10 @@ def diagnose(
                       highlight=False, soft_wrap=True)
         return
     les = report.lesson
+    how = "source-verified condition" if les.verified else "the taxonomy's rule, unverified"
     console.print(f"[bold]{'lesson':>9}[/]  {escape(les.id)} {escape(les.title)}\n"
                   f"{'':>11}when: {escape(les.condition_text())}\n"
-                  f"{'':>11}outcome: {les.outcome}, scope: {escape(_scope(les))}",
+                  f"{'':>11}outcome: {les.outcome}, scope: {escape(_scope(les))} ({how})",
                   highlight=False, soft_wrap=True)
     if stored is not None:
         console.print(f"stored lesson {escape(stored.id)} in the lesson store", highlight=False)

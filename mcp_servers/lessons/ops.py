@@ -464,8 +464,12 @@ MAX_LOG_CHARS = 200_000  # a pasted log: the lines around the failure, not a day
 
 
 def diagnose_log(log: str, engine: str = "sglang", version: str | None = None,
-                 gpu: str | None = None, model: str | None = None) -> LogDiagnosis:
+                 gpu: str | None = None, model: str | None = None,
+                 ground: bool = True) -> LogDiagnosis:
     """Diagnose a pasted engine log: class, phase, evidence, fix and the lesson (not stored).
+
+    With ``ground``, the version's cached source tree (when fetched) grounds the evidence line
+    in its raise site (:func:`mcp_servers.lessons.ground.cached_ground`).
 
     Raises:
         ValueError: an empty or oversized log, or an engine, version, GPU or model servetune
@@ -477,8 +481,13 @@ def diagnose_log(log: str, engine: str = "sglang", version: str | None = None,
     if len(log) > MAX_LOG_CHARS:
         raise ValueError(f"the log has {len(log)} characters; paste at most {MAX_LOG_CHARS} "
                          "(the lines around the failure)")
+    from domain.engines import engine as get_engine
+    from mcp_servers.lessons.ground import cached_ground
+
     try:
-        r = run(log.splitlines(), engine, version, gpu, model)
+        eng = get_engine(engine, version)
+        hook = cached_ground(eng.version)[0] if ground and eng.name == "sglang" else None
+        r = run(log.splitlines(), engine, version, gpu, model, ground=hook)
     except ConfigInvalid as e:
         raise ValueError(str(e)) from e
     d = r.diagnosis

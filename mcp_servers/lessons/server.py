@@ -175,7 +175,9 @@ def build_server(store: LessonStore, run_id: str | None = None, backend: str | N
     ) -> ops.LogDiagnosis:
         """Diagnose a failed engine log: failure class, phase, evidence line and fix.
 
-        Also the lesson it would teach (returned, not stored: add it with add_lesson).
+        Also the lesson it would teach (returned, not stored: add it with add_lesson). With the
+        engine's source tree fetched (servetune source fetch), the evidence is grounded in its
+        raise site and the lesson's condition in what that check tests (verified).
         """
         with as_tool_errors(ValueError):
             return ops.diagnose_log(log, engine=engine, version=version, gpu=gpu, model=model)

@@ -12,6 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 from fixtures.cli import servetune
+from fixtures.pinned_source import pinned_tree  # noqa: F401  (the session fixture)
 from mcp import Client, StdioServerParameters
 
 from domain.diagnosis import JSON_KEYS
@@ -115,3 +116,38 @@ async def test_diagnose_log_tool_over_stdio(tmp_path):
     assert out["lesson"]["scope"]["gpu"] == "B200" and out["no_lesson"] is None
     assert bad.is_error and "known: B200" in bad.content[0].text
     assert listed.structured_content["total"] == 0  # the tool stores nothing
+
+
+# SGLang 0.5.23 layers/attention/vision.py:1331 refuses the vision encoder's fa3 on Blackwell;
+# the log's server_args state the flag (quoted wording: sgl-project/sglang issue 12360)
+FA3_VISION_LOG = """\
+[2026-01-01 10:00:00] server_args={'model_path': 'zai-org/GLM-5-FP8', 'tp_size': 8, \
+'mm_attention_backend': 'fa3'}
+[2026-01-01 10:00:05 TP0] Load weight begin. avail mem=177.10 GB
+Traceback (most recent call last):
+ValueError: The 'fa3' backend is not supported on Blackwell GPUs
+"""
+
+
+def test_diagnose_grounded_in_the_pinned_source_builds_the_condition_from_the_guard(
+        tmp_path, pinned_tree):  # noqa: F811  (the session fixture)
+    log = tmp_path / "vision.log"
+    log.write_text(FA3_VISION_LOG)
+    r = servetune("diagnose", str(log), "--gpu", "B200", "--source", str(pinned_tree), "--json",
+                  tmp=tmp_path, env=ENV)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert (out["class"], out["phase"]) == ("UNSUPPORTED_BACKEND", "weights_load")
+    assert out["source"] == "sglang/srt/layers/attention/vision.py:1331"
+    assert out["flags"] == ["--mm-attention-backend"]
+    les = out["lesson"]
+    assert les["verified"] is True and les["source_site"] == out["source"]
+    assert les["condition"] == [{"field": "mm_attention_backend", "op": "eq", "value": "fa3"}]
+    assert les["scope"]["sm_major"] == 10 and les["scope"]["model"] is None  # any SM 100 GPU
+    # without a source tree: the taxonomy's rule, the same flag, unverified
+    r = servetune("diagnose", str(log), "--gpu", "B200", "--json", tmp=tmp_path, env=ENV)
+    out = json.loads(r.stdout)
+    assert out["lesson"]["verified"] is False and out["flags"] == ["--mm-attention-backend"]
+    assert out["lesson"]["condition"] == [
+        {"field": "mm_attention_backend", "op": "eq", "value": "fa3"}]
+    assert "no SGLang 0.5.23 source tree" in r.stderr
