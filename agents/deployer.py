@@ -1,7 +1,7 @@
 """Deployer agent.
 
 Job: launch one candidate through the cluster server, wait until it is Ready
-or Failed, classify a failure from the engine's own log (:meth:`domain.engines.Engine.classify`),
+or Failed, diagnose a failure from the engine's own log (:meth:`domain.engines.Engine.diagnose`),
 and always tear it down afterwards.
 
 Two brains with one interface (``launch``, ``teardown``): :class:`Deployer` (deterministic, no
@@ -71,10 +71,12 @@ class Deployer:
         page = await call(self.cluster, "get_logs", {"name": name, "tail": 40})
         lines = page["lines"]
         # the status message last: it holds what no log line says (a readiness timeout)
-        cls, evidence = engine_for(config).classify(
+        d = engine_for(config).diagnose(
             lines + ([st["message"]] if st.get("message") else []))
-        return DeployOutcome(name=name, ready=False, failure_class=cls, evidence=evidence,
-                             stage=st.get("failed_stage"), log_tail=lines[-12:])
+        # the backend's failed stage when it names one, else the phase the log reached
+        return DeployOutcome(name=name, ready=False, failure_class=d.failure_class,
+                             evidence=d.evidence, stage=st.get("failed_stage") or d.phase,
+                             log_tail=lines[-12:])
 
     async def teardown(self, name: str) -> None:
         """Tear down ``name`` (idempotent)."""

@@ -10,10 +10,11 @@ Every draw is a hash of ``(seed, kind, key, attempt)`` (:func:`draw`), never a s
 stream, so a run with the same study injects the same faults in the same places whatever else
 it does, and a retry (``attempt + 1``) draws afresh.
 
-The retry policy (:data:`RETRY`) is per failure class: a retry helps only where the failure is
-transient (the image registry, a slow start, a dying server, the benchmark harness, the lesson
-store); a config the engine refuses or that runs out of memory fails the same way every time,
-so it is never retried -- it becomes a lesson instead.
+The retry policy (:data:`RETRY`, :func:`rule`, :func:`should_retry`) is the failure taxonomy's
+(:mod:`domain.failures`), per failure class: a retry helps only where the failure is transient
+(the image registry, a slow start -- retried once --, a dying server, the benchmark harness, the
+lesson store); a config the engine refuses or that runs out of memory fails the same way every
+time, so it is never retried -- it becomes a lesson instead.
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ import hashlib
 from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from domain.failures import MAX_ATTEMPTS as MAX_ATTEMPTS
+from domain.failures import NO_RETRY as NO_RETRY
+from domain.failures import TAXONOMY, RetryRule
+from domain.failures import rule as rule
+from domain.failures import should_retry as should_retry
 
 DeployFault = Literal["oom", "crash_loop", "image_pull", "ready_timeout"]
 BenchFault = Literal["server_death", "bench_garbage", "bench_timeout"]
@@ -36,46 +43,10 @@ EXPECTED_CLASS: dict[str, str] = {
     "lessons_outage": "LESSONS_UNAVAILABLE"}
 
 K = TypeVar("K", bound=str)
-MAX_ATTEMPTS = 3  # tries of one launch or one benchmark, the first included
 
-
-class RetryRule(BaseModel):
-    """Whether a failure class is worth another try, and why."""
-
-    retry: bool
-    redeploy: bool = Field(False, description="the retry needs a fresh deployment (the server "
-                           "is gone), not only a new benchmark on the same one")
-    why: str
-
-
-RETRY: dict[str, RetryRule] = {
-    "IMAGE_PULL": RetryRule(retry=True, redeploy=True, why="the registry or the node's network "
-                            "failed, not the config; a new pod pulls again"),
-    "READY_TIMEOUT": RetryRule(retry=True, redeploy=True, why="a slow node or storage delayed "
-                               "the start; a new pod usually starts in time"),
-    "SERVER_DIED": RetryRule(retry=True, redeploy=True, why="the server died under load after "
-                             "it had started fine; a new deployment runs the benchmark again"),
-    "BENCH_TIMEOUT": RetryRule(retry=True, why="the benchmark harness stalled; the deployment "
-                               "is still up, run it again"),
-    "BENCH_GARBAGE": RetryRule(retry=True, why="records that fail the sanity checks say nothing "
-                               "about the config; measure again"),
-    "LESSONS_UNAVAILABLE": RetryRule(retry=True, why="the lesson store is briefly down; the "
-                                     "call is retried after a short pause"),
-    "CRASH_LOOP": RetryRule(retry=False, why="the server crashes again after every restart; "
-                            "the same config crashes the same way"),
-}
-NO_RETRY = RetryRule(retry=False, why="the engine refuses the config or runs out of memory the "
-                     "same way every time; the failure becomes a lesson")
-
-
-def rule(failure_class: str | None) -> RetryRule:
-    """The retry rule of ``failure_class`` (engine refusals and OOMs: never retried)."""
-    return RETRY.get(failure_class or "", NO_RETRY)
-
-
-def should_retry(failure_class: str | None, attempt: int) -> bool:
-    """Whether try ``attempt`` (0 = the first) that failed with ``failure_class`` is retried."""
-    return rule(failure_class).retry and attempt + 1 < MAX_ATTEMPTS
+# The retry policy is the failure taxonomy's (domain/failures.py): one rule per class, stated
+# there once; these names stay importable from here for the graph and the fault reports.
+RETRY: dict[str, RetryRule] = {name: fc.retry for name, fc in TAXONOMY.items()}
 
 
 class FaultSpec(BaseModel):

@@ -38,6 +38,7 @@ from servetune.cli_common import (
     load_settings,
     open_store,
 )
+from servetune.cli_diagnose import diagnose
 from servetune.cli_lessons import lessons_app
 from servetune.cli_mcp import mcp_app, source_app
 from servetune.cli_run_print import (
@@ -61,6 +62,7 @@ app.add_typer(source_app, name="source")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(twin_app, name="twin")
 app.command("check")(check_cmd)
+app.command("diagnose")(diagnose)
 # A run id is the servetune/run-id label of every deployment, so it is a Kubernetes label value
 # (at most 63 characters, first and last a letter or digit; the apimachinery validation rule),
 # without '.' so that it is also a plain folder name.

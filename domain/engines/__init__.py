@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from domain.config import ServingConfig
+    from domain.failures import Diagnosis
     from domain.lesson import Lesson
     from domain.preflight import ParsedCommand
     from domain.twin.startup import Startup
@@ -65,7 +66,27 @@ class Engine(Protocol):
         ...
 
     def classify(self, log: Sequence[str]) -> tuple[str, str]:
-        """Failure class and evidence line of a failed startup log."""
+        """Failure class and evidence line of a failed startup log (:meth:`diagnose`'s)."""
+        ...
+
+    def diagnose(self, log: Sequence[str]) -> Diagnosis:
+        """Class, phase, evidence line, flags and retry rule of a failed log.
+
+        A :class:`domain.failures.Diagnosis` by the taxonomy's rule (``verified`` False).
+        """
+        ...
+
+    def logged_settings(self, log: Sequence[str]) -> dict[str, Any]:
+        """``{dest: value}`` of the server arguments the log states ({} if it states none)."""
+        ...
+
+    def diagnosis_lesson(self, config: ServingConfig, diagnosis: Diagnosis,
+                         log_tail: Sequence[str]) -> Lesson:
+        """The lesson ``diagnosis`` teaches for ``config``.
+
+        Raises:
+            domain.failures.NoLesson: the class's rule forms no condition for ``config``.
+        """
         ...
 
     def failure_lesson(self, config: ServingConfig, failure_class: str | None, stage: str | None,

@@ -441,3 +441,56 @@ def check_command(store: LessonStore, command: list[str], gpu: str, gpus: int | 
     out = report.to_json()
     return CommandCheck(verdict=verdict_of(findings), findings=[f.model_dump() for f in findings],
                         memory=out["memory"], resolved=out["resolved"], forbidding=forbidding)
+
+
+# ------------------------------------------------------------------ diagnose_log (a pasted log)
+class LogDiagnosis(BaseModel):
+    """What a pasted engine log shows (:func:`domain.diagnosis.diagnose_log`)."""
+
+    failure_class: str = Field(description="e.g. GRAPH_CAPTURE_OOM, UNSUPPORTED_BACKEND, UNKNOWN")
+    phase: str = Field(description="where it failed: args, init, weights_load, kv_pool, "
+                                   "cuda_graph or serving")
+    evidence: str = Field(description="the log line that decided the class")
+    source: str | None = Field(description="file:line of the engine check, if known")
+    flags: list[str] = Field(description="the server flags the lesson's condition tests")
+    retry: bool = Field(description="a retry can cure it (transient), so no lesson is learned")
+    fix: str
+    verified: bool = Field(description="source and flags read from the engine's source tree")
+    lesson: Lesson | None = Field(description="the lesson it would write (not stored)")
+    no_lesson: str | None = Field(description="why no lesson can be formed, when none is")
+
+
+MAX_LOG_CHARS = 200_000  # a pasted log: the lines around the failure, not a day of serving
+
+
+def diagnose_log(log: str, engine: str = "sglang", version: str | None = None,
+                 gpu: str | None = None, model: str | None = None,
+                 ground: bool = True) -> LogDiagnosis:
+    """Diagnose a pasted engine log: class, phase, evidence, fix and the lesson (not stored).
+
+    With ``ground``, the version's cached source tree (when fetched) grounds the evidence line
+    in its raise site (:func:`mcp_servers.lessons.ground.cached_ground`).
+
+    Raises:
+        ValueError: an empty or oversized log, or an engine, version, GPU or model servetune
+            does not know (the message names the supported ones).
+    """
+    from domain.diagnosis import diagnose_log as run
+    from domain.errors import ConfigInvalid
+
+    if len(log) > MAX_LOG_CHARS:
+        raise ValueError(f"the log has {len(log)} characters; paste at most {MAX_LOG_CHARS} "
+                         "(the lines around the failure)")
+    from domain.engines import engine as get_engine
+    from mcp_servers.lessons.ground import cached_ground
+
+    try:
+        eng = get_engine(engine, version)
+        hook = cached_ground(eng.version)[0] if ground and eng.name == "sglang" else None
+        r = run(log.splitlines(), engine, version, gpu, model, ground=hook)
+    except ConfigInvalid as e:
+        raise ValueError(str(e)) from e
+    d = r.diagnosis
+    return LogDiagnosis(failure_class=d.failure_class, phase=d.phase, evidence=d.evidence,
+                        source=d.source, flags=d.flags, retry=d.retry, fix=d.fix,
+                        verified=d.verified, lesson=r.lesson, no_lesson=r.no_lesson)

@@ -76,8 +76,8 @@ def build_server(store: LessonStore, run_id: str | None = None, backend: str | N
 
     Returns:
         The server, with tools query_lessons, list_lessons, add_lesson, check_config,
-        export_skill, show_lesson, quarantine_lesson and report_served (and retract_lesson,
-        restore_lesson with ``allow_retract``).
+        export_skill, diagnose_log, show_lesson, quarantine_lesson and report_served (and
+        retract_lesson, restore_lesson with ``allow_retract``).
     """
     server = StrictMCPServer(SERVER_NAME, instructions=INSTRUCTIONS)
 
@@ -156,6 +156,31 @@ def build_server(store: LessonStore, run_id: str | None = None, backend: str | N
         with as_tool_errors(ValueError, StoreUnavailable):
             return ops.export_skill(store, name=name, gpu=gpu, model=model,
                                     quantization=quantization)
+
+    @server.tool(annotations=READ_ONLY)
+    def diagnose_log(
+        log: Annotated[str, Field(min_length=1, max_length=ops.MAX_LOG_CHARS, description=(
+            "the engine's log as pasted: the lines around the failure (server_args line "
+            "included if you have it)"))],
+        engine: Annotated[str, Field(description="the engine that wrote it",
+                                     pattern=KEY_PATTERN)] = "sglang",
+        version: Annotated[str | None, Field(description="engine version, e.g. '0.5.23' "
+                                             "(default: the newest shipped)",
+                                             pattern=KEY_PATTERN)] = None,
+        gpu: Annotated[str | None, Field(description="GPU catalog key, e.g. 'B200' (needed "
+                                         "for the lesson)", pattern=KEY_PATTERN)] = None,
+        model: Annotated[str | None, Field(description="model catalog key, e.g. 'glm-5' "
+                                           "(default: from the log's model_path)",
+                                           pattern=KEY_PATTERN)] = None,
+    ) -> ops.LogDiagnosis:
+        """Diagnose a failed engine log: failure class, phase, evidence line and fix.
+
+        Also the lesson it would teach (returned, not stored: add it with add_lesson). With the
+        engine's source tree fetched (servetune source fetch), the evidence is grounded in its
+        raise site and the lesson's condition in what that check tests (verified).
+        """
+        with as_tool_errors(ValueError):
+            return ops.diagnose_log(log, engine=engine, version=version, gpu=gpu, model=model)
 
     _status_tools(server, store, backend, run_id, allow_retract)
     _add_check_command(server, store)

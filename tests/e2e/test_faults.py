@@ -22,7 +22,8 @@ from mcp import Client
 
 from agents.mcp_tools import TRANSIENT_RETRIES, call
 from domain.config import ServingConfig
-from domain.engines.sglang.failures import FAILURE_PATTERNS
+from domain.engines.sglang.failures import FAILURE_CLASSES
+from domain.failures import TAXONOMY
 from domain.faults import (
     BENCH_FAULTS,
     DEPLOY_FAULTS,
@@ -81,9 +82,10 @@ def test_retry_rule_per_class():
                 "BAD_FLAG", "KV_NO_ROOM", "BENCH_INVALID", "UNKNOWN", None):
         assert not should_retry(cls, 0), cls
     assert rule("SERVER_DIED").redeploy and not rule("BENCH_TIMEOUT").redeploy
-    # the classifier table's own flag agrees with the policy
-    for p in FAILURE_PATTERNS:
-        assert p.retryable == rule(p.failure_class).retry, p.failure_class
+    # the policy is the taxonomy's: every class the classifier returns has its one rule there
+    for cls in FAILURE_CLASSES:
+        assert rule(cls) == TAXONOMY[cls].retry, cls
+    assert should_retry("READY_TIMEOUT", 0) and not should_retry("READY_TIMEOUT", 1)  # once
 
 
 # ------------------------------------------------------------------------------ deploy faults

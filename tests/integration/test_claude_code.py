@@ -116,7 +116,8 @@ def test_mcp_tools_command_lists_a_server(tmp_path):
     r = run_cli(tmp_path, "mcp", "tools", "lessons")
     assert r.returncode == 0, r.stderr
     tools = ("query_lessons", "list_lessons", "add_lesson", "check_config", "export_skill",
-             "show_lesson", "quarantine_lesson", "report_served", "check_command")
+             "show_lesson", "quarantine_lesson", "report_served", "check_command",
+             "diagnose_log")
     listed = re.search(r"servetune mcp lessons: (\d+) tools", r.stdout)
     assert listed and int(listed.group(1)) >= len(tools), r.stdout
     assert all(t in r.stdout for t in tools), r.stdout

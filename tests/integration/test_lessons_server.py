@@ -82,7 +82,8 @@ async def test_tools_are_listed_with_descriptions_and_annotations(store):
         tools = {t.name: t for t in (await client.list_tools()).tools}
     hints = {"query_lessons": True, "list_lessons": True, "add_lesson": False,
              "check_config": True, "export_skill": True, "check_command": True,
-             "show_lesson": True, "quarantine_lesson": False, "report_served": False}
+             "show_lesson": True, "quarantine_lesson": False, "report_served": False,
+             "diagnose_log": True}
     assert set(tools) == set(hints)  # retract/restore: only with the operator flag
     assert {n: t.annotations.read_only_hint for n, t in tools.items()} == hints
     assert tools["add_lesson"].annotations.idempotent_hint is True
@@ -230,9 +231,9 @@ async def test_stdio_round_trip(tmp_path):
         async with Client(params) as client:
             names = sorted(t.name for t in (await client.list_tools()).tools)
             r = await client.call_tool("list_lessons", {"gpu": "H200"})
-    assert names == ["add_lesson", "check_command", "check_config", "export_skill",
-                     "list_lessons", "quarantine_lesson", "query_lessons", "report_served",
-                     "show_lesson"]
+    assert names == ["add_lesson", "check_command", "check_config", "diagnose_log",
+                     "export_skill", "list_lessons", "quarantine_lesson", "query_lessons",
+                     "report_served", "show_lesson"]
     assert not r.is_error
     assert [x["title"] for x in r.structured_content["items"]] == [KV.title]
     assert r.structured_content["next_start"] is None

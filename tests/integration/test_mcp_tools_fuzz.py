@@ -77,6 +77,8 @@ SEEDS: dict[str, dict[str, dict[str, Any]]] = {
         "report_served": {"config": CONFIG, "on": "twin", "trial": "search:fz"},
         "check_command": {"command": ["sglang", "serve", "--model-path", "zai-org/GLM-5-FP8",
                                       "--tp-size", "8"], "gpu": "B200", "gpus": 8},
+        "diagnose_log": {"log": "Capture cuda graph failed: CUDA out of memory.", "gpu": "B200",
+                         "model": "glm-5"},
     },
     "source": {
         "source_info": {},

@@ -7,7 +7,8 @@ Where each SGLang rule lives:
 - resolved defaults (what SGLang runs a config with): :mod:`domain.engines.sglang.defaults`
   (the memory-fit rules themselves: :mod:`domain.fit`, :mod:`domain.speculative`);
 - startup log phases, log lines and refusals the twin prints: :mod:`domain.engines.sglang.startup`;
-- failure classification of a log: :mod:`domain.engines.sglang.failures`;
+- failure classification of a log (phase, class, evidence): :mod:`domain.engines.sglang.failures`;
+- the server arguments a log states: :mod:`domain.engines.sglang.logargs`;
 - the lesson each failure teaches (family, fix, outcome): :mod:`domain.engines.sglang.lessons`;
 - Prometheus metric names: :mod:`domain.engines.sglang.metrics`.
 
@@ -26,6 +27,7 @@ from domain.engines.sglang.metrics import METRICS, PREFIX
 if TYPE_CHECKING:
     from domain.config import ServingConfig
     from domain.engines import Engine
+    from domain.failures import Diagnosis
     from domain.lesson import Lesson
     from domain.preflight import ParsedCommand
     from domain.twin.startup import Startup
@@ -77,6 +79,23 @@ class SglangEngine:
     def classify(self, log: Sequence[str]) -> tuple[str, str]:
         """Failure class and evidence line of a failed startup log (:func:`failures.classify`)."""
         return failures.classify(log)
+
+    def diagnose(self, log: Sequence[str]) -> Diagnosis:
+        """Class, phase and evidence of a failed log (:func:`failures.diagnose`)."""
+        return failures.diagnose(log)
+
+    def logged_settings(self, log: Sequence[str]) -> dict[str, Any]:
+        """The server arguments of the log's ``server_args=`` line (:mod:`logargs`)."""
+        from domain.engines.sglang import logargs
+
+        return logargs.logged_settings(log, self.version)
+
+    def diagnosis_lesson(self, config: ServingConfig, diagnosis: Diagnosis,
+                         log_tail: Sequence[str]) -> Lesson:
+        """The lesson of ``diagnosis`` for ``config`` (:func:`lessons.diagnosis_lesson`)."""
+        from domain.engines.sglang import lessons
+
+        return lessons.diagnosis_lesson(config, diagnosis, log_tail)
 
     def failure_lesson(self, config: ServingConfig, failure_class: str | None, stage: str | None,
                        evidence: str, log_tail: Sequence[str], run_id: str,

@@ -1,8 +1,12 @@
 """The lessons SGLang's failures teach: each failure class's family of doomed configs and fix.
 
 A failed launch's class (:mod:`domain.engines.sglang.failures`) and evidence line decide the
-lesson's scope and condition (:func:`failure_condition`), its fix (:data:`FIXES`, or the fix of
-the INVALID_COMBINATION refusal its message names) and its outcome (:data:`OUTCOME`).
+lesson's scope and condition (:func:`failure_condition`, following each class's ``condition``
+rule in the taxonomy, :mod:`domain.failures`), its fix (:data:`FIXES`, the taxonomy's, or the
+fix of the INVALID_COMBINATION refusal its message names) and its outcome (:data:`OUTCOME`, the
+taxonomy's). :func:`diagnosis_lesson` is the lesson of a :class:`~domain.failures.Diagnosis`
+(``servetune diagnose``), refused with :class:`~domain.failures.NoLesson` when the rule cannot
+form a condition for the config.
 """
 
 from __future__ import annotations
@@ -13,35 +17,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from domain.config import ServingConfig
+from domain.engines.sglang.failures import bad_flag_name, named_fields
+from domain.failures import TAXONOMY, Diagnosis, NoLesson
 from domain.fit import MEMORY_FIELDS
 from domain.knob_domain import field_domain
 from domain.lesson import Clause, Lesson, Scope
 
-FIXES = {
-    "UNSUPPORTED_BACKEND": "leave --attention-backend unset (the engine picks the backend for the "
-                           "GPU architecture) or choose one the architecture supports",
-    "OOM_WEIGHTS": "use more GPUs per replica (higher --tp-size) or a smaller checkpoint",
-    "KV_NO_ROOM": "raise --mem-fraction-static, raise --tp-size or use a smaller checkpoint",
-    "GRAPH_CAPTURE_OOM": "lower --mem-fraction-static or --cuda-graph-max-bs-decode",
-    "BAD_FLAG": "use only flags and values of the pinned SGLang version's inventory",
-    "BACKEND_MODEL_MISMATCH": "choose an attention backend made for this model's attention "
-                              "type (MLA/DSA or MHA/GQA), or leave it unset",
-    "TP_DIVISIBILITY": "choose a tp_size that divides the attention heads (e.g. 2, 4, 8)",
-    "MULTI_NODE_REQUIRED": "keep tp_size within one node's GPUs or serve across nodes with "
-                           "--nnodes",
-    "INVALID_COMBINATION": "drop or adjust the conflicting flags the engine's message names",
-    "HOST_OOM_HICACHE": "lower --hicache-ratio (or leave it unset) so the host KV pool fits the "
-                        "node's memory",
-    "HICACHE_HOST_TOO_SMALL": "use --hicache-ratio above 1 (the host pool must exceed the device "
-                              "pool)",
-    "NO_DRAFT_MODEL": "speculative decoding needs a model with MTP/NextN layers or a draft model",
-}
-OUTCOME = {"UNSUPPORTED_BACKEND": "unsupported", "OOM_WEIGHTS": "oom", "KV_NO_ROOM": "oom",
-           "GRAPH_CAPTURE_OOM": "oom", "BAD_FLAG": "invalid-flag",
-           "TP_DIVISIBILITY": "crash", "MULTI_NODE_REQUIRED": "crash",
-           "BACKEND_MODEL_MISMATCH": "unsupported", "HOST_OOM_HICACHE": "oom",
-           "HICACHE_HOST_TOO_SMALL": "crash", "INVALID_COMBINATION": "crash",
-           "NO_DRAFT_MODEL": "unsupported"}
+# the fix and the lesson outcome of each class are the failure taxonomy's (domain/failures.py)
+FIXES = {name: fc.fix for name, fc in TAXONOMY.items()}
+OUTCOME = {name: fc.outcome for name, fc in TAXONOMY.items() if fc.outcome is not None}
 
 
 # INVALID_COMBINATION refusals of SGLang 0.5.23 (sglang-knobs reference 3.1): the evidence line
@@ -105,7 +89,9 @@ def failure_condition(config: ServingConfig, failure_class: str,
                       evidence: str = "") -> tuple[Scope, list[Clause]]:
     """Scope and condition of the family a failure of ``config`` dooms.
 
-    - UNSUPPORTED_BACKEND: that backend on this GPU, any model or checkpoint.
+    - UNSUPPORTED_BACKEND: the backend flag the message names (the vision encoder's
+      ``mm_attention_backend``; else ``attention_backend``) at its value, on this GPU, any
+      model or checkpoint.
     - OOM_WEIGHTS: these weights at this or any smaller TP (weights per GPU only grow); with
       speculative decoding on, only configs that also load the draft layer.
     - HOST_OOM_HICACHE: HiCache with a host ratio above the largest that fits (from the
@@ -115,14 +101,21 @@ def failure_condition(config: ServingConfig, failure_class: str,
     - INVALID_COMBINATION: the family the engine's message names (e.g. HiCache with the radix
       cache disabled; a partial speculative triple), for this engine version on any GPU/model
       (for tree drafting: this model, whose backend forces the page size).
-    - KV_NO_ROOM / GRAPH_CAPTURE_OOM: exactly this memory layout (weights, TP, memory
-      fraction, admission cap, chunk size, decode graph size).
+    - KV_NO_ROOM / GRAPH_CAPTURE_OOM / KV_THRASH: exactly this memory layout (weights, TP,
+      memory fraction, admission cap, chunk size, decode graph size).
+    - BAD_FLAG: the flag argparse named, at the config's value, this engine version.
+    - MODEL_LOAD: these weights at this TP on this model.
     - anything else: exactly this config's explicitly set knobs.
     """
     scope = Scope(gpu=config.gpu, engine=config.engine, engine_version=config.engine_version)
+    engine_scope = Scope(engine=config.engine, engine_version=config.engine_version)
     if failure_class == "UNSUPPORTED_BACKEND":
-        return scope, [Clause(field="attention_backend", op="eq",
-                              value=config.attention_backend)]
+        field = next((f for f in named_fields(failure_class, evidence)
+                      if f in ServingConfig.model_fields), "attention_backend")
+        return scope, [Clause(field=field, op="eq", value=getattr(config, field))]
+    flag = _bad_flag_field(config, evidence) if failure_class == "BAD_FLAG" else None
+    if flag is not None:  # the flag argparse named, at the value the config gave it
+        return engine_scope, [Clause(field=flag, op="eq", value=getattr(config, flag))]
     mscope = scope.model_copy(update={"model": config.model, "quantization": config.weights})
     if failure_class == "OOM_WEIGHTS":
         clauses = [Clause(field="weights", op="eq", value=config.weights)]
@@ -145,7 +138,6 @@ def failure_condition(config: ServingConfig, failure_class: str,
         if limit <= 0:  # no host memory free: every ratio fails ("> 0" would name no family)
             return mscope, clauses
         return mscope, [*clauses, Clause(field="hicache_ratio", op=op, value=limit)]
-    engine_scope = Scope(engine=config.engine, engine_version=config.engine_version)
     if failure_class == "HICACHE_HOST_TOO_SMALL":
         return engine_scope, [Clause(field="enable_hierarchical_cache", op="eq", value=True),
                               Clause(field="hicache_ratio", op="le", value=1.0)]
@@ -167,7 +159,10 @@ def failure_condition(config: ServingConfig, failure_class: str,
     if failure_class in ("TP_DIVISIBILITY", "MULTI_NODE_REQUIRED"):
         return scope.model_copy(update={"model": config.model}), [
             Clause(field="tp_size", op="eq", value=config.tp_size)]
-    if failure_class in ("KV_NO_ROOM", "GRAPH_CAPTURE_OOM"):
+    if failure_class == "MODEL_LOAD":  # the checkpoint is at fault, whatever the flags
+        return mscope, [Clause(field="weights", op="eq", value=config.weights),
+                        Clause(field="tp_size", op="eq", value=config.tp_size)]
+    if failure_class in ("KV_NO_ROOM", "GRAPH_CAPTURE_OOM", "KV_THRASH"):
         return mscope, [Clause(field=f, op="eq", value=getattr(config, f))
                         for f in MEMORY_FIELDS]
     clauses = [Clause(field="weights", op="eq", value=config.weights),
@@ -192,18 +187,21 @@ def failure_lesson(config: ServingConfig, failure_class: str | None, stage: str 
     """
     cls = failure_class or "UNKNOWN"
     scope, clauses = failure_condition(config, cls, evidence)
-    fix = FIXES.get(cls, "inspect the log; avoid this exact combination")
+    fix = FIXES.get(cls, FIXES["UNKNOWN"])
     combo = _combination(config, evidence) if cls == "INVALID_COMBINATION" else None
     if combo is not None:
         fix = combo[1]
     title = {
-        "UNSUPPORTED_BACKEND": f"--attention-backend {config.attention_backend} refused on "
-                               f"{config.gpu} at startup",
+        "UNSUPPORTED_BACKEND": f"--{clauses[0].field.replace('_', '-')} {clauses[0].value} "
+                               f"refused on {config.gpu} at startup",
         "OOM_WEIGHTS": f"{config.weights} weights: CUDA out of memory at weight load on "
                        f"TP{config.tp_size} {config.gpu}",
+        "GRAPH_CAPTURE_OOM": f"CUDA out of memory while capturing CUDA graphs: "
+                             f"{config.weights} TP{config.tp_size} on {config.gpu}",
     }.get(cls, f"{cls} at startup: {config.weights} TP{config.tp_size} on {config.gpu}")
     if combo is not None or cls in ("HOST_OOM_HICACHE", "HICACHE_HOST_TOO_SMALL",
-                                    "NO_DRAFT_MODEL"):
+                                    "NO_DRAFT_MODEL") or (
+            cls == "BAD_FLAG" and len(clauses) == 1):
         title = (f"SGLang {config.engine_version} refuses "
                  + " and ".join(c.text() for c in clauses))
     return Lesson(
@@ -214,3 +212,62 @@ def failure_lesson(config: ServingConfig, failure_class: str | None, stage: str 
         fix=fix,
         evidence="\n".join(list(log_tail)[-6:]), source="trial", run_id=run_id,
         trial_id=trial_key).with_id()
+
+
+def _bad_flag_field(config: ServingConfig, evidence: str) -> str | None:
+    """The ServingConfig field of the flag an argparse refusal names, if the config sets it."""
+    flag = bad_flag_name(evidence)
+    field = flag.lstrip("-").replace("-", "_") if flag else None
+    if field in ServingConfig.model_fields and getattr(config, field) is not None:
+        return field
+    return None
+
+
+def lesson_problem(config: ServingConfig, d: Diagnosis) -> str | None:
+    """Why the taxonomy's rule of ``d``'s class forms no lesson for ``config`` (None: it does)."""
+    fc = TAXONOMY.get(d.failure_class)
+    if fc is not None and fc.outcome is None:
+        return (f"{d.failure_class} is transient ({fc.retry.why}); it is retried, not learned")
+    if d.failure_class == "BAD_FLAG" and _bad_flag_field(config, d.evidence) is None:
+        flag = bad_flag_name(d.evidence) or "the refused flag"
+        return (f"{flag} is not a setting of the config servetune knows (no ServingConfig "
+                "field, or the config leaves it unset), so no condition can name it")
+    if d.failure_class == "UNSUPPORTED_BACKEND":
+        fields = named_fields(d.failure_class, d.evidence)
+        field = fields[0] if fields else "attention_backend"
+        if field not in ServingConfig.model_fields:
+            return (f"the message names --{field.replace('_', '-')}, which servetune's config "
+                    "has no field for, so no condition can name it")
+        if getattr(config, field) is None:
+            return (f"the config leaves --{field.replace('_', '-')} unset (the log's "
+                    "server_args did not show it), so the refused value is unknown")
+    return None
+
+
+def diagnosis_lesson(config: ServingConfig, d: Diagnosis, log_tail: Sequence[str]) -> Lesson:
+    """The lesson a diagnosed log teaches for ``config`` (what ``servetune diagnose`` prints).
+
+    ``verified`` and ``source_site`` are the diagnosis's (source-grounded or not); the lesson's
+    source and provenance backend are ``user`` (a log a person handed in, no run or trial of
+    servetune's), with the log's last lines as its evidence.
+
+    Raises:
+        NoLesson: the class is transient or its rule cannot name the failing setting for
+            ``config`` (:func:`lesson_problem` says why), or the condition names no family.
+    """
+    problem = lesson_problem(config, d)
+    if problem is not None:
+        raise NoLesson(problem)
+    try:
+        lesson = failure_lesson(config, d.failure_class, d.phase, d.evidence, log_tail, "", "")
+    except ValueError as e:  # the condition names no family (e.g. a default-only clause)
+        raise NoLesson(f"the {d.failure_class} rule names no family for this config: {e}") \
+            from e
+    from domain.provenance import Provenance, evidence_lines, now_iso
+
+    prov = Provenance(backend="user", engine=config.engine,
+                      engine_version=config.engine_version,
+                      evidence=evidence_lines(lesson.evidence), learned_at=now_iso())
+    return lesson.model_copy(update={"verified": d.verified, "source_site": d.source,
+                                     "source": "user", "run_id": None, "trial_id": None,
+                                     "provenance": prov})
