@@ -153,7 +153,7 @@ def test_lesson_store_outage_is_retried_by_the_callers(tmp_path):
 
 # ------------------------------------------------------------------------------ a study
 
-FAULTS = {"seed": 33, "oom": 0.075, "crash_loop": 0.075, "image_pull": 0.075,
+FAULTS = {"seed": 38, "oom": 0.075, "crash_loop": 0.075, "image_pull": 0.075,
           "ready_timeout": 0.075, "server_death": 0.1, "bench_garbage": 0.1,
           "bench_timeout": 0.1, "lessons_outage": 0.3}
 
