@@ -60,7 +60,7 @@ from domain.knob_domain import field_domain
 from domain.lesson import FORBIDDING, KNOB_FIELDS, Lesson
 from domain.models import MODELS, get_model
 
-EXAMPLES = 40  # generated configs per entry and property half
+EXAMPLES = 25  # generated configs per entry and property half
 VERSION = "0.5.23"
 
 # file prefix -> (gpu, model, weights, other fields, how the completion was chosen). The
