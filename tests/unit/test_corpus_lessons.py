@@ -231,7 +231,7 @@ def _rule_atoms(e: Entry, f: ServingConfig, evidence: str) -> Atoms:
         return {**ckpt, "enable_hierarchical_cache": lambda v: not v,
                 "tp_size": _ne(f.tp_size),
                 "hicache_ratio": lambda v: v is None or v < fit or (
-                    v == fit and fit < f.hicache_ratio)}  # type: ignore[operator]
+                    v == fit and fit < f.hicache_ratio)}
     if cls == "HICACHE_HOST_TOO_SMALL":  # HiCache on with a ratio <= 1, any model
         return {"enable_hierarchical_cache": lambda v: not v,
                 "hicache_ratio": lambda v: v is None or v > 1.0}
