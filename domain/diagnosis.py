@@ -152,6 +152,12 @@ def diagnose_log(lines: Sequence[str], engine_name: str = "sglang", version: str
     grounded = _grounded(eng, config, d, facts, lines) if facts is not None else None
     if grounded is not None:
         return report.model_copy(update={"lesson": grounded})
+    unstated = _unstated_flags(d) if facts is not None else []
+    if unstated:  # the taxonomy's rule would forbid configs on which the check is false
+        return report.model_copy(update={"no_lesson": (
+            f"the lesson cannot be formed: the engine check at {d.source} tests "
+            f"{', '.join(unstated)}, which servetune's config has no field for, so no "
+            "condition can name it")})
     try:  # the taxonomy's rule: an unverified condition, whatever the diagnosis found
         lesson = eng.diagnosis_lesson(config, d.model_copy(update={"verified": False}),
                                       list(lines))
@@ -161,6 +167,14 @@ def diagnose_log(lines: Sequence[str], engine_name: str = "sglang", version: str
         flags = [_flag(c.field) for c in lesson.condition if c.field != "weights"]
         d = d.model_copy(update={"flags": list(dict.fromkeys(flags))})
     return report.model_copy(update={"diagnosis": d, "lesson": lesson})
+
+
+def _unstated_flags(d: Diagnosis) -> list[str]:
+    """The flags a verified diagnosis's guard tests that no ServingConfig field states."""
+    if not d.verified:
+        return []
+    return [f for f in d.flags
+            if f.lstrip("-").replace("-", "_") not in ServingConfig.model_fields]
 
 
 def _flag(field: str) -> str:

@@ -127,7 +127,7 @@ TAXONOMY: dict[str, FailureClass] = {c.name: c for c in (
     _c("HOST_OOM_HICACHE", ("kv_pool",), "the HiCache host pool does not fit in the node's host "
        "memory", "lower --hicache-ratio (or leave it unset) so the host KV pool fits the node's "
        "memory", "oom", "HiCache on at this tp_size with a host ratio above the largest that "
-       "fits (ratio x free / requested GB from the message)",
+       "fits (ratio x free / requested GB from the message; never above the failing ratio)",
        ("enable_hierarchical_cache", "tp_size", "hicache_ratio")),
     _c("HICACHE_HOST_TOO_SMALL", ("kv_pool",), "--hicache-ratio must make the host pool larger "
        "than the device KV pool", "use --hicache-ratio above 1 (the host pool must exceed the "
@@ -140,7 +140,7 @@ TAXONOMY: dict[str, FailureClass] = {c.name: c for c in (
        "this speculative algorithm on this model", ("speculative_algorithm",)),
     _c("TP_DIVISIBILITY", ("init", "weights_load"), "attention heads or MLP sizes do not split "
        "evenly over tp_size", "choose a tp_size that divides the attention heads (e.g. 2, 4, 8)",
-       "crash", "this tp_size for this model", ("tp_size",)),
+       "crash", "this tp_size for this model (on any GPU)", ("tp_size",)),
     _c("MULTI_NODE_REQUIRED", ("init",), "tp_size needs more GPUs than one node has",
        "keep tp_size within one node's GPUs or serve across nodes with --nnodes", "crash",
        "this tp_size for this model on this GPU", ("tp_size",)),

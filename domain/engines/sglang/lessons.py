@@ -104,7 +104,8 @@ def failure_condition(config: ServingConfig, failure_class: str,
     - KV_NO_ROOM / GRAPH_CAPTURE_OOM / KV_THRASH: exactly this memory layout (weights, TP,
       memory fraction, admission cap, chunk size, decode graph size).
     - BAD_FLAG: the flag argparse named, at the config's value, this engine version.
-    - MODEL_LOAD: these weights at this TP on this model.
+    - TP_DIVISIBILITY: this TP on this model, any GPU; MULTI_NODE_REQUIRED: also this GPU.
+    - MODEL_LOAD: these weights at this TP on this model, any GPU.
     - anything else: exactly this config's explicitly set knobs.
     """
     scope = Scope(gpu=config.gpu, engine=config.engine, engine_version=config.engine_version)
@@ -132,6 +133,8 @@ def failure_condition(config: ServingConfig, failure_class: str,
         m = re.search(r"Requesting ([\d.]+) GB but only have ([\d.]+) GB free", evidence)
         if m and float(m.group(1)) > 0:
             limit = round(config.hicache_ratio * float(m.group(2)) / float(m.group(1)), 2)
+        # more free than requested (hugepages, another tenant): the failing ratio still failed
+        limit = min(limit, config.hicache_ratio)
         op = "gt" if limit < config.hicache_ratio else "ge"
         clauses = [Clause(field="enable_hierarchical_cache", op="eq", value=True),
                    Clause(field="tp_size", op="eq", value=config.tp_size)]
@@ -157,11 +160,14 @@ def failure_condition(config: ServingConfig, failure_class: str,
                      engine_version=config.engine_version), [
             Clause(field="attention_backend", op="eq", value=config.attention_backend)]
     if failure_class in ("TP_DIVISIBILITY", "MULTI_NODE_REQUIRED"):
-        return scope.model_copy(update={"model": config.model}), [
+        # head/shard divisibility is the model's, on any GPU; a node's GPU count is the GPU's
+        where = engine_scope if failure_class == "TP_DIVISIBILITY" else scope
+        return where.model_copy(update={"model": config.model}), [
             Clause(field="tp_size", op="eq", value=config.tp_size)]
-    if failure_class == "MODEL_LOAD":  # the checkpoint is at fault, whatever the flags
-        return mscope, [Clause(field="weights", op="eq", value=config.weights),
-                        Clause(field="tp_size", op="eq", value=config.tp_size)]
+    if failure_class == "MODEL_LOAD":  # the checkpoint is at fault, whatever the flags or GPU
+        return mscope.model_copy(update={"gpu": None}), [
+            Clause(field="weights", op="eq", value=config.weights),
+            Clause(field="tp_size", op="eq", value=config.tp_size)]
     if failure_class in ("KV_NO_ROOM", "GRAPH_CAPTURE_OOM", "KV_THRASH"):
         return mscope, [Clause(field=f, op="eq", value=getattr(config, f))
                         for f in MEMORY_FIELDS]
