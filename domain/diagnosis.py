@@ -141,7 +141,16 @@ def diagnose_log(lines: Sequence[str], engine_name: str = "sglang", version: str
 
         if model not in MODELS:
             raise ConfigInvalid([f"model: unknown model {model!r}; known: {', '.join(MODELS)}"])
+    # a line longer than any engine message is cut, and control bytes are shown as U+FFFD,
+    # so a pasted binary or a runaway line cannot flood the evidence or the lesson
+    lines = [_printable(x[:MAX_LINE_CHARS]) for x in lines]
     d = eng.diagnose(lines)
+    if d.failure_class == "UNKNOWN":  # nothing known failed: nothing to learn
+        served = d.phase == "serving"
+        return DiagnosisReport(diagnosis=d, no_lesson=(
+            "no lesson: no known failure in the log" + (
+                " (the server reached serving; a healthy log teaches nothing)" if served
+                else "")))
     facts = None
     if ground is not None:
         d, facts = ground(d, lines)
@@ -167,6 +176,16 @@ def diagnose_log(lines: Sequence[str], engine_name: str = "sglang", version: str
         flags = [_flag(c.field) for c in lesson.condition if c.field != "weights"]
         d = d.model_copy(update={"flags": list(dict.fromkeys(flags))})
     return report.model_copy(update={"diagnosis": d, "lesson": lesson})
+
+
+MAX_LINE_CHARS = 2000  # longer than any SGLang 0.5.23 error line with its traceback prefix
+
+
+def _printable(line: str) -> str:
+    """``line`` with control characters other than tab replaced by U+FFFD."""
+    if line.isprintable():
+        return line
+    return "".join(c if c.isprintable() or c == "\t" else "\ufffd" for c in line)
 
 
 def _unstated_flags(d: Diagnosis) -> list[str]:

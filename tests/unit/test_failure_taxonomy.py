@@ -212,3 +212,47 @@ def test_the_lessons_page_lists_every_class_as_the_taxonomy_states_it():
         phases, _retry, outcome, condition = rows[name]
         assert (phases, outcome, condition) == (", ".join(fc.phases), fc.outcome or "-",
                                                 fc.condition), name
+
+
+# -- what a pasted log must not teach (found by a new user's tries) ---------------------------
+
+HEALTHY = ["[2026-01-01 10:00:00] server_args={'model_path': 'deepseek-ai/DeepSeek-V3', "
+           "'tp_size': 8, 'mem_fraction_static': 0.85}",
+           "[2026-01-01 10:00:05 TP0] Load weight begin. avail mem=139.10 GB",
+           "[2026-01-01 10:02:05 TP0] Load weight end. type=DeepseekV3ForCausalLM",
+           "[2026-01-01 10:02:06 TP0] KV Cache is allocated. #tokens: 400000",
+           "[2026-01-01 10:02:30] The server is fired up and ready to roll!",
+           "[2026-01-01 10:02:31 TP0] Decode batch, #running-req: 1, #token: 90"]
+GRAPH_OOM = ["[2026-01-01 09:00:00] server_args={'model_path': 'zai-org/GLM-5-FP8', "
+             "'tp_size': 8, 'mem_fraction_static': 0.93}",
+             "[2026-01-01 09:00:05 TP0] Load weight begin. avail mem=177.10 GB",
+             "[2026-01-01 09:02:06 TP0] KV Cache is allocated. #tokens: 700000",
+             "[2026-01-01 09:02:07 TP0] Capture target decode CUDA graph begin. backend=full",
+             "[2026-01-01 09:02:09 TP0] Capture cuda graph failed: CUDA out of memory."]
+
+
+def test_a_healthy_log_teaches_no_lesson():
+    from domain.diagnosis import diagnose_log
+
+    r = diagnose_log(HEALTHY, gpu="H200")
+    assert r.diagnosis.failure_class == "UNKNOWN" and r.diagnosis.phase == "serving"
+    assert r.lesson is None and "healthy log teaches nothing" in (r.no_lesson or "")
+
+
+def test_a_log_of_several_launches_is_read_from_the_last_one():
+    from domain.diagnosis import diagnose_log
+
+    assert diagnose(GRAPH_OOM + HEALTHY).failure_class == "UNKNOWN"  # the last launch served
+    r = diagnose_log(HEALTHY + GRAPH_OOM, gpu="B200")
+    assert r.diagnosis.failure_class == "GRAPH_CAPTURE_OOM"
+    assert r.config is not None and r.config.model == "glm-5" and r.lesson is not None
+    assert r.lesson.scope.model == "glm-5"  # not the healthy DeepSeek-V3 launch before it
+
+
+def test_junk_is_unknown_and_its_evidence_is_bounded_and_printable():
+    from domain.diagnosis import MAX_LINE_CHARS, diagnose_log
+
+    assert diagnose(["\x00\x01\x7fELF\x02", "x" * 10]).failure_class == "UNKNOWN"
+    r = diagnose_log(["\x00\x01binary\x02" + "y" * 100_000], gpu="B200")
+    assert r.diagnosis.failure_class == "UNKNOWN" and r.lesson is None
+    assert len(r.diagnosis.evidence) <= MAX_LINE_CHARS and "\x00" not in r.diagnosis.evidence

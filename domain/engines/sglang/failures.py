@@ -42,8 +42,10 @@ VERSION = VERSIONS[-1]  # the version whose log wording and flag names these row
 # frames of a traceback that say where it was raised (a log excerpt may hold only the traceback)
 _MARKERS: tuple[tuple[Phase, str, bool], ...] = (
     ("args", r"^usage: |: error: (argument|unrecognized arguments|ambiguous option)", False),
+    # "Connecting to tcp://": the ranks' message-queue setup of distributed init
+    # (distributed/device_communicators/shm_broadcast.py:291)
     ("init", r"server_args=|Init torch distributed begin|Started server process|Scheduler "
-     r"hit an exception|, in run_scheduler_process$", False),
+     r"hit an exception|, in run_scheduler_process$|Connecting to tcp://", False),
     ("weights_load", r"Load weight begin", True),  # a draft model loads after the target
     ("weights_load", r"Loading safetensors checkpoint shards|, in (load_model|load_weights)"
      r"$|model_loader/", False),
@@ -277,13 +279,20 @@ _TRACEBACK = re.compile(r"Traceback \(most recent call last\)|(Error|Exception)(
 _NAMED_FLAG = re.compile(r"(?<![\w-])(?:--)?([a-z][a-z0-9]*(?:-[a-z0-9]+)+)")
 
 
+# the line a launch starts with (SGLang 0.5.23 prints its resolved arguments once,
+# entrypoints/engine.py:311); a log holding several launches is read from the last one
+_SERVER_START = re.compile(r"server_args=")
+
+
 def diagnose(log: Sequence[str]) -> Diagnosis:
     """The failure class, phase and evidence line of a failed SGLang log (module docstring).
 
     The phase is the one the log reached (a traceback printed after the error names the frames
     it was raised in); an excerpt without any phase line takes the phase the deciding row's
     message is raised in, else the class's own. A log that stops mid-startup with no error
-    line at all is READY_TIMEOUT at the phase it reached (the readiness timeout follows).
+    line at all is READY_TIMEOUT at the phase it reached (the readiness timeout follows); a log
+    without any of SGLang's phase lines and no error (an empty paste, not a server log) is
+    UNKNOWN. A log of several launches (several ``server_args=`` lines) is read from the last.
     ``source`` is the row's 0.5.23 raise site when known (else None); ``flags`` the server
     flags the failing check tests (the flag an argparse refusal names; the row's; the flags the
     message names; else the taxonomy's fields); ``verified`` is False: nothing here was read
@@ -294,6 +303,9 @@ def diagnose(log: Sequence[str]) -> Diagnosis:
         row matched.
     """
     lines = [x.rstrip("\n") for x in log]
+    starts = [i for i, x in enumerate(lines) if _SERVER_START.search(x)]
+    if len(starts) > 1:  # several launches in one log: the last one is the one that failed
+        lines = lines[starts[-1]:]
     at = phase_at(lines)
     reached, seen = phase_reached(lines)
     found = _best(lines, at)
@@ -302,9 +314,8 @@ def diagnose(log: Sequence[str]) -> Diagnosis:
         if thrash is not None:
             return _diagnosis("KV_THRASH", "serving", thrash[1], None, ())
         last = next((x for x in reversed(lines) if x.strip()), "")
-        if reached != "serving" and not any(_TRACEBACK.search(x) for x in lines):
-            phase = reached if seen else failure_class("READY_TIMEOUT").phases[0]
-            return _diagnosis("READY_TIMEOUT", phase, last, None, ())  # a silent stop
+        if seen and reached != "serving" and not any(_TRACEBACK.search(x) for x in lines):
+            return _diagnosis("READY_TIMEOUT", reached, last, None, ())  # a silent stop
         return _diagnosis("UNKNOWN", reached, last, None, ())
     row, i = found
     if not seen:
