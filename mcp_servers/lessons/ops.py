@@ -304,7 +304,8 @@ def _one_line(text: str, limit: int = 600) -> str:
 
 def _scope_text(lesson: Lesson) -> str:
     s = lesson.scope
-    parts = [s.gpu or "any GPU", s.model or "any model", f"weights {s.quantization or 'any'}",
+    gpu = s.gpu or (f"any SM {s.sm_major}.x GPU" if s.sm_major is not None else "any GPU")
+    parts = [gpu, s.model or "any model", f"weights {s.quantization or 'any'}",
              f"{s.engine or 'any engine'} {s.engine_version or 'any version'}"]
     return ", ".join(parts)
 

@@ -101,3 +101,34 @@ async def test_check_command_tool_over_stdio(tmp_path: Path) -> None:
     assert [f["code"] for f in out["findings"]] == ["KNOWN_FAILURE"]
     assert out["forbidding"][0]["fix"] == "use TP4 nvfp4"
     assert bad.is_error and "not an SGLang server launch" in bad.content[0].text
+
+
+def test_a_verified_sm_scoped_lesson_reaches_check_command_and_the_skill(tmp_path):
+    """A source-verified lesson on --mm-attention-backend (scope: SM 10) forbids the command
+    that sets it on a B200, and the exported skill says which GPUs it holds for."""
+    from domain.provenance import Provenance
+    from mcp_servers.lessons.ops import check_command, export_skill
+    from memory.store import LessonStore
+
+    store = LessonStore(tmp_path / "lessons", embedding="hashing")
+    try:
+        stored = store.add(Lesson(
+            title="SGLang 0.5.23 refuses mm_attention_backend == 'fa3'",
+            scope=Scope(engine="sglang", engine_version="0.5.23", sm_major=10),
+            condition=[Clause(field="mm_attention_backend", op="eq", value="fa3")],
+            outcome="unsupported", failure_class="UNSUPPORTED_BACKEND",
+            root_cause="vision.py:1331 raises on Blackwell", fix="leave it unset",
+            evidence="ValueError: The 'fa3' backend is not supported on Blackwell GPUs",
+            source="user", verified=True, source_site="sglang/srt/layers/attention/vision.py:1331",
+            provenance=Provenance(backend="user")).with_id())
+        cmd = ["sglang", "serve", "--model-path", "zai-org/GLM-5-FP8", "--tp-size", "8",
+               "--mm-attention-backend", "fa3"]
+        on_b200 = check_command(store, cmd, "B200", 8)
+        assert any(f["code"] == "KNOWN_FAILURE" and stored.id in f["message"]
+                   for f in on_b200.findings), on_b200
+        on_h200 = check_command(store, cmd, "H200", 8)  # SM 9: the lesson does not hold there
+        assert not any(f["code"] == "KNOWN_FAILURE" for f in on_h200.findings), on_h200
+        skill = export_skill(store).content
+        assert stored.id in skill and "any SM 10.x GPU" in skill, skill
+    finally:
+        store.close()

@@ -42,7 +42,7 @@ MODELLED = {"tp_size": "tp_size", "dp_size": "replicas", "kv_cache_dtype": "kv_c
             "speculative_adaptive": "speculative_adaptive",
             "disable_radix_cache": "disable_radix_cache",
             "enable_hierarchical_cache": "enable_hierarchical_cache",
-            "hicache_ratio": "hicache_ratio"}
+            "hicache_ratio": "hicache_ratio", "mm_attention_backend": "mm_attention_backend"}
 # dests read by the check itself (model lookup, page-size lint, GPU count), not config fields
 READ_BY_CHECK = ("model_path", "quantization", "page_size", "nnodes", "pp_size",
                  "prefill_attention_backend", "decode_attention_backend")
