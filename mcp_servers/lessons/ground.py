@@ -48,7 +48,7 @@ def source_ground(source: Path | None, version: str) -> tuple[Ground | None, str
 
     def ground(d: Diagnosis, lines: Sequence[str]) -> tuple[Diagnosis, GuardFacts | None]:
         message = _PREFIX.sub("", d.evidence).strip()
-        if not message:
+        if not message or d.failure_class in _NOT_RAISED_BY_ENGINE:
             return d, None
         try:
             found = locate_message(tree, inv, message, max_sites=1)
@@ -65,6 +65,9 @@ def source_ground(source: Path | None, version: str) -> tuple[Ground | None, str
 
 
 _HOOKS: dict[str, tuple[Ground | None, str]] = {}
+# classes whose evidence line no raise site of the engine holds: argparse's own refusal
+# (Python's argparse prints it), a log that stopped (its last line is no error at all)
+_NOT_RAISED_BY_ENGINE = ("BAD_FLAG", "READY_TIMEOUT")
 
 
 def cached_ground(version: str) -> tuple[Ground | None, str]:

@@ -423,9 +423,6 @@ def _matches(tree: SourceTree, text: str, files: list[str],
     return found
 
 
-MIN_MESSAGE_WORD_CHARS = 8  # letters and digits a message needs before it is looked up
-
-
 def locate_message(tree: SourceTree, inv: FlagInventory, message: str,
                    exception: str | None = None, max_sites: int = 5,
                    include_tests: bool = False) -> MessageMatch:
@@ -451,9 +448,8 @@ def locate_message(tree: SourceTree, inv: FlagInventory, message: str,
     want = exception or named
     if text.endswith(("...", "\u2026")):  # a quoted fragment: match it as a start
         text = text.rstrip(" .\u2026")
-    if len(re.findall(r"[A-Za-z0-9]", text)) < MIN_MESSAGE_WORD_CHARS:
-        # too little text to tell one raise site from another ("{name}", "--help"): every
-        # template with a wildcard would match, so nothing is matched
+    if len(re.findall(r"[A-Za-z0-9]", text)) < 8:  # "{name}", "--help": under 8 letters or digits
+        # too little text to tell raise sites apart (every wildcard template would match)
         return MessageMatch(message=text, exception=want, total=0, sites=[], files_searched=0,
                             elapsed_s=round(time.perf_counter() - t0, 4))
     files, needles = _candidate_files(tree, text, include_tests)
