@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from domain.config import ServingConfig
 from domain.errors import ServetuneError
 from domain.hardware import get_gpu
-from domain.lesson import Clause, Scope
+from domain.lesson import Clause, Scope, compare
 
 CmpOp = Literal["eq", "ne", "in", "not_in", "lt", "le", "gt", "ge", "is_null", "not_null"]
 FlagOp = Literal["eq", "ne", "in", "not_in", "lt", "le", "gt", "ge", "is_null", "not_null",
@@ -70,30 +70,15 @@ class FlagAtom(BaseModel):
 
     def holds(self, v: Any) -> bool | None:
         """Whether value ``v`` of the flag satisfies the atom (None: cannot tell)."""
+        match self.op:
+            case "truthy":
+                return bool(v)
+            case "falsy":
+                return not v
+            case "compared":
+                return None
         try:
-            match self.op:
-                case "eq":
-                    return bool(v == self.value)
-                case "ne":
-                    return bool(v != self.value)
-                case "in":
-                    return v in self.value
-                case "not_in":
-                    return v not in self.value
-                case "is_null":
-                    return v is None
-                case "not_null":
-                    return v is not None
-                case "truthy":
-                    return bool(v)
-                case "falsy":
-                    return not v
-                case "compared":
-                    return None
-            if v is None:
-                return False
-            return bool({"lt": v < self.value, "le": v <= self.value, "gt": v > self.value,
-                         "ge": v >= self.value}[self.op])
+            return compare(self.op, v, self.value)
         except TypeError:
             return None
 

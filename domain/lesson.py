@@ -145,6 +145,31 @@ def _condition_problem(frozen: tuple[tuple[str, Op, Any], ...]) -> str | None:
     return None
 
 
+def compare(op: str, v: Any, value: Any) -> bool:
+    """Whether ``v`` stands in relation ``op`` to ``value`` (an order op with ``v`` None: False).
+
+    Raises:
+        TypeError: the values cannot be compared (e.g. ``"a" < 1``); callers decide what a
+            clash means.
+    """
+    match op:
+        case "eq":
+            return bool(v == value)
+        case "ne":
+            return bool(v != value)
+        case "in":
+            return v in value
+        case "not_in":
+            return v not in value
+        case "is_null":
+            return v is None
+        case "not_null":
+            return v is not None
+    if v is None:
+        return False
+    return bool({"lt": v < value, "le": v <= value, "gt": v > value, "ge": v >= value}[op])
+
+
 class Clause(BaseModel):
     """One test over a ServingConfig field, e.g. ``tp_size le 4``."""
 
@@ -206,23 +231,7 @@ class Clause(BaseModel):
     def holds(self, v: Any) -> bool:
         """True if a field value ``v`` satisfies this clause (False on a type clash)."""
         try:
-            match self.op:
-                case "eq":
-                    return bool(v == self.value)
-                case "ne":
-                    return bool(v != self.value)
-                case "in":
-                    return v in self.value
-                case "not_in":
-                    return v not in self.value
-                case "is_null":
-                    return v is None
-                case "not_null":
-                    return v is not None
-            if v is None:
-                return False
-            return bool({"lt": v < self.value, "le": v <= self.value,
-                         "gt": v > self.value, "ge": v >= self.value}[self.op])
+            return compare(self.op, v, self.value)
         except TypeError:
             return False
 
