@@ -54,25 +54,39 @@ async def fetch_cache_counters(base_urls: Sequence[str],
     ``srt/metrics/collector.py``). None when a server has no such counters or cannot be read; the
     difference of two readings around a run gives the run's prefix-cache hit rate.
     """
+    pages = await _metrics_pages(base_urls, timeout_s)
+    if pages is None:
+        return None
     prompt = cached = 0.0
+    try:
+        for text in pages:
+            seen = set()
+            for name, value in _SAMPLE.findall(text):
+                seen.add(name)
+                if name == _PROMPT:
+                    prompt += float(value)
+                else:
+                    cached += float(value)
+            if len(seen) < 2:
+                return None
+    except ValueError:
+        return None
+    return prompt, cached
+
+
+async def _metrics_pages(base_urls: Sequence[str], timeout_s: float) -> list[str] | None:
+    """The ``/metrics`` text of each server (duplicates read once); None if one cannot be read."""
+    pages = []
     try:
         async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as client:
             for url in dict.fromkeys(base_urls):
                 r = await client.get(url + "/metrics")
                 if r.status_code != 200:
                     return None
-                seen = set()
-                for name, value in _SAMPLE.findall(r.text):
-                    seen.add(name)
-                    if name == _PROMPT:
-                        prompt += float(value)
-                    else:
-                        cached += float(value)
-                if len(seen) < 2:
-                    return None
-    except (httpx.HTTPError, ValueError):
+                pages.append(r.text)
+    except httpx.HTTPError:
         return None
-    return prompt, cached
+    return pages
 
 
 def _sample_of(name: str) -> re.Pattern[str]:
@@ -98,18 +112,17 @@ async def fetch_counter(base_urls: Sequence[str], key: str,
         KeyError: ``key`` is not a metric the engine names.
     """
     pattern = _sample_of(engine().metrics[key])
+    pages = await _metrics_pages(base_urls, timeout_s)
+    if pages is None:
+        return None
     total = 0.0
     try:
-        async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as client:
-            for url in dict.fromkeys(base_urls):
-                r = await client.get(url + "/metrics")
-                if r.status_code != 200:
-                    return None
-                values = pattern.findall(r.text)
-                if not values:
-                    return None
-                total += sum(float(v) for v in values)
-    except (httpx.HTTPError, ValueError):
+        for text in pages:
+            values = pattern.findall(text)
+            if not values:
+                return None
+            total += sum(float(v) for v in values)
+    except ValueError:
         return None
     return total
 
