@@ -2,7 +2,8 @@
 
 Families (``model_type`` -> how its config is read):
 
-* dense GQA/MHA: llama, mistral, qwen2, qwen3;
+* dense GQA/MHA: llama, mistral, qwen2, qwen3; gemma2/gemma3 (alternating sliding-window and
+  full layers from ``layer_types``, ``sliding_window_pattern`` or Gemma-2's every other layer);
 * MoE with routed (+ shared) experts: qwen3_moe, mixtral and minimax_m2 (``num_local_experts``,
   experts of ``intermediate_size``), gpt_oss (also alternating sliding/full attention from
   ``layer_types``), llama4 (MoE every ``interleave_moe_layer_step`` layers, a shared expert),
@@ -16,7 +17,7 @@ Families (``model_type`` -> how its config is read):
   llama4), the vision tower's parameters from ``vision_config`` counted as weights.
 
 Anything else is refused with one line naming the ``model_type`` (DeepSeek-V4's compressed
-attention, for one, is not a family here).
+attention and Gemma-4's global layers, for two, are not families here).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from typing import Any
 from domain.errors import ConfigInvalid
 from domain.model_arch import AttentionKind, LayerKind, MlpKind, ModelArch
 
-DENSE = {"llama", "mistral", "qwen2", "qwen3", "qwen3_vl_text", "qwen3_vl"}
+DENSE = {"llama", "mistral", "qwen2", "qwen3", "qwen3_vl_text", "qwen3_vl", "gemma2", "gemma3",
+         "gemma3_text"}
 MOE = {"qwen3_moe", "qwen3_vl_moe", "qwen3_vl_moe_text", "mixtral", "minimax_m2", "gpt_oss",
        "llama4", "llama4_text", "glm4_moe"}
 MLA = {"deepseek_v2", "deepseek_v3", "kimi_k2", "kimi_k25", "deepseek_v32", "glm_moe_dsa"}
@@ -40,6 +42,8 @@ UNSUPPORTED = {
                    "o_lora_rank) is not a modelled family",
     "deepseek_ref": "DeepSeek-V4 compressed sparse attention (compress_ratios, hc_mult, "
                     "o_lora_rank) is not a modelled family",
+    "gemma4": "Gemma-4 global layers of another head size and KV heads (global_head_dim, "
+              "num_global_key_value_heads, attention_k_eq_v) are not modelled",
 }
 
 
@@ -66,6 +70,13 @@ def _layer_kinds(cfg: dict[str, Any], layers: int, source: str) \
     if not types and cfg.get("full_attention_interval"):  # Qwen3-Next without layer_types
         n = int(cfg["full_attention_interval"])
         types = ["full_attention" if (i + 1) % n == 0 else "linear_attention"
+                 for i in range(layers)]
+    every = cfg.get("sliding_window_pattern")  # Gemma-3 before layer_types: 1 full in N
+    if not types and every and cfg.get("sliding_window"):
+        types = ["full_attention" if (i + 1) % int(every) == 0 else "sliding_attention"
+                 for i in range(layers)]
+    if not types and cfg.get("model_type") == "gemma2" and cfg.get("sliding_window"):
+        types = ["sliding_attention" if i % 2 == 0 else "full_attention"  # Gemma-2 alternates
                  for i in range(layers)]
     if not types:
         return (), None

@@ -224,3 +224,27 @@ def test_summary_of_a_hybrid_model() -> None:
     assert s["kv_bytes_per_token_bf16"] == 30_720
     # 32 query heads, 2 KV heads, 64 linear value heads: 32 divides all three ways
     assert s["max_tp"] == 32
+
+
+def test_gemma3_sliding_window_pattern_by_hand(tmp_path: Path) -> None:
+    """A Gemma-3-shaped config: 1 full layer in 6, the other 5 sliding (window 1024)."""
+    cfg = {"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"],
+           "num_hidden_layers": 12, "hidden_size": 640, "num_attention_heads": 4,
+           "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 1000,
+           "max_position_embeddings": 32768, "intermediate_size": 2048,
+           "sliding_window": 1024, "sliding_window_pattern": 6, "tie_word_embeddings": True}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    m = model_from_path(tmp_path)
+    assert (m.count_layers("full"), m.count_layers("sliding")) == (2, 10)
+    per_layer = 2 * 1 * 256 * 2
+    assert m.kv_bytes_per_token(2, 1) == pytest.approx(2 * per_layer + 0.8 * 10 * per_layer)
+    assert m.param_groups()["embed"] == 1000 * 640  # tied: counted once
+
+
+def test_gemma4_is_refused_naming_why(tmp_path: Path) -> None:
+    cfg = {"model_type": "gemma4", "text_config": {}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigInvalid) as e:
+        model_from_path(tmp_path)
+    (line,) = e.value.violations
+    assert "gemma4" in line and "global_head_dim" in line
