@@ -89,3 +89,15 @@ def test_missing_field_one_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigInvalid) as e:
         model_from_path(tmp_path)
     assert len(e.value.violations) == 1 and "num_hidden_layers" in e.value.violations[0]
+
+
+def test_find_checkpoint_knows_the_new_releases() -> None:
+    from domain.models import find_checkpoint
+
+    assert find_checkpoint("openai/gpt-oss-120b") == ("gpt-oss-120b", "mxfp4")
+    assert find_checkpoint("/models/Kimi-K2-Thinking") == ("kimi-k2-thinking", "w4a16")
+    assert find_checkpoint("Qwen/Qwen3-235B-A22B-Instruct-2507-FP8") == ("qwen3-235b-a22b", "fp8")
+    # one repo, two checkpoints: --quantization fp8 picks SGLang's online FP8 of the bf16 release
+    assert find_checkpoint("mistralai/Mixtral-8x7B-Instruct-v0.1", "fp8") == ("mixtral-8x7b",
+                                                                              "fp8")
+    assert find_checkpoint("mistralai/Mixtral-8x7B-Instruct-v0.1") == ("mixtral-8x7b", "bf16")
