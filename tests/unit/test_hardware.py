@@ -212,6 +212,13 @@ def test_a_broken_catalog_file_is_refused(tmp_path: Path) -> None:
         load_catalog(bad)
 
 
+def test_numbers_yaml_reads_as_strings_still_validate() -> None:
+    # PyYAML reads 1.792e12 (no sign in the exponent) as the string "1.792e12"
+    gpu = gpu_from_spec(_spec(hbm_bytes_per_s="1.792e12", flops={"bf16": "362e12",
+                                                                  "fp8": "733e12"}), "gpu.yaml")
+    assert gpu.hbm_bytes_per_s == 1.792e12 and gpu.flops["fp8"] == 733e12
+
+
 def test_constructing_a_gpu_directly_checks_the_same_bounds() -> None:
     with pytest.raises(ValueError, match="hbm_gb"):
         GPU.model_validate({**gpu_spec(GPUS["L4"]), "hbm_gb": 10_000})
