@@ -60,7 +60,7 @@ def test_every_entry_names_its_sources_and_round_trips(name: str) -> None:
     assert gpu.source and gpu.sources, f"{name}: no source"
     assert all(s.url.startswith("https://") and s.name for s in gpu.sources)
     assert gpu.arch == f"sm{gpu.sm_major * 10 + gpu.sm_minor}"
-    assert gpu.tdp_w is not None and gpu.tdp_w > 0
+    assert gpu.tdp_w is not None or "board power not published" in gpu.source
     assert "bf16" in gpu.flops and "fp8" in gpu.flops
     assert gpu_from_spec(gpu_spec(gpu), "round trip") == gpu
     assert gpu_from_spec(json.loads(json.dumps(gpu_spec(gpu))), "json") == gpu
