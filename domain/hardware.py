@@ -362,17 +362,28 @@ class GpuCatalog(MutableMapping[str, GPU]):
                  registered: dict[str, GPU] | None = None) -> None:
         self._shipped = dict(shipped)
         self._registered = {} if registered is None else registered
+        self._index()
+
+    def _index(self) -> None:
+        """Lookup key -> shipped name, over names and aliases (the first entry wins)."""
+        self._keys: dict[str, str] = {}
+        for canon, gpu in self._shipped.items():
+            for alias in (canon, *gpu.aliases):
+                self._keys.setdefault(_key(alias), canon)
 
     def resolve(self, name: str) -> str | None:
-        """The canonical name ``name`` refers to (registered first), or None."""
-        for table in (self._registered, self._shipped):
-            if name in table:
-                return name
-            k = _key(name)
-            for canon, gpu in table.items():
-                if k and (k == _key(canon) or any(k == _key(a) for a in gpu.aliases)):
-                    return canon
-        return None
+        """The canonical name ``name`` refers to, or None.
+
+        Exact names first (registered, then shipped), then the lookup key (case, ``-``, ``_``,
+        ``.``, spaces ignored) against names and aliases, registered first.
+        """
+        if name in self._registered or name in self._shipped:
+            return name
+        k = _key(name)
+        for canon, gpu in self._registered.items():
+            if k and (k == _key(canon) or any(k == _key(a) for a in gpu.aliases)):
+                return canon
+        return self._keys.get(k) if k else None
 
     def __getitem__(self, name: str) -> GPU:
         if not isinstance(name, str) or (canon := self.resolve(name)) is None:
@@ -381,9 +392,11 @@ class GpuCatalog(MutableMapping[str, GPU]):
 
     def __setitem__(self, name: str, gpu: GPU) -> None:
         self._shipped[name] = gpu
+        self._index()
 
     def __delitem__(self, name: str) -> None:
         del self._shipped[name]
+        self._index()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._shipped)
