@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures.gpu_grid import GRID_GPUS
 
 from domain.config import ServingConfig
 from domain.errors import ConfigInvalid
@@ -72,6 +73,12 @@ def test_the_catalog_page_lists_every_gpu() -> None:
     for name in GPUS:
         g = GPUS[name]
         assert f"| `{name}` | {g.sm_major}.{g.sm_minor} | {g.hbm_gb:g} GB |" in gpus, name
+
+
+def test_the_test_grid_covers_every_sm_of_the_catalog() -> None:
+    sms = {(GPUS[n].sm_major, GPUS[n].sm_minor) for n in GPUS}
+    assert {(GPUS[n].sm_major, GPUS[n].sm_minor) for n in GRID_GPUS} == sms
+    assert set(GRID_GPUS) <= set(GPUS) and GRID_GPUS[:3] == ("B200", "H200", "H100")
 
 
 def test_main_numbers_are_unchanged() -> None:
