@@ -8,8 +8,8 @@ board); they size the HiCache host tier and its load-back cost.
 The shipped entries are data, ``data/gpus/catalog.json`` (sources and licenses in
 ``data/gpus/README.md``); each goes through :func:`gpu_from_spec`, the validator a user's GPU
 (inline in a study or in a file) goes through too. :data:`GPUS` is the registry: lookups are
-case-insensitive and ignore ``-``, ``_`` and spaces (``get_gpu("rtx_pro_6000")``), and see GPUs
-made known by :func:`register_gpu`; iterating it lists the shipped catalog only.
+case-insensitive and take ``-``, ``_``, ``.`` and spaces alike (``get_gpu("rtx_pro_6000")``),
+and see GPUs made known by :func:`register_gpu`; iterating it lists the shipped catalog only.
 """
 
 from __future__ import annotations
@@ -345,8 +345,11 @@ def gpu_spec(gpu: GPU) -> dict[str, Any]:
 
 
 def _key(name: str) -> str:
-    """Lookup key: lower case without ``-``, ``_``, spaces, dots ("RTX PRO 6000": rtxpro6000)."""
-    return re.sub(r"[^a-z0-9]", "", name.lower())
+    """Lookup key: lower case, each run of ``-``, ``_``, ``.``, spaces one ``-``.
+
+    "RTX PRO 6000" and "rtx_pro_6000" are both ``rtx-pro-6000``; "-B200" stays "-b200" (not B200).
+    """
+    return re.sub(r"[-_. ]+", "-", name.lower())
 
 
 class GpuCatalog(MutableMapping[str, GPU]):
@@ -374,8 +377,9 @@ class GpuCatalog(MutableMapping[str, GPU]):
     def resolve(self, name: str) -> str | None:
         """The canonical name ``name`` refers to, or None.
 
-        Exact names first (registered, then shipped), then the lookup key (case, ``-``, ``_``,
-        ``.``, spaces ignored) against names and aliases, registered first.
+        Exact names first (registered, then shipped), then the lookup key (:func:`_key`: case
+        ignored, ``-``, ``_``, ``.`` and spaces alike) against names and aliases, registered
+        first.
         """
         if name in self._registered or name in self._shipped:
             return name

@@ -141,6 +141,11 @@ def test_a_config_stores_the_catalog_spelling() -> None:
     assert cfg == ServingConfig(model="llama-3.1-8b", gpu="H100", weights="bf16")
 
 
+@pytest.mark.parametrize("name", ["-B200", "", "B 200", "b200x", "rtxpro6000"])
+def test_near_names_are_not_lookups(name: str) -> None:
+    assert GPUS.resolve(name) is None and name not in GPUS
+
+
 def test_unknown_gpu_is_one_line_listing_the_catalog() -> None:
     with pytest.raises(ConfigInvalid) as e:
         get_gpu("X900")
