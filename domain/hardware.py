@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -45,7 +46,16 @@ MAX_HOST_LINK_BYTES_PER_S = 2e12  # NVLink-C2C: 900 GB/s bidirectional (Grace su
 MAX_HOST_MEM_GB = 100_000.0  # a 16-socket host holds ~32 TB
 MAX_TDP_W = 3000.0  # B300: 1,100 W; GB300: 1,400 W per GPU (aiconfigurator system files)
 
-FlopDtype = Literal["bf16", "fp16", "fp8", "fp4", "int8", "tf32"]
+FLOP_DTYPES = ("bf16", "fp16", "fp8", "fp4", "int8", "tf32")
+
+
+def _flop_dtype(name: str) -> str:
+    if name not in FLOP_DTYPES:
+        raise ValueError(f"unknown dtype; known: {', '.join(FLOP_DTYPES)}")
+    return name
+
+
+FlopDtype = Annotated[str, AfterValidator(_flop_dtype)]
 _Rate = Annotated[float, Field(gt=0, le=MAX_FLOPS, allow_inf_nan=False)]
 
 # PCIe bandwidth per lane and direction, bytes/s: Gen3 0.985 GB/s, Gen4 1.969 GB/s, Gen5
@@ -182,7 +192,7 @@ class GPU(BaseModel):
 
     @field_validator("flops")
     @classmethod
-    def _bf16(cls, v: dict[FlopDtype, float]) -> dict[FlopDtype, float]:
+    def _bf16(cls, v: dict[str, float]) -> dict[str, float]:
         if "bf16" not in v:
             raise ValueError("needs a 'bf16' rate (dense FLOP/s); the cost model prices bf16 "
                              "attention and activations with it")
@@ -265,8 +275,6 @@ def _lines(err: ValidationError, prefix: str) -> list[str]:
         elif kind == "extra_forbidden":
             known = (Interconnect if loc[:1] == ["interconnect"] else GPU).model_fields
             line = f"{path}: unknown key; known: {', '.join(known)}"
-        elif kind == "literal_error" and loc[:1] == ["flops"]:
-            line = f"{path}: unknown dtype; known: bf16, fp16, fp8, fp4, int8, tf32"
         elif kind == "value_error":
             line = f"{path}: {e['msg'].removeprefix('Value error, ')}"
         else:
