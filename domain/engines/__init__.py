@@ -31,6 +31,44 @@ if TYPE_CHECKING:
 ENGINES: dict[str, str] = {"sglang": "domain.engines.sglang"}
 
 
+class DerivedDefaults(Protocol):
+    """An engine version's memory-dependent derived defaults (GPU memory in GiB, reserves MiB).
+
+    SGLang's: :class:`domain.engines.sglang.versions.MemoryDefaults`, one per modelled release.
+    """
+
+    @property
+    def version(self) -> str:
+        """The release whose rules these are (the nearest modelled one may stand in)."""
+        ...
+
+    @property
+    def clamp_graph_to_running(self) -> bool:
+        """A default decode graph max batch is lowered to an explicit max_running_requests."""
+        ...
+
+    @property
+    def prefill_graph_reserve(self) -> bool:
+        """The prefill CUDA graph is captured by default and reserved for."""
+        ...
+
+    def chunked_prefill(self, gpu_gib: float) -> int:
+        """chunked_prefill_size when unset, tokens."""
+        ...
+
+    def decode_graph_bs(self, gpu_gib: float, tp_size: int) -> int:
+        """Largest decode CUDA-graph batch size when unset, requests."""
+        ...
+
+    def speculative_reserve(self, algorithm: str | None) -> int:
+        """Extra static reserve of a speculative algorithm, MiB."""
+        ...
+
+    def explicit_running(self, requested: int, kv_tokens: int) -> int:
+        """An explicit max_running_requests as the KV pool bounds it, requests."""
+        ...
+
+
 class Engine(Protocol):
     """One serving engine at one version (the SGLang one: :mod:`domain.engines.sglang`)."""
 
@@ -51,6 +89,18 @@ class Engine(Protocol):
 
     def flag_for(self, dest: str, value: Any = None) -> str:
         """The canonical flag of ``dest``; checks ``value`` against the flag's choices."""
+        ...
+
+    def memory_defaults(self) -> DerivedDefaults:
+        """The memory-dependent derived-default rules this version runs with."""
+        ...
+
+    def rules_note(self) -> str | None:
+        """A warning when another version's derived-default rules stand in for this one's."""
+        ...
+
+    def missing_flag(self, dest: str) -> str | None:
+        """One line when this version has no flag for field ``dest`` (None: it has one)."""
         ...
 
     def argv(self, config: ServingConfig) -> list[str]:

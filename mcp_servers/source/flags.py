@@ -476,8 +476,12 @@ def extract_flags(tree: SourceTree) -> FlagInventory:
     ev.fields = fields
     server_args = _parse(tree, SERVER_ARGS)
     if server_args is not None:
+        _imported_consts(tree, server_args, ev, seen)
         _module_consts(server_args, ev)
-        _class_fields(SERVER_ARGS, server_args, ev, "ServerArgs", fields, [])
+        annotated: list[FlagInfo] = []  # 0.5.1x: ``A[T, Arg(...)]`` fields of ServerArgs itself
+        _class_fields(SERVER_ARGS, server_args, ev, "ServerArgs", fields, annotated)
+        if not field_files:
+            flags.extend(annotated)
         manual = _manual_flags(SERVER_ARGS, server_args, ev)
         if not field_files:  # an older layout: the dataclass fields have no CLI metadata
             for f in manual:

@@ -4,6 +4,8 @@ Where each SGLang rule lives:
 
 - flag inventory per version, argv of a config, launch program and image:
   :mod:`domain.engines.sglang.flags`;
+- which versions exist (shipped or fetched inventories) and the derived-default rules each runs
+  with (nearest modelled version): :mod:`domain.engines.sglang.versions`;
 - resolved defaults (what SGLang runs a config with): :mod:`domain.engines.sglang.defaults`
   (the memory-fit rules themselves: :mod:`domain.fit`, :mod:`domain.speculative`);
 - startup log phases, log lines and refusals the twin prints: :mod:`domain.engines.sglang.startup`;
@@ -22,6 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from domain.engines.sglang import failures, flags
+from domain.engines.sglang import versions as version_rules
 from domain.engines.sglang.metrics import METRICS, PREFIX
 
 if TYPE_CHECKING:
@@ -55,6 +58,20 @@ class SglangEngine:
     def flag_inventory(self) -> dict[str, dict[str, Any]]:
         """The CLI flags of this version keyed by argparse dest."""
         return flags.flag_inventory(self.version)
+
+    def memory_defaults(self) -> version_rules.MemoryDefaults:
+        """The derived-default rules this version runs with (:func:`versions.rules`)."""
+        return version_rules.rules(self.version)
+
+    def rules_note(self) -> str | None:
+        """The report's warning when another version's rules stand in (:func:`rules_note`)."""
+        return version_rules.rules_note(self.version)
+
+    def missing_flag(self, dest: str) -> str | None:
+        """One line when this version has no flag for field ``dest`` (None: it has one)."""
+        if dest in self.flag_inventory() or flags.renamed_dest(dest, self.version):
+            return None
+        return flags.missing_flag_line(dest, self.version)
 
     def flag_for(self, dest: str, value: Any = None) -> str:
         """The canonical flag of ``dest``; checks ``value`` against the flag's choices."""
@@ -121,13 +138,13 @@ class SglangEngine:
 
 
 def make(version: str | None = None) -> Engine:
-    """SGLang at ``version`` (None: the newest shipped).
+    """SGLang at ``version`` (None: the pinned release, 0.5.23).
 
     Raises:
-        ValueError: a version without a flag inventory, naming the supported ones.
+        ValueError: a version without a flag inventory, shipped or fetched; the one line names
+            ``servetune source fetch --version X`` (:func:`versions.unknown_version_line`).
     """
-    v = version or VERSIONS[-1]
-    if v not in VERSIONS:
-        raise ValueError(f"SGLang {v} has no flag inventory here; supported: "
-                         f"{', '.join(VERSIONS)}")
+    v = version or version_rules.PINNED
+    if version_rules.data_path(v) is None:
+        raise ValueError(version_rules.unknown_version_line(v))
     return SglangEngine(v)
