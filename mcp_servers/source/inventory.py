@@ -34,10 +34,10 @@ def _entry(f: FlagInfo) -> dict[str, Any]:
     """One flag in the shipped inventories' schema."""
     action = ACTIONS.get(f.action, f.action)
     typ = f.value_type.rsplit(".", 1)[-1] if f.value_type and action in (
-        "StoreAction", "LoRAPathAction") else None
+        "StoreAction", "LoRAPathAction", "DeprecatedAliasStoreAction") else None
     return {"dest": f.dest, "flags": f.flags, "action": action, "type": typ,
             "default": f.default, "choices": f.choices, "deprecated": f.deprecated,
-            "nargs": f.nargs, "source": f.source}
+            "nargs": f.nargs, "source": f.source, "successor": f.new_flag}
 
 
 def _load(version: str) -> list[dict[str, Any]]:
@@ -83,7 +83,7 @@ def cli_data(version: str, flags: list[dict[str, Any]],
     deprecated = {}
     for f in flags:
         if f["deprecated"]:
-            succ = canonical.get(f["dest"])
+            succ = f.get("successor") or canonical.get(f["dest"])
             deprecated[f["flags"][0]] = {"source": f["source"], "successor": succ}
     return {"source": source, "version": version,
             "nargs": {f["dest"]: f["nargs"] for f in flags if f["nargs"]},

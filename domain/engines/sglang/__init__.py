@@ -68,8 +68,13 @@ class SglangEngine:
         return version_rules.rules_note(self.version)
 
     def missing_flag(self, dest: str) -> str | None:
-        """One line when this version has no flag for field ``dest`` (None: it has one)."""
-        if dest in self.flag_inventory() or flags.renamed_dest(dest, self.version):
+        """One line when this version has no flag for field ``dest``.
+
+        None when it has one (under its own or an older name), or when no known version has a
+        flag for ``dest`` (not a flag field).
+        """
+        if dest in self.flag_inventory() or flags.renamed_dest(dest, self.version) \
+                or not flags.known_dest(dest):
             return None
         return flags.missing_flag_line(dest, self.version)
 

@@ -22,6 +22,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from domain.engines.sglang.flags import renamed_dest
 from domain.engines.sglang.versions import data_path
 from domain.errors import ConfigInvalid
 from domain.preflight import Finding, ParsedCommand
@@ -249,6 +250,10 @@ def parse(argv: list[str], version: str) -> ParsedCommand:
                                     f"{version}, or servetune's flag inventory"))
         return ParsedCommand(program=program, version=version, findings=findings)
     values = {k: v for k, v in vars(ns).items() if not k.startswith("_")}
+    for dest in MODELLED:  # a field this version names otherwise (0.5.9: tensor_parallel_size)
+        old = renamed_dest(dest, version)
+        if old is not None and old in values:
+            values[dest] = values.pop(old)
     aliases = cli_extras(version)["deprecated_values"]
     for dest in aliases["dests"]:
         if values.get(dest) in aliases["aliases"]:

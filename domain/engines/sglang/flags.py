@@ -46,13 +46,25 @@ def flag_inventory(version: str) -> dict[str, dict[str, Any]]:
     """
     path = versions.data_path(version)
     if path is None:
-        raise UnknownFlag([versions.unknown_version_line(version)])
+        raise UnknownFlag([f"engine_version: {versions.unknown_version_line(version)}"])
     return _read_inventory(path)
 
 
 @cache
+def _read_entries(path: Path) -> list[dict[str, Any]]:
+    entries: list[dict[str, Any]] = json.loads(path.read_text())["flags"]
+    return entries
+
+
+@cache
 def _read_inventory(path: Path) -> dict[str, dict[str, Any]]:
-    return {f["dest"]: f for f in json.loads(path.read_text())["flags"]}
+    """Entries by dest; a deprecated alias (0.5.19's ``--cuda-graph-max-bs``, which sets
+    ``cuda_graph_max_bs_decode``) never hides the flag it stands for."""
+    out: dict[str, dict[str, Any]] = {}
+    for f in _read_entries(path):
+        if f["dest"] not in out or out[f["dest"]]["deprecated"] and not f["deprecated"]:
+            out[f["dest"]] = f
+    return out
 
 
 def renamed_dest(dest: str, version: str) -> str | None:
@@ -65,9 +77,18 @@ def renamed_dest(dest: str, version: str) -> str | None:
     inv = flag_inventory(version)
     if dest in inv:
         return None
-    spellings = {s for v in versions.available() for f in flag_inventory(v).values()
-                 if f["dest"] == dest for s in f["flags"]}
-    return next((d for d, f in inv.items() if spellings & set(f["flags"])), None)
+    def entries(v: str) -> list[dict[str, Any]]:
+        path = versions.data_path(v)
+        return _read_entries(path) if path else []
+
+    spellings = {s for v in versions.available() for f in entries(v) if f["dest"] == dest
+                 for s in f["flags"]}
+    return next((f["dest"] for f in entries(version) if spellings & set(f["flags"])), None)
+
+
+def known_dest(dest: str) -> bool:
+    """Whether any known version (shipped or fetched) has a flag setting ``dest``."""
+    return any(dest in flag_inventory(v) for v in versions.available())
 
 
 def missing_flag_line(dest: str, version: str) -> str:
@@ -101,12 +122,15 @@ def cli_retired(version: str) -> dict[str, dict[str, Any]]:
 def flag_for(dest: str, version: str, value: Any = None) -> str:
     """The canonical (first, long) flag of ``dest`` in ``version``; checks ``value`` on choices.
 
-    A field ``version`` names differently is spelled its way (:func:`renamed_dest`).
+    A field ``version`` names differently is spelled its way (:func:`renamed_dest`); of a
+    flag's spellings, the one 0.5.23 writes first is preferred (0.5.9 lists ``--tp-size``
+    second, after ``--tensor-parallel-size``).
 
     Raises:
         UnknownFlag: unknown dest, or a value outside the flag's choices.
     """
     inv = flag_inventory(version)
+    field = dest
     if dest not in inv:
         dest = renamed_dest(dest, version) or dest
     if dest not in inv:
@@ -116,7 +140,9 @@ def flag_for(dest: str, version: str, value: Any = None) -> str:
     if choices and value is not None and str(value) not in [str(c) for c in choices]:
         raise UnknownFlag([f"{entry['flags'][0]}: invalid choice {value!r} for SGLang {version} "
                            f"(choose from {', '.join(map(str, choices))})"])
-    return str(entry["flags"][0])
+    pinned = _read_inventory(versions.DATA_DIR / f"sglang-{versions.PINNED}-flags.json")
+    usual = pinned[field]["flags"][0] if field in pinned else None
+    return str(usual if usual in entry["flags"] else entry["flags"][0])
 
 
 def argv(config: ServingConfig, version: str) -> list[str]:

@@ -53,13 +53,19 @@ def data_path(version: str, kind: str = "flags") -> Path | None:
     Returns None when neither directory holds it.
     """
     name = f"sglang-{version}-{kind}.json"
+    if name in _FOUND and _FOUND[name].is_file():
+        return _FOUND[name]
     for folder in (DATA_DIR, user_data_dir()):
         try:
             if (folder / name).is_file():
+                _FOUND[name] = folder / name
                 return folder / name
         except OSError:  # an unusable $SERVETUNE_ENGINE_DATA is the same as an empty one
             continue
     return None
+
+
+_FOUND: dict[str, Path] = {}  # files found before (a fetch may add one; none is forgotten)
 
 
 def version_key(version: str) -> tuple[int, ...]:
@@ -82,7 +88,7 @@ def available() -> tuple[str, ...]:
 
 def unknown_version_line(version: str) -> str:
     """The one line that refuses a version without a flag inventory, naming the fetch command."""
-    return (f"engine_version: SGLang {version} has no flag inventory here (have: "
+    return (f"SGLang {version} has no flag inventory here (have: "
             f"{', '.join(available())}); fetch it with `{FETCH_COMMAND.format(version=version)}`")
 
 
