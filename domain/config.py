@@ -139,8 +139,11 @@ class ServingConfig(BaseModel):
 
     @model_validator(mode="after")
     def _flags_of_version(self) -> ServingConfig:
-        """A set field whose flag ``engine_version`` lacks: one line naming the releases that
-        have it, or its successor when the flag was removed (:meth:`Engine.missing_flag`)."""
+        """Refuse a set field whose flag ``engine_version`` lacks.
+
+        One line naming the releases that have it, or its successor when the flag was removed
+        (:meth:`domain.engines.Engine.missing_flag`).
+        """
         from domain.engines import engine_for
 
         eng = engine_for(self)

@@ -167,8 +167,10 @@ def resolve_attention_backend(config: ServingConfig, model: ModelArch,
 
 
 def version_defaults(version: str | None = None) -> DerivedDefaults:
-    """The derived-default rules of SGLang ``version`` (None: 0.5.23), or its nearest modelled
-    release's (``domain/engines/sglang/versions.py``: 0.5.9, 0.5.19, 0.5.23, file:line each).
+    """The derived-default rules of SGLang ``version`` (None: 0.5.23).
+
+    Or its nearest modelled release's (``domain/engines/sglang/versions.py``: 0.5.9, 0.5.19,
+    0.5.23, file:line each).
 
     Raises:
         ValueError: a version without a flag inventory (the line names the fetch command).

@@ -252,7 +252,7 @@ def source_fetch(
     The inventory (``sglang-X-flags.json`` + ``sglang-X-cli.json``, static parse of the
     source) is what lets studies, ``servetune check`` and ``diagnose`` use version X.
     """
-    from domain.engines.sglang.versions import rules_note, user_data_dir
+    from domain.engines import engine, user_data_dir
     from mcp_servers.source.fetch import default_cache_dir, fetch_wheel
     from mcp_servers.source.inventory import write_inventory
 
@@ -265,7 +265,7 @@ def source_fetch(
         fail(str(e))
     console.print(f"SGLang {version} source: {root}", highlight=False, markup=False)
     console.print(f"flag inventory: {flags_file}", highlight=False, markup=False)
-    note = rules_note(version)
+    note = engine("sglang", version).rules_note()
     if note:
         console.print(note, highlight=False, markup=False)
     console.print("serve it with: servetune mcp sglang-source --version " + version,

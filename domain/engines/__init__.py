@@ -16,8 +16,11 @@ engine-neutral modules: the registry imports an engine's package by name at run 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+import os
+import re
+from collections.abc import Mapping, Sequence
 from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -29,6 +32,28 @@ if TYPE_CHECKING:
 
 # engine name -> its package; the package's ``make(version)`` returns the Engine
 ENGINES: dict[str, str] = {"sglang": "domain.engines.sglang"}
+_RELEASE = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
+
+
+def user_data_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where ``servetune source fetch`` writes fetched engine versions' flag inventories.
+
+    ``$SERVETUNE_ENGINE_DATA``, else ``$XDG_CACHE_HOME/servetune/engines``, else
+    ``~/.cache/servetune/engines`` (it need not exist). Shipped inventories are read first
+    (``domain/data/``), then this directory.
+    """
+    env = os.environ if env is None else env
+    if env.get("SERVETUNE_ENGINE_DATA"):
+        return Path(env["SERVETUNE_ENGINE_DATA"]).expanduser()
+    base = Path(env["XDG_CACHE_HOME"]).expanduser() if env.get("XDG_CACHE_HOME") else \
+        Path.home() / ".cache"
+    return base / "servetune" / "engines"
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """Sort key of a release ``X.Y.Z[.postN]``; anything else sorts first, as (-1,)."""
+    m = _RELEASE.match(version)
+    return tuple(int(g or 0) for g in m.groups()) if m else (-1,)
 
 
 class DerivedDefaults(Protocol):
@@ -91,6 +116,10 @@ class Engine(Protocol):
         """The canonical flag of ``dest``; checks ``value`` against the flag's choices."""
         ...
 
+    def flag_entries(self) -> list[dict[str, Any]]:
+        """Every flag entry of this version in declaration order, deprecated aliases included."""
+        ...
+
     def memory_defaults(self) -> DerivedDefaults:
         """The memory-dependent derived-default rules this version runs with."""
         ...
@@ -101,6 +130,10 @@ class Engine(Protocol):
 
     def missing_flag(self, dest: str) -> str | None:
         """One line when this version has no flag for field ``dest`` (None: it has one)."""
+        ...
+
+    def lesson_carries(self, site: str, learned_on: str) -> tuple[bool, str]:
+        """Whether a lesson verified at ``site`` on ``learned_on`` holds here, and why."""
         ...
 
     def argv(self, config: ServingConfig) -> list[str]:

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from domain.engines.sglang.versions import available, data_path, version_key
+from domain.engines import engine, version_key
 from mcp_servers.source.flags import FlagInfo, extract_flags
 from mcp_servers.source.tree import SourceError, SourceTree
 
@@ -38,13 +38,6 @@ def _entry(f: FlagInfo) -> dict[str, Any]:
     return {"dest": f.dest, "flags": f.flags, "action": action, "type": typ,
             "default": f.default, "choices": f.choices, "deprecated": f.deprecated,
             "nargs": f.nargs, "source": f.source, "successor": f.new_flag}
-
-
-def _load(version: str) -> list[dict[str, Any]]:
-    path = data_path(version)
-    assert path is not None
-    flags: list[dict[str, Any]] = json.loads(path.read_text())["flags"]
-    return flags
 
 
 def retired_flags(version: str, flags: list[dict[str, Any]],
@@ -96,8 +89,8 @@ def cli_data(version: str, flags: list[dict[str, Any]],
 def write_inventory(root: Path, version: str, out_dir: Path) -> tuple[Path, Path]:
     """Parse the unpacked tree ``root`` of SGLang ``version``; write its two data files.
 
-    Older known versions (shipped or fetched, :func:`domain.engines.sglang.versions.available`)
-    supply the retired flags. Files are written whole to a temporary name, then renamed.
+    Older known versions (shipped or fetched: ``engine("sglang").versions``) supply the
+    retired flags. Files are written whole to a temporary name, then renamed.
 
     Returns:
         ``(flags file, cli file)`` paths under ``out_dir``.
@@ -114,7 +107,8 @@ def write_inventory(root: Path, version: str, out_dir: Path) -> tuple[Path, Path
     flags = [_entry(f) for f in inv.flags]
     source = (f"static parse (mcp_servers/source/flags.py) of the sglang {version} PyPI wheel "
               "(ServerArgs fields and add_argument calls), help text omitted")
-    older = {v: _load(v) for v in available() if version_key(v) < version_key(version)}
+    older = {v: engine("sglang", v).flag_entries() for v in engine("sglang").versions
+             if version_key(v) < version_key(version)}
     files = ((out_dir / f"sglang-{version}-flags.json",
               {"source": source, "version": version, "flags": flags}),
              (out_dir / f"sglang-{version}-cli.json", cli_data(version, flags, older, source)))

@@ -54,10 +54,15 @@ class SglangEngine:
         """SGLang ``version``; the version is checked by :func:`make`."""
         self.version = version
         self.image = flags.image(version)
+        self.versions = version_rules.available()  # shipped + fetched when this was made
 
     def flag_inventory(self) -> dict[str, dict[str, Any]]:
         """The CLI flags of this version keyed by argparse dest."""
         return flags.flag_inventory(self.version)
+
+    def flag_entries(self) -> list[dict[str, Any]]:
+        """Every flag entry in declaration order, deprecated aliases included."""
+        return flags.flag_entries(self.version)
 
     def memory_defaults(self) -> version_rules.MemoryDefaults:
         """The derived-default rules this version runs with (:func:`versions.rules`)."""
@@ -85,6 +90,12 @@ class SglangEngine:
     def argv(self, config: ServingConfig) -> list[str]:
         """The argv of ``sglang serve`` for ONE replica of ``config``."""
         return flags.argv(config, self.version)
+
+    def lesson_carries(self, site: str, learned_on: str) -> tuple[bool, str]:
+        """Whether a lesson verified at ``site`` on ``learned_on`` holds here (carry.carries)."""
+        from domain.engines.sglang import carry
+
+        return carry.carries(site, learned_on, self.version)
 
     def resolved_settings(self, config: ServingConfig) -> tuple[Any, ...] | None:
         """What SGLang actually runs ``config`` with (:func:`defaults.resolved_settings`)."""

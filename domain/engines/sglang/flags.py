@@ -14,6 +14,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from domain.engines import version_key
 from domain.engines.sglang import versions
 from domain.errors import UnknownFlag
 
@@ -50,6 +51,18 @@ def flag_inventory(version: str) -> dict[str, dict[str, Any]]:
     return _read_inventory(path)
 
 
+def flag_entries(version: str) -> list[dict[str, Any]]:
+    """Every flag entry of ``version`` in declaration order, deprecated aliases included.
+
+    Raises:
+        UnknownFlag: no inventory for that version (the line names the fetch command).
+    """
+    path = versions.data_path(version)
+    if path is None:
+        raise UnknownFlag([f"engine_version: {versions.unknown_version_line(version)}"])
+    return list(_read_entries(path))
+
+
 @cache
 def _read_entries(path: Path) -> list[dict[str, Any]]:
     entries: list[dict[str, Any]] = json.loads(path.read_text())["flags"]
@@ -58,8 +71,11 @@ def _read_entries(path: Path) -> list[dict[str, Any]]:
 
 @cache
 def _read_inventory(path: Path) -> dict[str, dict[str, Any]]:
-    """Entries by dest; a deprecated alias (0.5.19's ``--cuda-graph-max-bs``, which sets
-    ``cuda_graph_max_bs_decode``) never hides the flag it stands for."""
+    """Entries by dest.
+
+    A deprecated alias (0.5.19's ``--cuda-graph-max-bs``, which sets
+    ``cuda_graph_max_bs_decode``) never hides the flag it stands for.
+    """
     out: dict[str, dict[str, Any]] = {}
     for f in _read_entries(path):
         if f["dest"] not in out or out[f["dest"]]["deprecated"] and not f["deprecated"]:
@@ -101,7 +117,7 @@ def missing_flag_line(dest: str, version: str) -> str:
     if not have:
         return f"{dest}: SGLang {version} has no such flag"
     flag = flag_inventory(have[-1])[dest]["flags"][0]
-    if versions.version_key(version) > versions.version_key(have[-1]):
+    if version_key(version) > version_key(have[-1]):
         retired = cli_retired(version).get(flag) or {}
         succ = retired.get("successor")
         return (f"{dest}: {flag} was removed in SGLang {retired.get('removed_in', version)} "

@@ -6,8 +6,8 @@ Two questions, one module:
   (``sglang-<version>-flags.json``) is found: first in the shipped ``domain/data/`` (0.5.9,
   0.5.19, 0.5.23, built by the static parser ``mcp_servers/source/flags.py`` from each PyPI
   wheel), then in the user's engine data directory, where ``servetune source fetch --version X``
-  writes the inventory of any other release (:func:`user_data_dir`). A version in neither is
-  unknown and refused with the fetch command (:func:`unknown_version_line`).
+  writes the inventory of any other release (:func:`domain.engines.user_data_dir`). A version
+  in neither is unknown and refused with the fetch command (:func:`unknown_version_line`).
 - **Which derived-default rules apply.** The memory-dependent defaults SGLang derives at start
   (chunked prefill size and decode CUDA-graph batch size by GPU memory tier, the static memory
   reserve behind ``mem_fraction_static``, ``max_running_requests`` from the KV pool) are modelled
@@ -21,30 +21,15 @@ compares it), reserves in MiB, pool sizes in tokens.
 
 from __future__ import annotations
 
-import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from domain.engines import user_data_dir, version_key
+
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"  # domain/data: shipped inventories
 PINNED = "0.5.23"  # the release the twin's startup log, refusals and failure rows are read from
 FETCH_COMMAND = "servetune source fetch --version {version}"
-_RELEASE = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
-
-
-def user_data_dir(env: Mapping[str, str] | None = None) -> Path:
-    """The directory ``servetune source fetch`` writes fetched versions' inventories to.
-
-    ``$SERVETUNE_ENGINE_DATA``, else ``$XDG_CACHE_HOME/servetune/engines``, else
-    ``~/.cache/servetune/engines`` (it need not exist).
-    """
-    env = os.environ if env is None else env
-    if env.get("SERVETUNE_ENGINE_DATA"):
-        return Path(env["SERVETUNE_ENGINE_DATA"]).expanduser()
-    base = Path(env["XDG_CACHE_HOME"]).expanduser() if env.get("XDG_CACHE_HOME") else \
-        Path.home() / ".cache"
-    return base / "servetune" / "engines"
 
 
 def data_path(version: str, kind: str = "flags") -> Path | None:
@@ -66,12 +51,6 @@ def data_path(version: str, kind: str = "flags") -> Path | None:
 
 
 _FOUND: dict[str, Path] = {}  # files found before (a fetch may add one; none is forgotten)
-
-
-def version_key(version: str) -> tuple[int, ...]:
-    """Sort key of a release ``X.Y.Z[.postN]``; anything else sorts first, as (-1,)."""
-    m = _RELEASE.match(version)
-    return tuple(int(g or 0) for g in m.groups()) if m else (-1,)
 
 
 def available() -> tuple[str, ...]:
@@ -227,8 +206,10 @@ def is_exact(version: str | None) -> bool:
 
 
 def rules_note(version: str | None) -> str | None:
-    """The report's warning for a version run with another's rules, e.g. 'rules of 0.5.19 used
-    for 0.5.17 (...)'; None when the version's own rules are modelled."""
+    """The report's warning for a version run with another version's rules.
+
+    E.g. 'rules of 0.5.19 used for 0.5.17 (...)'; None when the version's own are modelled.
+    """
     if is_exact(version):
         return None
     return (f"SGLang derived defaults: rules of {rules_version(version)} used for {version} "
