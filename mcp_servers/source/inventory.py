@@ -77,9 +77,9 @@ def cli_data(version: str, flags: list[dict[str, Any]],
     for f in flags:
         if f["deprecated"]:
             succ = f.get("successor") or canonical.get(f["dest"])
-            deprecated[f["flags"][0]] = {"source": f["source"], "successor": succ}
+            deprecated[f["flags"][0]] = {"source": f.get("source"), "successor": succ}
     return {"source": source, "version": version,
-            "nargs": {f["dest"]: f["nargs"] for f in flags if f["nargs"]},
+            "nargs": {f["dest"]: f["nargs"] for f in flags if f.get("nargs")},
             "deprecated": dict(sorted(deprecated.items())),
             "deprecated_values": {"aliases": {}, "dests": [],
                                   "source": "not extracted by the static parser"},
