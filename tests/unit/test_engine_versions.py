@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from fixtures.cli import tiny_study
-from fixtures.pinned_source import pinned_tree  # noqa: F401  (the session fixture)
+from fixtures.pinned_source import pinned_tree_path
 
 from domain.config import ServingConfig
 from domain.engines import engine
@@ -179,8 +179,9 @@ def test_renamed_flags_are_spelled_the_version_s_way():
 
 
 def test_a_knob_the_version_lacks_is_one_line_naming_where_it_exists():
-    with pytest.raises(ValueError, match=r"speculative_adaptive: SGLang 0\.5\.9 has no such flag "
-                                         r"\(--speculative-adaptive exists in 0\.5\.19, 0\.5\.23\)"):
+    line = (r"speculative_adaptive: SGLang 0\.5\.9 has no such flag "
+            r"\(--speculative-adaptive exists in 0\.5\.19, 0\.5\.23\)")
+    with pytest.raises(ValueError, match=line):
         config("0.5.9", speculative_algorithm="NEXTN", speculative_adaptive=True)
     with pytest.raises(ConfigInvalid) as e:
         parse_study(tiny_study(engine_version="0.5.9",
@@ -259,11 +260,15 @@ def two_trees(tmp: Path, pinned: Path, edit) -> None:
     dest.write_text("\n\n\n" + edit((pinned / rel).read_text()))
 
 
-def test_a_verified_lesson_carries_when_its_guard_is_unchanged(tmp_path, monkeypatch,
-                                                                pinned_tree):
+@pytest.fixture(scope="module")
+def pinned() -> Path:
+    return pinned_tree_path()
+
+
+def test_a_verified_lesson_carries_when_its_guard_is_unchanged(tmp_path, monkeypatch, pinned):
     monkeypatch.setenv("SERVETUNE_SOURCE_CACHE", str(tmp_path))
-    two_trees(tmp_path, pinned_tree, lambda text: text)
-    assert carry.guard_at(pinned_tree, SITE) == \
+    two_trees(tmp_path, pinned, lambda text: text)
+    assert carry.guard_at(pinned, SITE) == \
         "assert self.model_runner.max_running_requests > 0"
     les = verified_lesson()
     ok, why = les.carries_to("0.5.19")
@@ -275,10 +280,9 @@ def test_a_verified_lesson_carries_when_its_guard_is_unchanged(tmp_path, monkeyp
     assert not les.matches(config("0.5.9", max_running_requests=2))
 
 
-def test_a_changed_guard_or_an_unverified_lesson_does_not_carry(tmp_path, monkeypatch,
-                                                                pinned_tree):
+def test_a_changed_guard_or_an_unverified_lesson_does_not_carry(tmp_path, monkeypatch, pinned):
     monkeypatch.setenv("SERVETUNE_SOURCE_CACHE", str(tmp_path))
-    two_trees(tmp_path, pinned_tree,
+    two_trees(tmp_path, pinned,
               lambda t: t.replace("max_running_requests > 0", "max_running_requests >= 0"))
     ok, why = verified_lesson().carries_to("0.5.19")
     assert not ok and "changed or is gone in SGLang 0.5.19" in why
