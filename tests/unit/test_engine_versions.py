@@ -297,3 +297,23 @@ def test_the_lesson_tree_cache_is_the_source_fetch_cache(monkeypatch, tmp_path):
 
     for env in ({}, {"XDG_CACHE_HOME": str(tmp_path)}, {"SERVETUNE_SOURCE_CACHE": "/x/y"}):
         assert carry.source_cache_dir(env) == default_cache_dir(env)
+
+
+def test_report_and_lessons_show_say_which_rules_and_versions_apply(engine_data, tmp_path,
+                                                                     monkeypatch):
+    from servetune.cli_lessons import _versions_lines
+    from servetune.report.sections import _version_note
+
+    engine_data.mkdir()
+    for kind in ("flags", "cli"):
+        shutil.copy(DATA / f"sglang-0.5.19-{kind}.json", engine_data / f"sglang-0.5.16-{kind}.json")
+    assert _version_note(parse_study(tiny_study())) == []
+    note = _version_note(parse_study(tiny_study(engine_version="0.5.16")))
+    assert note[0].startswith("**Warning**: SGLang derived defaults: rules of 0.5.19 used for "
+                              "0.5.16 (modelled: 0.5.9, 0.5.19, 0.5.23)")
+    monkeypatch.setenv("SERVETUNE_SOURCE_CACHE", str(tmp_path / "no-trees"))
+    lines = _versions_lines(verified_lesson())
+    assert lines[0] == "  versions:    learned on 0.5.23"
+    assert "    0.5.9: does not apply: the guard cannot be compared without the source of " \
+           "SGLang 0.5.23 and 0.5.9: run `servetune source fetch --version 0.5.23`; " \
+           "`servetune source fetch --version 0.5.9`" in lines
