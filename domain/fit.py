@@ -28,6 +28,8 @@ SGLang 0.5.23 rules reproduced here (servetune's sglang-knobs reference, section
 
 from __future__ import annotations
 
+from functools import cache
+
 from pydantic import BaseModel, ConfigDict
 
 from domain.config import ServingConfig
@@ -166,6 +168,7 @@ def resolve_attention_backend(config: ServingConfig, model: ModelArch,
     return backend, page
 
 
+@cache
 def version_defaults(version: str | None = None) -> DerivedDefaults:
     """The derived-default rules of SGLang ``version`` (None: 0.5.23).
 
