@@ -104,3 +104,34 @@ def test_a_known_older_version_is_checked_with_its_own_flags(tmp_path):
     assert r.returncode == 0, out
     assert "DEPRECATED_FLAG: --cuda-graph-max-bs is deprecated in SGLang 0.5.19" in out
     assert "fix: use --cuda-graph-max-bs-decode" in out
+
+
+def test_the_store_prunes_another_version_with_a_lesson_whose_guard_is_unchanged(
+        tmp_path, monkeypatch):
+    """A source-verified 0.5.23 lesson forbids a 0.5.19 config once both trees are fetched."""
+    from fixtures.pinned_source import pinned_tree_path
+
+    from domain.config import ServingConfig
+    from domain.lesson import Clause, Lesson, Scope
+    from memory.store import LessonStore
+
+    site = "sglang/srt/managers/tp_worker.py:420"
+    pinned = pinned_tree_path()
+    cache = tmp_path / "cache"
+    (cache / "sglang-0.5.19" / site.rpartition("/")[0]).mkdir(parents=True)
+    (cache / "sglang-0.5.23").symlink_to(pinned)
+    monkeypatch.setenv("SERVETUNE_SOURCE_CACHE", str(cache))
+    lesson = Lesson(title="zero requests", scope=Scope(gpu="H100", engine_version="0.5.23"),
+                    condition=[Clause(field="max_running_requests", op="le", value=4)],
+                    outcome="crash", root_cause="x", fix="y", evidence="max_running_request "
+                    "is zero", verified=True, source_site=site).with_id()
+    cfg = ServingConfig(engine_version="0.5.19", model="llama-3.1-8b", gpu="H100",
+                        weights="bf16", max_running_requests=2)
+    with LessonStore(tmp_path / "lessons", embedding="hashing") as store:
+        store.add(lesson)
+        assert store.forbidding(cfg) == []  # 0.5.19's tp_worker.py is not there yet
+        rel = site.rpartition(":")[0]
+        (cache / "sglang-0.5.19" / rel).write_text((pinned / rel).read_text())
+        assert [x.id for x in store.forbidding(cfg)] == [lesson.id]
+        assert [x.id for x in store.forbidding(cfg.model_copy(
+            update={"engine_version": "0.5.23"}))] == [lesson.id]
