@@ -35,6 +35,9 @@ V1_FIELDS = ("schedule_conservativeness", "speculative_algorithm", "speculative_
              "speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_adaptive",
              "disable_radix_cache", "enable_hierarchical_cache", "hicache_ratio",
              "mm_attention_backend")
+# Fields that are not engine flags (their values never reach the argv as themselves).
+_NOT_FLAGS = ("engine", "engine_version", "model", "gpu", "weights", "replicas", "router_policy")
+_FLAG_DEFAULTS: tuple[tuple[str, Any], ...] | None = None  # (field, default) of the others
 # String fields whose values are the choices of the engine version's flag inventory.
 CHOICE_FIELDS = ("attention_backend", "mm_attention_backend")
 
@@ -148,6 +151,28 @@ class ServingConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _flags_of_version(self) -> ServingConfig:
+        """Refuse a set field whose flag ``engine_version`` lacks.
+
+        One line naming the releases that have it, or its successor when the flag was removed
+        (:meth:`domain.engines.Engine.missing_flag`).
+        """
+        from domain.engines import engine_for
+
+        global _FLAG_DEFAULTS
+        if _FLAG_DEFAULTS is None:
+            _FLAG_DEFAULTS = tuple((n, f.default) for n, f in ServingConfig.model_fields.items()
+                                   if n not in _NOT_FLAGS)
+        eng = engine_for(self)
+        for name, default in _FLAG_DEFAULTS:
+            if getattr(self, name) == default:
+                continue
+            line = eng.missing_flag(name)
+            if line is not None:
+                raise ValueError(line)
+        return self
+
+    @model_validator(mode="after")
     def _choices(self) -> ServingConfig:
         for name in CHOICE_FIELDS:
             value = getattr(self, name)
@@ -156,6 +181,8 @@ class ServingConfig(BaseModel):
             from domain.engines import engine_for
 
             eng = engine_for(self)
+            if name not in eng.flag_inventory():
+                continue  # _flags_of_version names it
             choices = eng.flag_inventory()[name]["choices"] or []
             if value not in choices:
                 raise ValueError(f"{name} {value!r} is not a choice of {eng.label} "
