@@ -121,10 +121,13 @@ class ServingConfig(BaseModel):
 
     @model_validator(mode="after")
     def _catalogs(self) -> ServingConfig:
-        from domain.hardware import GPUS
+        from domain.errors import ConfigInvalid
+        from domain.hardware import GPUS, get_gpu
         from domain.models import MODELS, get_model
 
-        if self.gpu not in GPUS:
+        try:  # a GPU registered by register_gpu (a user's spec) counts as known
+            get_gpu(self.gpu)
+        except ConfigInvalid:
             raise ValueError(f"gpu {self.gpu!r} is not in the GPU catalog: {', '.join(GPUS)}")
         if self.model not in MODELS:
             raise ValueError(f"model {self.model!r} is not in the model catalog: "
