@@ -268,10 +268,10 @@ class Scope(BaseModel):
     @model_validator(mode="after")
     def _known(self) -> Scope:
         from domain.engines import ENGINES, engine
-        from domain.hardware import _REGISTERED, GPUS
+        from domain.hardware import GPUS
         from domain.models import MODELS, get_model
 
-        if self.gpu is not None and self.gpu not in GPUS and self.gpu not in _REGISTERED:
+        if self.gpu is not None and self.gpu not in GPUS:
             raise ValueError(f"scope.gpu {self.gpu!r} is not in the GPU catalog: "
                              f"{', '.join(GPUS)}")
         if self.model is not None and self.model not in MODELS:
