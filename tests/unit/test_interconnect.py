@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import pytest
-from fixtures.gpus import RTX_PRO_6000, rtx_pro_6000_server
 from fixtures.pinned_source import pinned_tree  # noqa: F401  (the session fixture)
 
 import domain.hardware as hw
@@ -28,15 +27,8 @@ from domain.interconnect import (
 )
 
 MiB = 2**20
+RTX_PRO_6000 = "RTX-PRO-6000"  # the catalog's Server Edition on issue 19's node (data/gpus)
 GLM5_HIDDEN_BYTES = 6144 * 2  # one token's bf16 activations of GLM-5
-
-
-@pytest.fixture
-def rtx(monkeypatch: pytest.MonkeyPatch) -> hw.GPU:
-    """The issue's 8x RTX PRO 6000 node, registered for this test only."""
-    gpu = rtx_pro_6000_server(register=False)
-    monkeypatch.setitem(hw._REGISTERED, gpu.name, gpu)
-    return gpu
 
 
 def pcie(**kw: object) -> hw.Interconnect:
@@ -99,8 +91,10 @@ def test_the_numa_hop_is_the_slowest_link_only_when_the_group_spans_numa_nodes()
 
 
 def test_tp8_across_numa_nodes_costs_more_than_on_one_node() -> None:
-    one = rtx_pro_6000_server(numa_nodes=1, cross_numa_bytes_per_s=None, register=False)
-    two = rtx_pro_6000_server(register=False)
+    two = hw.get_gpu(RTX_PRO_6000)
+    assert two.interconnect.numa_nodes == 2 and two.interconnect.cross_numa_bytes_per_s == 40e9
+    one = two.model_copy(update={"interconnect": two.interconnect.model_copy(
+        update={"numa_nodes": 1, "cross_numa_bytes_per_s": None})})
     nbytes = 128 * GLM5_HIDDEN_BYTES
     assert allreduce_seconds(nbytes, 8, two) > 1.3 * allreduce_seconds(nbytes, 8, one)
     assert allreduce_seconds(nbytes, 4, two) == allreduce_seconds(nbytes, 4, one)
@@ -153,8 +147,7 @@ def test_a_gpu_without_a_table_uses_its_topology_kind() -> None:
 
 # ---------------------------------------------------------------- the cost model
 @pytest.mark.parametrize(("gpu", "low", "high"), [(RTX_PRO_6000, 0.40, 1.0), ("B200", 0.0, 0.15)])
-def test_glm5_nvfp4_tp8_decode_all_reduce_share(rtx: hw.GPU, gpu: str, low: float,
-                                                 high: float) -> None:
+def test_glm5_nvfp4_tp8_decode_all_reduce_share(gpu: str, low: float, high: float) -> None:
     config = ServingConfig(model="glm-5", gpu=gpu, weights="nvfp4", tp_size=8)
     cost = build_cost_model(config, fit(config))
     batch = 256  # a saturated decode batch at ISL 2048 / OSL 512
@@ -166,7 +159,7 @@ def test_glm5_nvfp4_tp8_decode_all_reduce_share(rtx: hw.GPU, gpu: str, low: floa
 
 
 # ---------------------------------------------------------------- calibration
-def test_uncalibrated_gpus_quote_the_error_band_measured_on_calibrated_ones(rtx: hw.GPU) -> None:
+def test_uncalibrated_gpus_quote_the_error_band_measured_on_calibrated_ones() -> None:
     assert is_calibrated("B200") and is_calibrated("H100") and is_calibrated("H200")
     assert not is_calibrated(RTX_PRO_6000)
     band = error_band()
