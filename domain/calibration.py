@@ -176,7 +176,7 @@ def calibration_line(gpu: str, path: Path = CALIBRATION_PATH) -> str:
     """``calibrated (...)`` or ``uncalibrated (twin error on calibrated GPUs: ...)`` for ``gpu``."""
     if is_calibrated(gpu, path):
         date = _load(path).get("fit", {}).get("date", "")
-        return (f"calibrated (twin constants fitted by benchmarks/twin_fidelity.py"
+        return ("calibrated (twin constants fitted by benchmarks/twin_fidelity.py"
                 + (f", {date}" if date else "") + ")")
     band = error_band(path)
     return ("uncalibrated (default twin constants" + (f"; {band.line()}" if band else "")
