@@ -165,11 +165,12 @@ def main() -> None:
         "note": ("All-reduce model of domain/interconnect.py, fitted by "
                  "benchmarks/allreduce_fit.py (see its docstring for the model). Per system and "
                  "backend (nccl; custom = SGLang's custom all-reduce in a CUDA graph) and GPU "
-                 "count: two protocol lines, latency_s (s) and bus_eff (share of the node's "
-                 "link bandwidth, bytes/s per GPU and direction, that the ring's 2(n-1)/n bus traffic reaches); 'topology' holds "
-                 "the medians per topology kind used for GPUs without a table. Errors: absolute "
-                 "percentage error of the fitted model against every row, and of the old ring "
-                 "formula 2(n-1)/n x bytes / link + 6 us (baseline; ratio = predicted/measured)."),
+                 "count: two protocol lines, latency_s (s) and bus_eff (share of the node's link "
+                 "bandwidth, bytes/s per GPU and direction, that the ring's 2(n-1)/n bus traffic "
+                 "reaches); 'topology' holds the medians per topology kind used for GPUs without a"
+                 " table. Errors: absolute percentage error of the fitted model against every row,"
+                 " and of the old ring formula 2(n-1)/n x bytes / link + 6 us (baseline; ratio = "
+                 "predicted/measured)."),
         "data_source": {
             "wheel": "aiconfigurator-core==0.12.0", "license": "Apache-2.0",
             "wheel_file": "aiconfigurator_core-0.12.0-cp311-abi3-manylinux_2_28_x86_64.whl",
