@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from domain.calibration import Efficiency, efficiency
 from domain.config import ServingConfig
 from domain.fit import KV_BYTES, FitReport
-from domain.hardware import GPU, FlopDtype, get_gpu
+from domain.hardware import GPU, get_gpu
 from domain.interconnect import allreduce_seconds
 from domain.models import BF16, ModelArch, get_model
 
@@ -45,7 +45,7 @@ ACT_BYTES = 2  # bf16 activations
 PCIE5_X16_BYTES_PER_S = 64e9
 
 
-def _dtype_of(bytes_per_param: float, gpu: GPU) -> FlopDtype:
+def _dtype_of(bytes_per_param: float, gpu: GPU) -> str:
     """GEMM dtype of a parameter group stored at ``bytes_per_param`` (scales included)."""
     if bytes_per_param < 0.75 and "fp4" in gpu.flops:
         return "fp4"
