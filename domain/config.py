@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from domain.errors import ConfigInvalid
+
 
 def check_engine_version(v: str) -> str:
     """Accept only versions whose flag inventory ships here (the only engine: SGLang).
@@ -121,15 +123,19 @@ class ServingConfig(BaseModel):
 
     @model_validator(mode="after")
     def _catalogs(self) -> ServingConfig:
-        from domain.hardware import GPUS
+        from domain.hardware import GPUS, get_gpu
         from domain.models import MODELS, get_model
 
-        if self.gpu not in GPUS:
-            raise ValueError(f"gpu {self.gpu!r} is not in the GPU catalog: {', '.join(GPUS)}")
-        if self.model not in MODELS:
+        try:  # the catalogs, and a user's model or GPU registered from a study or a check
+            get_gpu(self.gpu)
+        except ConfigInvalid:
+            raise ValueError(f"gpu {self.gpu!r} is not in the GPU catalog: "
+                             f"{', '.join(GPUS)}") from None
+        try:
+            known = get_model(self.model).checkpoints
+        except ConfigInvalid:
             raise ValueError(f"model {self.model!r} is not in the model catalog: "
-                             f"{', '.join(MODELS)}")
-        known = get_model(self.model).checkpoints
+                             f"{', '.join(MODELS)}") from None
         if self.weights not in known:
             raise ValueError(f"weights {self.weights!r}: model {self.model} has the checkpoints "
                              f"{', '.join(known)}")
