@@ -295,7 +295,7 @@ def _loc_part(part: int | str) -> str:
 
 
 def parse_study(data: Any, *, base_dir: Path | None = None,
-                gpu_source: str = "study file (inline gpu)") -> Study:
+                gpu_source: str = "inline in the study") -> Study:
     """Validate a parsed study mapping.
 
     A ``model`` or ``gpu`` given by source (:mod:`domain.study_sources`) is built and

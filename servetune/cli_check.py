@@ -54,12 +54,8 @@ def _user_gpu(value: str) -> str:
 
     if not names_gpu_file(value):
         return value
-    path = Path(value).expanduser()
-    try:
-        return register_gpu(gpu_from_spec(read_gpu_file(path, "--gpu"), str(path))).name
-    except ConfigInvalid as e:
-        raise ConfigInvalid([v if v.startswith("--gpu") else f"--gpu {path}: {v}"
-                             for v in e.violations]) from e
+    path = Path(value).expanduser()  # the spec's lines name the file: gpu (PATH): field ...
+    return register_gpu(gpu_from_spec(read_gpu_file(path, "--gpu"), str(path))).name
 
 
 def _user_model(path: Path) -> str:
@@ -73,7 +69,7 @@ def _user_model(path: Path) -> str:
     try:
         return register_model(model_from_path(path)).name
     except ConfigInvalid as e:
-        raise ConfigInvalid([f"--model-config {path}: {v}" for v in e.violations]) from e
+        raise ConfigInvalid([f"--model-config: {v}" for v in e.violations]) from e
 
 
 def _model_line(m: dict[str, Any]) -> str:

@@ -162,7 +162,7 @@ def load_study(path: Path) -> Study:
     except yaml.YAMLError as e:
         raise ConfigInvalid([f"{path}: not valid YAML ({type(e).__name__})"]) from e
     try:
-        gpu_source = f"{path} (inline gpu)"
+        gpu_source = "inline in the study"
         if isinstance(data, dict) and isinstance(data.get("gpu"), str) \
                 and names_gpu_file(data["gpu"]):
             gpu_file = resolve_gpu_path(data["gpu"], path.parent)
