@@ -50,10 +50,10 @@ def _user_gpu(value: str) -> str:
     Raises:
         ConfigInvalid: an unreadable file or an impossible spec (one line naming --gpu).
     """
-    from domain.hardware import gpu_from_spec, register_gpu
-
     if not names_gpu_file(value):
         return value
+    from domain.hardware import gpu_from_spec, register_gpu
+
     path = Path(value).expanduser()  # the spec's lines name the file: gpu (PATH): field ...
     return register_gpu(gpu_from_spec(read_gpu_file(path, "--gpu"), str(path))).name
 
@@ -133,6 +133,8 @@ def check(
         gpu_name = _user_gpu(gpu)
         model = _user_model(model_config) if model_config is not None else None
         s, t = _context(trace, study)
+        if model is None and s is not None and "model" in s.sources:
+            model = s.model  # the study's own config.json serves the command
         report = check_command(list(command or []), gpu_name, gpus, version=version, study=s,
                                trace=t, model=model)
     except ServetuneError as e:

@@ -1,0 +1,48 @@
+"""Issue 19's new user: a study on a config.json no catalog holds, on a GPU given inline, runs
+end to end on the twin (``servetune run`` in a subprocess), and its resume reads the study again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from fixtures.cli import TRACE, ledger_rows, run_deterministic
+from fixtures.user_model import (
+    H20_SPEC,
+    clean_registry,  # noqa: F401 (a fixture)
+    write_model_dir,
+)
+
+from servetune.study_file import load_study
+
+
+@pytest.mark.usefixtures("clean_registry")
+def test_a_config_json_on_an_inline_gpu_runs_and_resumes(tmp_path: Path) -> None:
+    write_model_dir(tmp_path / "models", "lab-moe")
+    study = {
+        "name": "lab-moe-h20", "gpu_count": 2,
+        "model": {"hf_config": "models/lab-moe/config.json", "name": "lab-moe",
+                  "checkpoints": {"bf16": "lab/Lab-MoE", "fp8": "lab/Lab-MoE-FP8"}},
+        "gpu": H20_SPEC,
+        "baseline": {"tp_size": 1, "weights": "bf16"},
+        "knobs": {"tp_size": [1, 2], "weights": ["bf16", "fp8"]},
+        "saturation": {"isl": 1024, "osl": 128, "concurrency": 64, "duration_s": 5},
+        "replay": {"trace": str(TRACE), "format": "mooncake", "start_s": 600,
+                   "duration_s": 60, "time_scale": 0.5},
+        "slo": {"ttft_p99_ms": 8000}, "finalists": 1, "sweep_concurrency": [8],
+        "budget": {"max_trials": 3, "patience": 2},
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    load_study(path)  # this process reads the run's ledger below: it knows the model too
+    r = run_deterministic(tmp_path, path, "lab")
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = (tmp_path / "runs" / "lab" / "report.md").read_text()
+    assert "lab-moe" in report and "H20" in report
+    rows = ledger_rows(tmp_path / "runs" / "lab" / "ledger.sqlite")
+    assert rows and all('"model":"lab-moe"' in body.replace(" ", "") for *_, body in rows)
+    assert any('"weights":"fp8"' in body.replace(" ", "") for *_, body in rows)
+    again = run_deterministic(tmp_path, path, "lab")  # a new process registers them again
+    assert again.returncode == 0 and "already complete" in again.stdout, again.stderr
