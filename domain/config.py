@@ -41,6 +41,17 @@ V1_FIELDS = ("schedule_conservativeness", "speculative_algorithm", "speculative_
 CHOICE_FIELDS = ("attention_backend", "mm_attention_backend")
 
 
+def _gpu_name(name: str) -> str:
+    """The GPU registry's spelling of ``name`` ("h200" -> "H200").
+
+    An unknown name is left for ``_catalogs`` to refuse (see
+    :func:`domain.hardware.canonical_gpu_name`).
+    """
+    from domain.hardware import GPUS
+
+    return GPUS.resolve(name) or name
+
+
 class ServingConfig(BaseModel):
     """One SGLang serving configuration for a pool of GPUs.
 
@@ -58,7 +69,8 @@ class ServingConfig(BaseModel):
     engine_version: EngineVersion = Field("0.5.23",
                                           description="SGLang release whose flags are emitted")
     model: str = Field(description="model catalog key, e.g. 'glm-5'")
-    gpu: str = Field(description="GPU catalog key, e.g. 'B200'")
+    gpu: Annotated[str, AfterValidator(_gpu_name)] = Field(description=(
+        "GPU catalog key, e.g. 'B200' (any case; stored as the catalog spells it)"))
     tp_size: int = Field(1, ge=1, le=64, description="--tp-size: GPUs per replica")
     replicas: int = Field(1, ge=1, le=512, description="independent servers behind the router")
     weights: str = Field(description="checkpoint key of the model, e.g. 'fp8' or 'nvfp4'")

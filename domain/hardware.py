@@ -1,19 +1,63 @@
 """GPU catalog: memory, bandwidth, peak FLOP/s and interconnect, each with its source.
 
-Units: memory in GB (1e9 bytes) as datasheets state it, bandwidth in bytes/s, compute in FLOP/s.
-Host-side figures (host memory per node, GPU <-> host link) describe the NVIDIA DGX system built on
-each GPU's HGX board; they size the HiCache host tier and its load-back cost.
+Units: memory in GB (1e9 bytes) as datasheets state it, bandwidth in bytes/s per direction,
+compute in dense FLOP/s, board power in W. Host-side figures (host memory per node, GPU <-> host
+link) describe the server the catalog assumes for each GPU (the NVIDIA DGX system on an HGX
+board); they size the HiCache host tier and its load-back cost.
+
+The shipped entries are data, ``data/gpus/catalog.json`` (sources and licenses in
+``data/gpus/README.md``); each goes through :func:`gpu_from_spec`, the validator a user's GPU
+(inline in a study or in a file) goes through too. :data:`GPUS` is the registry: lookups are
+case-insensitive and ignore ``-``, ``_`` and spaces (``get_gpu("rtx_pro_6000")``), and see GPUs
+made known by :func:`register_gpu`; iterating it lists the shipped catalog only.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+import re
+from collections.abc import Iterator, Mapping, MutableMapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from domain.errors import ConfigInvalid
 
-_REGISTERED: dict[str, GPU] = {}
+GPUS_DIR = Path(__file__).resolve().parent.parent / "data" / "gpus"
+CATALOG_FILE = GPUS_DIR / "catalog.json"
+
+# Bounds a spec is checked against: each is well above the largest shipping part (the catalog's
+# own maxima are quoted) and far below the impossible (10 TB of HBM, an exaFLOP/s GPU).
+MAX_HBM_GB = 1024.0  # B300/GB300: 288 GB HBM3e (NVIDIA HGX B300 / GB300 NVL72 datasheets)
+MAX_HBM_BYTES_PER_S = 30e12  # GB200/GB300: 8 TB/s (NVIDIA GB200/GB300 NVL72 datasheets)
+MAX_FLOPS = 100e15  # GB300: 15 PFLOP/s dense FP4 (aiconfigurator-core 0.12.0 systems/gb300.yaml)
+MAX_NVLINK_BYTES_PER_S = 5e12  # NVLink 5: 900 GB/s per direction (1.8 TB/s bidirectional)
+MAX_NET_BYTES_PER_S = 1e12  # a 1.6 Tb/s NIC per GPU is 200 GB/s; ConnectX-8 is 800 Gb/s
+MAX_HOST_LINK_BYTES_PER_S = 2e12  # NVLink-C2C: 900 GB/s bidirectional (Grace superchips)
+MAX_HOST_MEM_GB = 100_000.0  # a 16-socket host holds ~32 TB
+MAX_TDP_W = 3000.0  # B300: 1,100 W; GB300: 1,400 W per GPU (aiconfigurator system files)
+
+FlopDtype = Literal["bf16", "fp16", "fp8", "fp4", "int8", "tf32"]
+_Rate = Annotated[float, Field(gt=0, le=MAX_FLOPS, allow_inf_nan=False)]
+
+# PCIe bandwidth per lane and direction, bytes/s: Gen3 0.985 GB/s, Gen4 1.969 GB/s, Gen5
+# 3.938 GB/s, Gen6 7.563 GB/s (PCI-SIG PCIe 3.0-6.0 base specifications: 8/16/32/64 GT/s,
+# 128b/130b coding up to Gen5, FLIT mode at Gen6); Gen1/2 at 0.25/0.5 GB/s, Gen7 twice Gen6.
+PCIE_BYTES_PER_S_PER_LANE = {1: 0.25e9, 2: 0.5e9, 3: 0.985e9, 4: 1.969e9, 5: 3.938e9,
+                             6: 7.563e9, 7: 15.125e9}
+# First compute capability with FP8 tensor cores (Ada, SM 8.9); below it SGLang runs an fp8
+# checkpoint weight-only through Marlin, computing in bf16:
+# sglang/srt/layers/quantization/fp8_utils.py:2794-2798 (can_auto_enable_marlin_fp8:
+# 80 <= sm < 89) as used by fp8.py:514-518 (0.5.23).
+FP8_TENSOR_CORE_SM = (8, 9)
 
 
 class Interconnect(BaseModel):
@@ -24,14 +68,19 @@ class Interconnect(BaseModel):
     the host's root complexes, peer-to-peer when ``p2p`` (else staged through host memory), the
     node's GPUs split evenly over ``numa_nodes`` NUMA nodes whose hop runs at
     ``cross_numa_bytes_per_s``. Bandwidths are bytes/s per GPU and direction.
+
+    Raises (on construction, as pydantic ``ValidationError``): an NVLink node without NVLink
+    bandwidth, a PCIe node with NVLink bandwidth or an NVLink domain, GPUs that do not split
+    evenly over the NUMA nodes.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: Literal["nvlink", "pcie"]
     gpus_per_node: int = Field(8, ge=1, le=1024, description="GPUs of one host (server)")
-    nvlink_bytes_per_s: float = Field(0.0, ge=0, description=(
-        "NVLink bandwidth per GPU and direction, bytes/s (0 on a PCIe node)"))
+    nvlink_bytes_per_s: float = Field(0.0, ge=0, le=MAX_NVLINK_BYTES_PER_S, allow_inf_nan=False,
+                                      description=("NVLink bandwidth per GPU and direction, "
+                                                   "bytes/s (0 on a PCIe node)"))
     nvlink_domain: int | None = Field(None, ge=1, le=1024, description=(
         "GPUs one NVLink/NVSwitch domain joins (GB200 NVL72: 72, over 18 hosts of 4); None: "
         "the host's gpus_per_node"))
@@ -41,12 +90,27 @@ class Interconnect(BaseModel):
                       "through host memory)")
     numa_nodes: int = Field(1, ge=1, le=16, description="NUMA nodes the host's GPUs are "
                             "split over evenly (0-3 and 4-7 on a two-socket host: 2)")
-    cross_numa_bytes_per_s: float | None = Field(None, gt=0, description=(
-        "GPU-to-GPU bandwidth across the NUMA hop (socket interconnect), bytes/s per "
-        "direction; None: as the PCIe link"))
-    nic_bytes_per_s: float = Field(50e9, gt=0, description=(
-        "scale-out network bandwidth per GPU and direction, bytes/s (400 Gb/s NIC per GPU "
-        "= 50e9)"))
+    cross_numa_bytes_per_s: float | None = Field(
+        None, gt=0, le=MAX_NET_BYTES_PER_S, allow_inf_nan=False, description=(
+            "GPU-to-GPU bandwidth across the NUMA hop (socket interconnect), bytes/s per "
+            "direction; None: as the PCIe link"))
+    nic_bytes_per_s: float = Field(50e9, gt=0, le=MAX_NET_BYTES_PER_S, allow_inf_nan=False,
+                                   description=("scale-out network bandwidth per GPU and "
+                                                "direction, bytes/s (400 Gb/s NIC per GPU "
+                                                "= 50e9)"))
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Interconnect:
+        if self.kind == "nvlink" and self.nvlink_bytes_per_s <= 0:
+            raise ValueError("kind nvlink needs nvlink_bytes_per_s > 0 (bytes/s per GPU and "
+                             "direction; NVLink 4: 450e9)")
+        if self.kind == "pcie" and (self.nvlink_bytes_per_s or self.nvlink_domain):
+            raise ValueError("kind pcie: nvlink_bytes_per_s and nvlink_domain are for kind "
+                             "nvlink (a PCIe node has no NVSwitch)")
+        if self.gpus_per_node % self.numa_nodes:
+            raise ValueError(f"gpus_per_node {self.gpus_per_node} does not split evenly over "
+                             f"numa_nodes {self.numa_nodes}")
+        return self
 
     @property
     def domain_size(self) -> int:
@@ -57,13 +121,9 @@ class Interconnect(BaseModel):
     def pcie_bytes_per_s(self) -> float:
         """PCIe bandwidth of one GPU's link per direction, bytes/s.
 
-        Per lane and direction: Gen3 0.985 GB/s, Gen4 1.969 GB/s, Gen5 3.938 GB/s, Gen6
-        7.563 GB/s (PCI-SIG PCIe 3.0-6.0 base specifications: 8/16/32/64 GT/s, 128b/130b
-        coding up to Gen5, FLIT mode at Gen6); Gen1/2 at 0.25/0.5 GB/s.
+        Per-lane rates and their source: :data:`PCIE_BYTES_PER_S_PER_LANE`.
         """
-        per_lane = {1: 0.25e9, 2: 0.5e9, 3: 0.985e9, 4: 1.969e9, 5: 3.938e9, 6: 7.563e9,
-                    7: 15.125e9}[self.pcie_gen]
-        return per_lane * self.pcie_lanes
+        return PCIE_BYTES_PER_S_PER_LANE[self.pcie_gen] * self.pcie_lanes
 
     @property
     def link_bytes_per_s(self) -> float:
@@ -71,27 +131,62 @@ class Interconnect(BaseModel):
         return self.nvlink_bytes_per_s if self.kind == "nvlink" else self.pcie_bytes_per_s
 
 
+class DataSource(BaseModel):
+    """Where a catalog entry's numbers come from: a document's name and its URL."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1)
+    url: str = Field(pattern=r"^https?://\S+$")
+
+
 class GPU(BaseModel):
-    """One GPU type as the cost model and memory fit see it."""
+    """One GPU type as the cost model and memory fit see it.
 
-    model_config = ConfigDict(frozen=True)
+    Build a user's GPU with :func:`gpu_from_spec` (it derives ``arch`` and the host link and
+    turns every problem into one line); constructing ``GPU(...)`` directly checks the same
+    bounds but raises pydantic's ``ValidationError``.
+    """
 
-    name: str
-    arch: str = Field(description="SGLang's arch tier: 'sm90' (Hopper) or 'sm100' (Blackwell)")
-    sm_major: int = Field(description="CUDA compute capability major number")
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f]+$")
+    arch: str = Field(pattern=r"^sm\d{2,3}$", description=(
+        "SGLang's arch tier, 'sm' + the compute capability: 'sm90' (Hopper), 'sm100' "
+        "(B200/GB200), 'sm103' (B300/GB300), 'sm120' (RTX PRO 6000, RTX 5090), 'sm89' (Ada)"))
+    sm_major: int = Field(ge=7, le=12, description="CUDA compute capability major number")
     sm_minor: int = Field(0, ge=0, le=9, description="CUDA compute capability minor number "
                           "(L40S: 8.9 -> 9; B300: 10.3 -> 3)")
-    hbm_gb: float = Field(description="usable HBM per GPU, GB (1e9 bytes)")
-    hbm_bytes_per_s: float = Field(description="HBM bandwidth, bytes/s")
-    flops: dict[str, float] = Field(description="dense peak FLOP/s by compute dtype (bf16/fp8/fp4)")
+    hbm_gb: float = Field(gt=0, le=MAX_HBM_GB, allow_inf_nan=False,
+                          description="usable HBM (or GDDR) per GPU, GB (1e9 bytes)")
+    hbm_bytes_per_s: float = Field(gt=0, le=MAX_HBM_BYTES_PER_S, allow_inf_nan=False,
+                                   description="HBM bandwidth, bytes/s")
+    flops: dict[FlopDtype, _Rate] = Field(description=(
+        "dense peak FLOP/s by compute dtype (bf16 required; fp8 on SM 8.9+, fp4 on Blackwell). "
+        "On SM < 8.9 (no FP8 tensor cores) gpu_from_spec sets fp8 to the bf16 rate: SGLang runs "
+        "fp8 weights weight-only through Marlin there (see FP8_TENSOR_CORE_SM)"))
     interconnect: Interconnect = Field(description="the node's GPU-to-GPU links and NIC")
     host_link_bytes_per_s: float = Field(
+        gt=0, le=MAX_HOST_LINK_BYTES_PER_S, allow_inf_nan=False,
         description="GPU <-> host memory bandwidth per GPU and direction, bytes/s (PCIe Gen5 x16 "
         "on HGX/DGX boards; NVLink-C2C on Grace superchips); prices HiCache load-back")
     host_mem_gb_per_node: float = Field(
+        gt=0, le=MAX_HOST_MEM_GB, allow_inf_nan=False,
         description="host (CPU) memory of one node, GB (1e9 bytes), shared by every GPU process "
         "of the node; bounds the HiCache host pool")
-    source: str
+    tdp_w: float | None = Field(None, gt=0, le=MAX_TDP_W, allow_inf_nan=False,
+                                description="board power (TDP / max power), W")
+    source: str = Field(min_length=1, description="where the numbers come from, in words")
+    sources: tuple[DataSource, ...] = Field((), description="the documents (name + URL)")
+    aliases: tuple[str, ...] = Field((), description="other names get_gpu accepts")
+
+    @field_validator("flops")
+    @classmethod
+    def _bf16(cls, v: dict[FlopDtype, float]) -> dict[FlopDtype, float]:
+        if "bf16" not in v:
+            raise ValueError("needs a 'bf16' rate (dense FLOP/s); the cost model prices bf16 "
+                             "attention and activations with it")
+        return v
 
     @property
     def link_bytes_per_s(self) -> float:
@@ -102,6 +197,11 @@ class GPU(BaseModel):
     def gpus_per_node(self) -> int:
         """GPUs of one host."""
         return self.interconnect.gpus_per_node
+
+    @property
+    def fp8_native(self) -> bool:
+        """Whether the GPU has FP8 tensor cores (SM 8.9+; see :data:`FP8_TENSOR_CORE_SM`)."""
+        return (self.sm_major, self.sm_minor) >= FP8_TENSOR_CORE_SM
 
     @property
     def hbm_bytes(self) -> float:
@@ -119,59 +219,208 @@ class GPU(BaseModel):
         return self.hbm_bytes / 2**20
 
 
-# PCIe 5.0 x16: 32 GT/s per lane x 16 lanes with 128b/130b coding = 63 GB/s per direction, which
-# NVIDIA datasheets round to "PCIe Gen5: 128 GB/s" bidirectional (H100/H200 SXM datasheets); every
-# GPU of an HGX/DGX H100, H200 or B200 board reaches the host through its own Gen5 x16 link.
-PCIE_GEN5_X16_BYTES_PER_S = 64e9
-# NVIDIA DGX H100/H200 and DGX B200 datasheets: "System memory 2 TB" (B200: configurable to 4 TB).
-# HGX boards in other vendors' servers vary; the twin takes the DGX configuration.
-DGX_HOST_MEM_GB = 2000.0
-
-GPUS: dict[str, GPU] = {
-    "B200": GPU(
-        name="B200",
-        arch="sm100",
-        sm_major=10,
-        hbm_gb=180.0,
-        hbm_bytes_per_s=7.7e12,
-        flops={"bf16": 2250e12, "fp8": 4500e12, "fp4": 9000e12},
-        interconnect=Interconnect(kind="nvlink", nvlink_bytes_per_s=900e9),
-        host_link_bytes_per_s=PCIE_GEN5_X16_BYTES_PER_S,
-        host_mem_gb_per_node=DGX_HOST_MEM_GB,
-        source=(
-            "NVIDIA HGX B200 datasheet: 8x B200 with 1,440 GB HBM3e in total = 180 GB usable per "
-            "GPU; dense TFLOP/s, 7.7 TB/s and NVLink 5 900 GB/s per direction as tabulated in "
-            "servetune's estimators reference (aiconfigurator system files); host: PCIe Gen5 "
-            "x16 per GPU and 2 TB system memory (NVIDIA DGX B200 datasheet)"
-        ),
-    ),
-    "H200": GPU(
-        name="H200",
-        arch="sm90",
-        sm_major=9,
-        hbm_gb=141.0,
-        hbm_bytes_per_s=4.8e12,
-        flops={"bf16": 989e12, "fp8": 1979e12},
-        interconnect=Interconnect(kind="nvlink", nvlink_bytes_per_s=450e9),
-        host_link_bytes_per_s=PCIE_GEN5_X16_BYTES_PER_S,
-        host_mem_gb_per_node=DGX_HOST_MEM_GB,
-        source="NVIDIA H200 SXM datasheet (141 GB HBM3e, 4.8 TB/s, 989/1979 dense TFLOP/s, PCIe "
-               "Gen5 128 GB/s); host memory: NVIDIA DGX H200 datasheet (2 TB)",
-    ),
-    "H100": GPU(
-        name="H100",
-        arch="sm90",
-        sm_major=9,
-        hbm_gb=80.0,
-        hbm_bytes_per_s=3.35e12,
-        flops={"bf16": 989e12, "fp8": 1979e12},
-        interconnect=Interconnect(kind="nvlink", nvlink_bytes_per_s=450e9),
-        host_link_bytes_per_s=PCIE_GEN5_X16_BYTES_PER_S,
-        host_mem_gb_per_node=DGX_HOST_MEM_GB,
-        source="NVIDIA H100 SXM datasheet (80 GB HBM3, 3.35 TB/s, 989/1979 dense TFLOP/s, PCIe "
-               "Gen5 128 GB/s); host memory: NVIDIA DGX H100 datasheet (2 TB)",
-    ),
+# What each field is, quoted after a bound it breaks (the line then says how to fix it).
+_WHY = {
+    "name": "the GPU's name as studies and the ledger write it",
+    "sm_major": "the CUDA compute capability major: 7 (Volta/Turing) to 12 (RTX PRO 6000, "
+                "RTX 5090); nvidia-smi --query-gpu=compute_cap",
+    "sm_minor": "the CUDA compute capability minor, 0-9 (L40S 8.9, B300 10.3)",
+    "arch": "'sm' + major and minor (sm89, sm120); leave it out and it is derived",
+    "hbm_gb": "GB per GPU (1e9 bytes); the most any GPU carries is 288 GB (B300, GB300)",
+    "hbm_bytes_per_s": "bytes/s (1.792e12 for 1.792 TB/s); the fastest GPU has 8 TB/s "
+                       "(GB200, GB300)",
+    "flops": "dense FLOP/s (989e12 for 989 TFLOP/s); the most of any GPU is 15e15 (GB300 fp4); "
+             "dtypes: bf16, fp16, fp8, fp4, int8, tf32",
+    "host_link_bytes_per_s": "GPU <-> host bytes/s per direction (PCIe Gen5 x16: 63e9)",
+    "host_mem_gb_per_node": "host memory of one server, GB",
+    "tdp_w": "board power, W (RTX PRO 6000: 600)",
+    "interconnect.nvlink_bytes_per_s": "NVLink bytes/s per GPU and direction (NVLink 5: 900e9)",
+    "interconnect.nic_bytes_per_s": "scale-out NIC bytes/s per GPU and direction "
+                                    "(400 Gb/s = 50e9)",
+    "interconnect.cross_numa_bytes_per_s": "GPU-to-GPU bytes/s across the NUMA hop",
+    "interconnect.kind": "nvlink (NVLink/NVSwitch) or pcie",
 }
+_REQUIRED = ("name", "sm_major", "hbm_gb", "hbm_bytes_per_s", "flops", "interconnect",
+             "host_mem_gb_per_node")
+
+
+_OPS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<",
+        "less_than_equal": "<="}
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else repr(value)
+
+
+def _lines(err: ValidationError, prefix: str) -> list[str]:
+    """One line per pydantic error: the field's dotted path, its value, what is wrong."""
+    out = []
+    for e in err.errors(include_url=False):
+        loc = [str(p) for p in e["loc"] if p != "[key]"]
+        path = ".".join(loc) or "spec"
+        why = _WHY.get(path) or _WHY.get(loc[0] if loc else "", "")
+        kind = e["type"]
+        if kind == "missing":
+            line = f"{path}: missing (required)" + (f"; {why}" if why else "")
+        elif kind == "extra_forbidden":
+            known = (Interconnect if loc[:1] == ["interconnect"] else GPU).model_fields
+            line = f"{path}: unknown key; known: {', '.join(known)}"
+        elif kind == "literal_error" and loc[:1] == ["flops"]:
+            line = f"{path}: unknown dtype; known: bf16, fp16, fp8, fp4, int8, tf32"
+        elif kind == "value_error":
+            line = f"{path}: {e['msg'].removeprefix('Value error, ')}"
+        else:
+            bound = next(iter(e.get("ctx", {}).values()), None)
+            msg = (f"must be {_OPS[kind]} {_fmt(float(bound))}"
+                   if kind in _OPS and isinstance(bound, int | float)
+                   else e["msg"].replace("Input should be", "must be"))
+            line = f"{path} = {_fmt(e.get('input'))}: {msg}" + (f"; {why}" if why else "")
+        out.append(prefix + line)
+    return out
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def gpu_from_spec(spec: Mapping[str, Any], source: str) -> GPU:
+    """Build a :class:`GPU` from a user's spec (a mapping as a study or a YAML/JSON file gives).
+
+    Keys are :class:`GPU`'s fields, in its units: ``name``, ``sm_major`` [, ``sm_minor``],
+    ``hbm_gb`` (GB), ``hbm_bytes_per_s``, ``flops`` {dtype: dense FLOP/s, bf16 required},
+    ``interconnect`` (:class:`Interconnect`'s fields, ``kind`` required),
+    ``host_mem_gb_per_node`` (GB) required; ``host_link_bytes_per_s`` (default: the
+    interconnect's PCIe link), ``tdp_w``, ``source``, ``sources``, ``aliases`` optional; ``arch``
+    is derived from the SM (``sm`` + major*10 + minor). On SM < 8.9 a missing ``flops.fp8``
+    is the bf16 rate (Marlin weight-only fp8, :data:`FP8_TENSOR_CORE_SM`); on SM 8.9+ it is
+    required. ``source`` names where the spec came from (a file path, "study.yaml: gpu") and
+    prefixes every message; it is the GPU's ``source`` unless the spec gives one.
+
+    Raises:
+        ConfigInvalid: one line per problem, each naming the field: a missing required field,
+            an unknown key, a number out of bounds (negative bandwidth, 10 TB of HBM, FLOP/s
+            beyond any GPU, sm_major outside 7-12), an ``arch`` that contradicts the SM.
+    """
+    prefix = f"gpu ({source}): "
+    if not isinstance(spec, Mapping):
+        raise ConfigInvalid([f"{prefix}a GPU spec is a mapping of fields ({', '.join(_REQUIRED)}"
+                             f", ...), got {type(spec).__name__}"])
+    data: dict[str, Any] = dict(spec)
+    problems: list[str] = []
+    major, minor = _int(data.get("sm_major")), _int(data.get("sm_minor", 0))
+    derived = f"sm{major * 10 + minor}" if major is not None and minor is not None else None
+    if "arch" in data and derived is not None and data["arch"] != derived:
+        problems.append(f"{prefix}arch = {data['arch']!r}: SM {major}.{minor} is {derived!r}; "
+                        "leave arch out and it is derived")
+    data.setdefault("arch", derived)
+    flops = data.get("flops")
+    if isinstance(flops, Mapping) and "bf16" in flops and "fp8" not in flops and derived:
+        if (major, minor) < FP8_TENSOR_CORE_SM:
+            data["flops"] = {**flops, "fp8": flops["bf16"]}
+        else:
+            problems.append(f"{prefix}flops.fp8: missing; SM {major}.{minor} has FP8 tensor "
+                            "cores: give its dense FP8 FLOP/s")
+    ic = data.get("interconnect")
+    if "host_link_bytes_per_s" not in data and isinstance(ic, Mapping):
+        gen, lanes = _int(ic.get("pcie_gen", 5)), _int(ic.get("pcie_lanes", 16))
+        if gen in PCIE_BYTES_PER_S_PER_LANE and lanes is not None:
+            data["host_link_bytes_per_s"] = PCIE_BYTES_PER_S_PER_LANE[gen] * lanes
+    data.setdefault("source", f"user spec ({source})")
+    derived_keys = {k for k in ("arch", "host_link_bytes_per_s") if k not in spec}
+    try:
+        gpu = GPU.model_validate(data)
+    except ValidationError as e:
+        problems += [line for line, err in zip(_lines(e, prefix), e.errors(), strict=True)
+                     if not (err["loc"] and err["loc"][0] in derived_keys)]
+        if not problems:  # only a derived field failed: its inputs are reported
+            problems = _lines(e, prefix)
+    if problems:
+        raise ConfigInvalid(problems)
+    return gpu
+
+
+def gpu_spec(gpu: GPU) -> dict[str, Any]:
+    """The spec :func:`gpu_from_spec` rebuilds ``gpu`` from (JSON-ready; round-trips)."""
+    return gpu.model_dump(mode="json")
+
+
+def _key(name: str) -> str:
+    """Lookup key: lower case without ``-``, ``_``, spaces, dots ("RTX PRO 6000": rtxpro6000)."""
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+class GpuCatalog(MutableMapping[str, GPU]):
+    """The GPU registry: the shipped catalog plus the GPUs :func:`register_gpu` made known.
+
+    ``catalog[name]`` and ``name in catalog`` are case-insensitive and accept an entry's aliases;
+    a registered GPU shadows a shipped one of the same name. Iteration, ``len`` and ``keys``
+    cover the shipped catalog only (a study's own GPU never joins another's grid). Item
+    assignment replaces a shipped entry (tests patch one this way).
+    """
+
+    def __init__(self, shipped: Mapping[str, GPU]) -> None:
+        self._shipped = dict(shipped)
+        self._registered: dict[str, GPU] = {}
+
+    def resolve(self, name: str) -> str | None:
+        """The canonical name ``name`` refers to (registered first), or None."""
+        for table in (self._registered, self._shipped):
+            if name in table:
+                return name
+            k = _key(name)
+            for canon, gpu in table.items():
+                if k and (k == _key(canon) or any(k == _key(a) for a in gpu.aliases)):
+                    return canon
+        return None
+
+    def __getitem__(self, name: str) -> GPU:
+        if not isinstance(name, str) or (canon := self.resolve(name)) is None:
+            raise KeyError(name)
+        return self._registered.get(canon) or self._shipped[canon]
+
+    def __setitem__(self, name: str, gpu: GPU) -> None:
+        self._shipped[name] = gpu
+
+    def __delitem__(self, name: str) -> None:
+        del self._shipped[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._shipped)
+
+    def __len__(self) -> int:
+        return len(self._shipped)
+
+    def register(self, gpu: GPU) -> GPU:
+        """Make ``gpu`` known under ``gpu.name`` (see :func:`register_gpu`)."""
+        self._registered[gpu.name] = gpu
+        return gpu
+
+    def unregister(self, name: str) -> None:
+        """Forget a registered GPU (a shipped one stays); no error if none."""
+        self._registered.pop(name, None)
+
+
+def load_catalog(path: Path = CATALOG_FILE) -> dict[str, GPU]:
+    """Read the shipped catalog file.
+
+    The file is ``{"gpus": [spec, ...]}``, each spec as :func:`gpu_from_spec` takes it, with its
+    ``sources``.
+
+    Raises:
+        ConfigInvalid: an entry that does not validate (a broken data file), or two entries of
+            one name.
+    """
+    doc = json.loads(path.read_text())
+    out: dict[str, GPU] = {}
+    for i, spec in enumerate(doc["gpus"]):
+        gpu = gpu_from_spec(spec, f"{path.name} entry {i}")
+        if gpu.name in out:
+            raise ConfigInvalid([f"{path.name}: GPU {gpu.name!r} listed twice"])
+        out[gpu.name] = gpu
+    return out
+
+
+GPUS = GpuCatalog(load_catalog())
 
 
 def register_gpu(gpu: GPU) -> GPU:
@@ -179,19 +428,33 @@ def register_gpu(gpu: GPU) -> GPU:
 
     A shipped entry of the same name is shadowed. Returns ``gpu``.
     """
-    _REGISTERED[gpu.name] = gpu
-    return gpu
+    return GPUS.register(gpu)
+
+
+def unregister_gpu(name: str) -> None:
+    """Forget the GPU :func:`register_gpu` made known under ``name`` (tests clean up with it)."""
+    GPUS.unregister(name)
+
+
+def canonical_gpu_name(name: str) -> str:
+    """The catalog's spelling of ``name``: "h200" -> "H200", "rtx_pro_6000" -> "RTX-PRO-6000".
+
+    Raises:
+        ConfigInvalid: for a GPU neither the catalog nor a registered spec knows.
+    """
+    canon = GPUS.resolve(name)
+    if canon is None:
+        raise ConfigInvalid([f"gpu: unknown GPU {name!r}; known: {', '.join(GPUS)} (or give "
+                             "the GPU's spec: docs/catalog.md#gpus)"])
+    return canon
 
 
 def get_gpu(name: str) -> GPU:
-    """Return the catalog entry for ``name`` (a GPU registered by :func:`register_gpu` first).
+    """Return the GPU ``name`` names.
+
+    Case-insensitive; a GPU registered by :func:`register_gpu` first, then the shipped catalog.
 
     Raises:
         ConfigInvalid: for a GPU the catalog does not know, listing the known ones.
     """
-    if name in _REGISTERED:
-        return _REGISTERED[name]
-    try:
-        return GPUS[name]
-    except KeyError:
-        raise ConfigInvalid([f"gpu: unknown GPU {name!r}; known: {', '.join(GPUS)}"]) from None
+    return GPUS[canonical_gpu_name(name)]

@@ -67,7 +67,7 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
     for args in ((), ("--", "vllm", "serve", "x"), ("--trace", "missing.jsonl", "--", *GLM5)):
         r = check(tmp_path, *args)
         assert r.returncode == 2 and r.stderr.startswith("error:"), (args, r.stderr)
-    r = invoke("check", "--gpu", "B300", "--", *GLM5, tmp=tmp_path)
+    r = invoke("check", "--gpu", "X900", "--", *GLM5, tmp=tmp_path)
     assert r.returncode == 2 and "GPU catalog" in r.stderr
 
 

@@ -195,7 +195,7 @@ def test_gpu_count_and_startup_refusals() -> None:
                       "--tp-size 8".split(), "B200", 8)
     assert codes(r.findings) == {"INVALID_VALUE": "refuse"}
     with pytest.raises(ConfigInvalid, match="GPU catalog"):
-        check_command(["sglang", "serve", "--model-path", "zai-org/GLM-5-FP8"], "B300")
+        check_command(["sglang", "serve", "--model-path", "zai-org/GLM-5-FP8"], "X900")
 
 
 def test_mem_fraction_below_the_weights_is_refused_with_the_smallest_that_fits() -> None:
