@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fixtures.cli import TRACE, ledger_rows, run_deterministic
+from fixtures.cli import ledger_rows, run_deterministic
+from fixtures.paths import FIXTURES
 from fixtures.user_model import (
     H20_SPEC,
     clean_registry,  # noqa: F401 (a fixture)
@@ -17,22 +18,24 @@ from fixtures.user_model import (
 
 from servetune.study_file import load_study
 
+BAILIAN = FIXTURES / "qwen_bailian_tiny.jsonl"
+
 
 @pytest.mark.usefixtures("clean_registry")
 def test_a_config_json_on_an_inline_gpu_runs_and_resumes(tmp_path: Path) -> None:
     write_model_dir(tmp_path / "models", "lab-moe")
     study = {
-        "name": "lab-moe-h20", "gpu_count": 2,
+        "name": "lab-moe-h20", "gpu_count": 1,
         "model": {"hf_config": "models/lab-moe/config.json", "name": "lab-moe",
                   "checkpoints": {"bf16": "lab/Lab-MoE", "fp8": "lab/Lab-MoE-FP8"}},
         "gpu": H20_SPEC,
         "baseline": {"tp_size": 1, "weights": "bf16"},
-        "knobs": {"tp_size": [1, 2], "weights": ["bf16", "fp8"]},
-        "saturation": {"isl": 1024, "osl": 128, "concurrency": 64, "duration_s": 5},
-        "replay": {"trace": str(TRACE), "format": "mooncake", "start_s": 600,
-                   "duration_s": 60, "time_scale": 0.5},
+        "knobs": {"weights": ["bf16", "fp8"]},
+        "saturation": {"isl": 1024, "osl": 128, "concurrency": 32, "duration_s": 5},
+        "replay": {"trace": str(BAILIAN), "format": "bailian", "start_s": 0, "duration_s": 100},
         "slo": {"ttft_p99_ms": 8000}, "finalists": 1, "sweep_concurrency": [8],
-        "budget": {"max_trials": 3, "patience": 2},
+        "budget": {"max_trials": 2, "patience": 2},
+        "validation": {"tune_admission": False},
     }
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(study))
