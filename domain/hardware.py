@@ -358,9 +358,10 @@ class GpuCatalog(MutableMapping[str, GPU]):
     assignment replaces a shipped entry (tests patch one this way).
     """
 
-    def __init__(self, shipped: Mapping[str, GPU]) -> None:
+    def __init__(self, shipped: Mapping[str, GPU],
+                 registered: dict[str, GPU] | None = None) -> None:
         self._shipped = dict(shipped)
-        self._registered: dict[str, GPU] = {}
+        self._registered = {} if registered is None else registered
 
     def resolve(self, name: str) -> str | None:
         """The canonical name ``name`` refers to (registered first), or None."""
@@ -420,7 +421,9 @@ def load_catalog(path: Path = CATALOG_FILE) -> dict[str, GPU]:
     return out
 
 
-GPUS = GpuCatalog(load_catalog())
+# The registered GPUs by name (main's seam; tests patch it with monkeypatch.setitem).
+_REGISTERED: dict[str, GPU] = {}
+GPUS = GpuCatalog(load_catalog(), registered=_REGISTERED)
 
 
 def register_gpu(gpu: GPU) -> GPU:

@@ -66,6 +66,14 @@ def test_every_entry_names_its_sources_and_round_trips(name: str) -> None:
     assert gpu_from_spec(json.loads(json.dumps(gpu_spec(gpu))), "json") == gpu
 
 
+def test_the_catalog_page_lists_every_gpu() -> None:
+    page = (CATALOG_FILE.parents[2] / "docs" / "catalog.md").read_text()
+    gpus = page[page.index("## GPUs"):page.index("## Interconnect")]
+    for name in GPUS:
+        g = GPUS[name]
+        assert f"| `{name}` | {g.sm_major}.{g.sm_minor} | {g.hbm_gb:g} GB |" in gpus, name
+
+
 def test_main_numbers_are_unchanged() -> None:
     b200, h200, h100 = GPUS["B200"], GPUS["H200"], GPUS["H100"]
     assert (b200.arch, b200.sm_major, b200.sm_minor, b200.hbm_gb, b200.hbm_bytes_per_s) == (
