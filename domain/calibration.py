@@ -118,3 +118,66 @@ def efficiency(gpu: str, path: Path = CALIBRATION_PATH) -> Efficiency:
     data = _load(path)
     eff = UNCALIBRATED.updated(data.get("default", {}))
     return eff.updated(data.get("gpus", {}).get(gpu, {}))
+
+
+def is_calibrated(gpu: str, path: Path = CALIBRATION_PATH) -> bool:
+    """Whether ``benchmarks/twin_fidelity.py --fit`` wrote constants for ``gpu`` (its own block).
+
+    A GPU without a block runs with the ``default`` constants (:func:`efficiency`).
+    """
+    return gpu in _load(path).get("gpus", {})
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorBand:
+    """What the fidelity benchmark measured against the wheel's measured rows (percent).
+
+    ``fitted_*``: median absolute percentage error of the twin with the fitted constants on the
+    calibrated GPUs (TPOT and output throughput over ``rows`` rows); ``default_*``: the same rows
+    with the default constants -- what an uncalibrated GPU runs with.
+    """
+
+    rows: int
+    fitted_tpot_pct: float
+    fitted_throughput_pct: float
+    default_tpot_pct: float
+    default_throughput_pct: float
+    gpus: tuple[str, ...]
+
+    def line(self) -> str:
+        """One report phrase, e.g. ``twin error on calibrated GPUs (B200, H100, H200): ...``."""
+        return (f"twin error on calibrated GPUs ({', '.join(self.gpus)}): TPOT median "
+                f"{self.fitted_tpot_pct:.0f} %, throughput median "
+                f"{self.fitted_throughput_pct:.0f} % over {self.rows} measured rows; with the "
+                f"default constants on those GPUs: TPOT {self.default_tpot_pct:.0f} %, "
+                f"throughput {self.default_throughput_pct:.0f} %")
+
+
+def error_band(path: Path = CALIBRATION_PATH) -> ErrorBand | None:
+    """The twin's error band from the calibration file's ``fit.errors_pct`` (None without one).
+
+    Reads ``fitted`` and ``uncalibrated`` (default constants) median APEs of TPOT
+    (``tpot_median_ape``) and throughput (``thr_median_ape``) written by
+    ``benchmarks/twin_fidelity.py``.
+    """
+    data = _load(path)
+    errors = data.get("fit", {}).get("errors_pct", {})
+    fitted, default = errors.get("fitted"), errors.get("uncalibrated")
+    if not fitted or not default:
+        return None
+    return ErrorBand(rows=int(fitted["n"]), fitted_tpot_pct=float(fitted["tpot_median_ape"]),
+                     fitted_throughput_pct=float(fitted["thr_median_ape"]),
+                     default_tpot_pct=float(default["tpot_median_ape"]),
+                     default_throughput_pct=float(default["thr_median_ape"]),
+                     gpus=tuple(sorted(data.get("gpus", {}))))
+
+
+def calibration_line(gpu: str, path: Path = CALIBRATION_PATH) -> str:
+    """``calibrated (...)`` or ``uncalibrated (twin error on calibrated GPUs: ...)`` for ``gpu``."""
+    if is_calibrated(gpu, path):
+        date = _load(path).get("fit", {}).get("date", "")
+        return (f"calibrated (twin constants fitted by benchmarks/twin_fidelity.py"
+                + (f", {date}" if date else "") + ")")
+    band = error_band(path)
+    return ("uncalibrated (default twin constants" + (f"; {band.line()}" if band else "")
+            + ")")

@@ -14,8 +14,11 @@ estimators reference, section 6):
   GQA, the whole latent for MLA/DSA, which is replicated on every TP rank -- DeepSeek-V2 paper);
   DSA reads at most ``index_topk`` latents per sequence but scans the indexer keys of the whole
   context.
-- TP all-reduce: two per layer of ``N x hidden x 2`` bytes, ring cost ``2 (t-1)/t x bytes / link``
-  (Patarasuk & Yuan 2009) plus a fixed latency.
+- TP all-reduce: two per layer of ``N x hidden x 2`` bytes over the node's real topology
+  (:mod:`domain.interconnect`: SGLang's custom all-reduce or NCCL, fitted latencies and bus
+  efficiencies on the ring's slowest link -- NVLink, PCIe, the NUMA hop or the NIC). A model
+  built without a GPU keeps the plain ring ``2 (t-1)/t x bytes / link`` plus a fixed latency
+  (Patarasuk & Yuan 2009), the fit's baseline.
 - A fixed kernel-chain latency per layer and op class (dense, MoE, MLA, DSA).
 - Decode/verify steps: GPU time overlapped with the scheduler's CPU time (a fixed part plus a
   part per running request), i.e. ``max(gpu, cpu)`` -- SGLang's overlap scheduler; decode batches
@@ -33,6 +36,7 @@ from domain.calibration import Efficiency, efficiency
 from domain.config import ServingConfig
 from domain.fit import KV_BYTES, FitReport
 from domain.hardware import GPU, get_gpu
+from domain.interconnect import allreduce_seconds
 from domain.models import BF16, ModelArch, get_model
 
 ACT_BYTES = 2  # bf16 activations
@@ -87,6 +91,8 @@ class StepCostModel:
     draft_moe: bool = False           # the draft layer has routed experts
     kv_bytes_per_token_gpu: float = 0.0
     host_link: float = PCIE5_X16_BYTES_PER_S
+    # the GPU whose interconnect prices the all-reduces (None: the plain ring over ``link``)
+    gpu: GPU | None = field(default=None, compare=False)
     # memo of the batch-size-only terms (pure functions of their arguments): the twin calls
     # them once per simulated step with few distinct batch sizes
     _memo: dict[tuple[object, ...], float] = field(default_factory=dict, init=False,
@@ -137,9 +143,30 @@ class StepCostModel:
     def _allreduce_uncached(self, n_tokens: int, layers: int, ideal: bool) -> float:
         if self.t == 1:
             return 0.0
-        volume = 2 * (self.t - 1) / self.t * n_tokens * self.hidden * ACT_BYTES
+        nbytes = n_tokens * self.hidden * ACT_BYTES
+        if self.gpu is not None:
+            return 2 * layers * allreduce_seconds(nbytes, self.t, self.gpu, ideal=ideal)
+        volume = 2 * (self.t - 1) / self.t * nbytes
         lat = 0.0 if ideal else self.eff.allreduce_latency_s
         return 2 * layers * (volume / self.link + lat)
+
+    def allreduce_time(self, n_tokens: int, layers: int) -> float:
+        """Seconds of the two all-reduces per layer of ``layers`` layers at ``n_tokens`` tokens."""
+        return self._allreduce(n_tokens, layers)
+
+    def decode_allreduce_time(self, batch: int, draft_tokens: int = 0, draft_steps: int = 0,
+                              draft_topk: int = 1) -> float:
+        """Seconds of one decode (or verify + draft) iteration spent in TP all-reduces.
+
+        Plain decode: the target forward at ``batch`` tokens. Speculative: the verify forward at
+        ``batch x draft_tokens`` plus ``draft_steps`` draft forwards at ``batch x draft_topk``
+        over the MTP layers -- the all-reduce terms of :meth:`verify_time` and :meth:`draft_time`.
+        """
+        if draft_tokens <= 0:
+            return self._allreduce(batch, self.layers)
+        draft = (draft_steps * self._allreduce(batch * max(1, draft_topk), self.mtp_layers)
+                 if self.mtp_layers else 0.0)
+        return self._allreduce(batch * draft_tokens, self.layers) + draft
 
     def _kv_read(self, batch: int, context_sum: int, layers: int, ideal: bool = False) -> float:
         """Decode attention: read every sequence's KV once (DSA: at most ``topk`` latents).
@@ -203,9 +230,9 @@ class StepCostModel:
     def decode_roofline_time(self, batch: int, context_sum: int) -> float:
         """The decode step of :meth:`decode_time` at 100 % of every peak.
 
-        Efficiencies 1, no fixed latencies, no CPU or eager overhead; the all-reduce volume
-        at the NVLink peak stays (it is physical). ``roofline / decode_time`` is the share of the
-        decode roofline a step reaches.
+        Efficiencies 1, no fixed latencies, no CPU or eager overhead; the all-reduce volume at
+        the peak of the ring's slowest link stays (it is physical). ``roofline / decode_time``
+        is the share of the decode roofline a step reaches.
         """
         return (self._linear(batch, ideal=True)
                 + self._kv_read(batch, context_sum, self.layers, ideal=True)
@@ -322,5 +349,5 @@ def build_cost_model(config: ServingConfig, report: FitReport) -> StepCostModel:
         graph_max_bs=report.cuda_graph_max_bs_decode,
         mtp_layers=model.mtp_layers, draft_static_bytes=draft_static,
         draft_flops_per_token=draft_flops, draft_moe=bool(model.n_routed_experts),
-        kv_bytes_per_token_gpu=report.kv_bytes_per_token, host_link=host_link,
+        kv_bytes_per_token_gpu=report.kv_bytes_per_token, host_link=host_link, gpu=gpu,
     )

@@ -91,6 +91,10 @@ class Trial(BaseModel):
     decode_roofline_share: float | None = Field(
         None, description="decode time at 100% of the roofline / measured decode time on the "
         "saturation run (twin: from the engine's step model; mean over replicas)")
+    decode_allreduce_share: float | None = Field(
+        None, description="share of the saturation run's decode step time spent in TP "
+        "all-reduces (twin: the cost model's all-reduce seconds over simulated decode seconds, "
+        "domain/interconnect.py; mean over replicas; None: a backend without engine counters)")
     cache_hit_rate: float | None = Field(
         None, description="prompt tokens served from the prefix cache on the trace replay")
     admission: OverAdmission | None = Field(

@@ -114,6 +114,7 @@ async def validate(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
             config=src.config, changed=src.changed, parent_seq=src.seq, reason=reason,
             objective=src.objective, saturation=src.saturation, replay=summary,
             decode_roofline_share=src.decode_roofline_share,
+            decode_allreduce_share=src.decode_allreduce_share,
             cache_hit_rate=replica_mean(rep.replicas, "cache_hit_rate") if rep else None,
             records_path=rep.records_path if rep else None, llm_usage=llm_usage(
                 deployer=deployer), manifest=manifest_for(src.config, ctx.backend_kind),

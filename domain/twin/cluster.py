@@ -71,6 +71,7 @@ class ReplicaStats(BaseModel):
     host_loaded_tokens: int = 0
     evicted_tokens: int = 0
     decode_roofline_share: float = 0.0
+    decode_allreduce_share: float = 0.0
     mean_accept_length: float = 0.0
 
 
@@ -100,6 +101,7 @@ def _stats(i: int, n: int, s: EngineStats) -> ReplicaStats:
                         host_loaded_tokens=s.host_loaded_tokens,
                         evicted_tokens=s.evicted_tokens,
                         decode_roofline_share=s.decode_roofline_share,
+                        decode_allreduce_share=s.decode_allreduce_share,
                         mean_accept_length=s.mean_accept_length)
 
 

@@ -173,6 +173,7 @@ class EngineStats:
     decode_batch_sum: int = 0
     decode_busy_s: float = 0.0
     decode_roofline_s: float = 0.0
+    decode_allreduce_s: float = 0.0
     prompt_tokens: int = 0
     cached_tokens: int = 0
     host_loaded_tokens: int = 0
@@ -197,6 +198,16 @@ class EngineStats:
         the share can exceed 1.
         """
         return self.decode_roofline_s / self.decode_busy_s if self.decode_busy_s else 0.0
+
+    @property
+    def decode_allreduce_share(self) -> float:
+        """Decode time spent in TP all-reduces / simulated decode time (0 when nothing decoded).
+
+        The all-reduce seconds are those of the cost model's decode steps
+        (:meth:`~domain.costmodel.StepCostModel.decode_allreduce_time`); a CPU-bound step (the
+        scheduler's overlap hides the GPU time) counts them against the whole step.
+        """
+        return self.decode_allreduce_s / self.decode_busy_s if self.decode_busy_s else 0.0
 
     @property
     def mean_accept_length(self) -> float:
@@ -461,10 +472,12 @@ class TwinEngine:
                 draft = draft_tokens_for_batch(spec, n)
                 dt = (cost.verify_time(n, draft, ctx)
                       + cost.draft_time(n, steps, spec.topk, ctx))
+                st.decode_allreduce_s += cost.decode_allreduce_time(n, draft, steps, spec.topk)
                 self._uses_spec = True
             else:
                 acc = 1.0
                 dt = cost.decode_time(n, ctx)
+                st.decode_allreduce_s += cost.decode_allreduce_time(n)
             st.decode_roofline_s += acc * cost.decode_roofline_time(n, ctx)
             self.now += dt
             T.append(self.now)

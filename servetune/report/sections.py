@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from agents.analyst import ceiling_point
+from domain.calibration import calibration_line
 from domain.metrics import GRAPH_CEILING_ITL_RATIO, graph_ceiling
 from domain.pareto import dominated_by, pareto_front
 from domain.study import SLO, Study
@@ -87,6 +88,7 @@ def _summary(study: Study, trials: list[Trial], run_id: str, stop_reason: str,
         f"{sweep} frontier points measured"
         + "".join(f"; frontier config {t.changed or 'baseline'} did not start "
                   f"({t.failure_class})" for t in unstarted) + ".", "",
+        f"GPU `{study.gpu}`: {calibration_line(study.gpu)}.", "",
     ]
 
 
@@ -108,6 +110,9 @@ def _numbers(t: Trial, slo_ms: float) -> list[str]:
     if t.saturation is not None:
         out.append(f"- Saturation: {_num(t.saturation.output_tok_s_per_gpu)} output tok/s/GPU, "
                    f"{_num(t.saturation.tok_s_per_user)} tok/s/user")
+    if t.decode_allreduce_share is not None:
+        out.append(f"- All-reduce {_pct(t.decode_allreduce_share)} of decode step time at "
+                   f"saturation (TP {t.config.tp_size})")
     if t.replay is not None:
         p99 = t.replay.ttft_ms.p99
         ok = SLO(ttft_p99_ms=slo_ms).met(p99, t.replay.errors)
@@ -186,13 +191,17 @@ def _trials_table(trials: list[Trial]) -> list[str]:
     search = [t for t in trials if t.phase == "search"]
     rows = [[t.seq, t.status, _changed(t), _num(t.objective),
              _num(t.saturation.ttft_ms.p99) if t.saturation else "",
-             _pct(t.decode_roofline_share), _retractions(t.saturation), _gate(t),
+             _pct(t.decode_roofline_share), _pct(t.decode_allreduce_share),
+             _retractions(t.saturation), _gate(t),
              _lint_codes(t), t.reason] for t in search]
     confidence = next((t.acceptance.confidence for t in search if t.acceptance), 0.95)
     return ["## Trials", "",
             "Decode roofline: the share of the decode roofline the saturation run reached (decode "
             "time at 100% of HBM bandwidth and peak FLOP/s over the measured decode time; with "
             "speculative decoding it can exceed 100%).", "",
+            "Decode all-reduce: the share of the saturation run's decode step time spent in the "
+            "tensor-parallel all-reduces (two per layer, over the node's NVLink, PCIe, NUMA hop "
+            "or NIC; the twin's interconnect model).", "",
             f"Gain vs best [{confidence:.0%} CI]: the acceptance gate's relative tok/s/GPU gain "
             "over the incumbent and its bootstrap interval. Over repeated runs the gate decides "
             "(kept only if the interval's low end exceeds min_improvement); with one run each "
@@ -200,7 +209,7 @@ def _trials_table(trials: list[Trial]) -> list[str]:
             "point gain decides (not gated).", "", RETRACTIONS_NOTE, "",
             "Lints: the pre-flight lints the config trips (codes; see Lints below).", "",
             *_table(["seq", "status", "changed", "tok/s/GPU", "saturation TTFT p99 (ms)",
-                     "decode roofline", "retractions", "gain vs best [CI]", "lints",
+                     "decode roofline", "decode all-reduce", "retractions", "gain vs best [CI]", "lints",
                      "reason"], rows), ""]
 
 

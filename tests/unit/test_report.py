@@ -77,6 +77,7 @@ def search_trials() -> list[Trial]:
               saturation=summary(1000.0, 40.0)),
         trial(2, "search", "keep", MRR, "max_running_requests=256", "+20.0% over best",
               objective=1200.0, saturation=summary(1200.0, 35.0, retractions=1_234),
+              decode_allreduce_share=0.47,
               graph_ceiling=GraphCeiling(ceiling=160, batch_below=128, itl_below_ms=11.0,
                                          batch_above=256, itl_above_ms=24.5, below="#1",
                                          above="this run"),
@@ -98,6 +99,7 @@ def validate_trials(winner: bool) -> list[Trial]:
     return [
         trial(6, "validate", "winner" if winner else "slo-miss", MRR, "max_running_requests=256",
               "replay", parent_seq=2, objective=1200.0, saturation=summary(1200.0, 35.0),
+              decode_allreduce_share=0.47,
               replay=summary(300.0, 30.0, ttft=(210.0, 1850.0) if winner else (900.0, 4321.0),
                              itl_p99=45.5, requests=1234, completed=1234, retractions=7)),
         trial(7, "validate", "slo-miss", BASE, "", "replay", parent_seq=1, objective=1000.0,
@@ -170,6 +172,9 @@ def test_full_report_names_winner_with_its_launch_command(full: tuple[Path, str]
     assert f"```bash\n{cmd}\n```" in result
     assert "replicas: 1 (tp_size 8 each, 8 GPUs)" in result
     assert "1,200.0 output tok/s/GPU, 35.0 tok/s/user" in result
+    assert "All-reduce 47% of decode step time at saturation (TP 8)" in result
+    # B200 has fitted twin constants
+    assert "GPU `B200`: calibrated (twin constants fitted by benchmarks/twin_fidelity.py" in text
     assert ("TTFT p50 210.0 ms, p99 1,850.0 ms (meets the SLO of p99 <= 2,000 ms with every "
             "request served)") in result
     assert "Changes from the baseline" in result and "max_running_requests unset -> 256" in result
@@ -240,13 +245,14 @@ def test_trials_table_has_one_row_per_search_trial_and_escapes_pipes(
     rows = table_rows(section(full[1], "Trials"))
     assert len(rows) == 5
     assert [r.split(" | ")[0] for r in rows] == ["| 1", "| 2", "| 3", "| 4", "| 5"]
-    assert rows[0].startswith("| 1 | baseline | baseline | 1,000.0 | 400.0 |  | 0 |")
+    assert rows[0].startswith("| 1 | baseline | baseline | 1,000.0 | 400.0 |  |  | 0 |")
+    # the decode all-reduce share, then the retractions of the saturation run
     assert rows[1].startswith("| 2 | keep | max_running_requests=256 | 1,200.0 | 400.0 |  "
-                              "| 1,234 |")  # retractions of the saturation run
-    # no roofline, a server without a retraction counter, no gate, one lint
+                              "| 47% | 1,234 |")
+    # no roofline or all-reduce share, a server without a retraction counter, no gate, a lint
     assert rows[2] == ("| 3 | discard | chunked_prefill_size=4096 | 1,176.0 | 777.5 "
-                       "|  | n/a |  | GRAPH_CEILING | no gain \\| -2.0% vs best |")
-    assert rows[3].startswith("| 4 | crash | mem_fraction_static=0.95 |  |  |  |  |  |  "
+                       "|  |  | n/a |  | GRAPH_CEILING | no gain \\| -2.0% vs best |")
+    assert rows[3].startswith("| 4 | crash | mem_fraction_static=0.95 |  |  |  |  |  |  |  "
                               "| OOM_KV")
 
 

@@ -59,6 +59,8 @@ def test_decode_batches_running_requests_together():
     assert [r.finish_s for r in recs] == pytest.approx([4.0, 4.0])
     assert eng.stats.mean_decode_batch == 2
     assert recs[0].itl_s == pytest.approx([1.0, 1.0])
+    # 0.4 s of each 1 s decode step is all-reduce (fixtures/step_cost.py)
+    assert eng.stats.decode_allreduce_share == pytest.approx(0.4)
 
 
 def test_retraction_when_the_pool_runs_out():
