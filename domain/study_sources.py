@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from domain.errors import ConfigInvalid
 from domain.hardware import GPU, register_gpu
-from domain.models import ModelArch, get_model, model_from_path, register_model
+from domain.models import ModelArch, model_from_path, register_model
 
 # A servetune name of a user's model or GPU: it labels ledger rows, lessons, reports and
 # (with the kubernetes backend) pod labels, so it is kept to one plain token.
@@ -63,17 +63,19 @@ def _resolve_path(value: str, base_dir: Path | None) -> Path:
 
 
 def _is_catalog_key(value: str) -> bool:
-    try:
-        get_model(value)
-    except ConfigInvalid:
-        return False
-    return True
+    """Whether ``value`` is a shipped catalog key.
+
+    A model registered earlier in this process is not: a study naming its folder reads it again.
+    """
+    from domain.models import MODELS
+
+    return value in MODELS
 
 
 def names_a_path(value: str, base_dir: Path | None) -> bool:
     """Whether a ``model:`` string names a local config rather than a catalog key.
 
-    A catalog (or registered) key wins; otherwise a string holding a path separator, ending in
+    A catalog key wins; otherwise a string holding a path separator, ending in
     ``.json``, starting with ``.`` or ``~``, or naming something that exists next to the study
     file is a path. Catalog keys hold none of these.
     """

@@ -20,11 +20,14 @@ import re
 from decimal import Decimal
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from domain.engines.sglang.flags import DATA_DIR
 from domain.errors import ConfigInvalid
 from domain.preflight import Finding, ParsedCommand
+
+if TYPE_CHECKING:
+    from domain.models import ModelArch
 
 # ServingConfig field each modelled SGLang dest sets (dp_size: full replicas in 0.5.23,
 # sglang-knobs reference, "DP attention spelling changed")
@@ -321,7 +324,7 @@ def config_fields(values: dict[str, Any], model: str | None = None
     return fields, findings
 
 
-def _pinned_checkpoint(arch: Any, model_path: str, quantization: str | None
+def _pinned_checkpoint(arch: ModelArch, model_path: str, quantization: str | None
                        ) -> tuple[str, str] | Finding:
     """``(model, weights key)`` of ``arch``'s checkpoint the command loads, or the refusal.
 
@@ -331,11 +334,11 @@ def _pinned_checkpoint(arch: Any, model_path: str, quantization: str | None
     """
     ckpts = arch.checkpoints
     want = model_path.rstrip("/").casefold()
-    for match in (lambda c: c.model_path.casefold() == want,
-                  lambda c: c.model_path.casefold().rsplit("/", 1)[-1]
-                  == want.rsplit("/", 1)[-1],
-                  lambda c: quantization is not None and c.quantization == quantization):
-        hits = [k for k, c in ckpts.items() if match(c)]
+    paths = {k: c.model_path.rstrip("/").casefold() for k, c in ckpts.items()}
+    for hits in ([k for k, p in paths.items() if p == want],
+                 [k for k, p in paths.items() if p.rsplit("/", 1)[-1] == want.rsplit("/", 1)[-1]],
+                 [k for k, c in ckpts.items()
+                  if quantization is not None and c.quantization == quantization]):
         if len(hits) > 1:
             hits = [k for k in hits if ckpts[k].quantization == quantization] or hits
         if hits:
