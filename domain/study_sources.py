@@ -67,9 +67,9 @@ def _is_catalog_key(value: str) -> bool:
 
     A model registered earlier in this process is not: a study naming its folder reads it again.
     """
-    from domain.models import MODELS
+    from domain.models import CATALOG
 
-    return value in MODELS
+    return value in CATALOG
 
 
 def names_a_path(value: str, base_dir: Path | None) -> bool:

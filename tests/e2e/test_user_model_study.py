@@ -57,6 +57,7 @@ def test_a_config_json_on_an_inline_gpu_runs_and_resumes(tmp_path: Path) -> None
     # the resume, in this process with the model and GPU forgotten as in a fresh one: reading
     # the study registers them again, and the digest it checks the run folder against matches
     models._REGISTERED.pop("lab-moe")
+    models.MODELS.pop("lab-moe")
     hardware._REGISTERED.pop("H20")
     again = invoke("run", str(path), "--run-id", "lab", tmp=tmp_path,
                    env={"SERVETUNE_BRAINS": "deterministic", "ANTHROPIC_API_KEY": None})
