@@ -91,8 +91,8 @@ def names_a_path(value: str, base_dir: Path | None) -> bool:
 
 def _reworded(e: ConfigInvalid, field: str) -> ConfigInvalid:
     """``e`` with each line naming the study field (``model: ...``) once."""
-    return ConfigInvalid([v if v.startswith(f"{field}") else f"{field}: {v}"
-                          for v in e.violations])
+    return ConfigInvalid([v if v.startswith((f"{field}:", f"{field}.", f"{field} "))
+                          else f"{field}: {v}" for v in e.violations])
 
 
 def resolve_model(value: Any, base_dir: Path | None) -> ModelArch | None:
@@ -155,3 +155,45 @@ def resolve_gpu(value: Any, source: str) -> GPU | None:
     except ConfigInvalid as e:
         raise _reworded(e, "gpu") from e
     return register_gpu(gpu)
+
+
+# The file beside a deployment's config.json that carries a study's own model and GPU to a
+# server process of the local backend (``servetune twin serve --config``), which registers them
+# before it reads the config (mcp_servers/cluster/local.py writes it).
+USER_CATALOG_FILE = "user-catalog.json"
+
+
+def user_catalog(model: str, gpu: str) -> dict[str, list[dict[str, Any]]]:
+    """The registered (not shipped) model and GPU among ``model`` and ``gpu``, JSON-ready.
+
+    Returns:
+        ``{"models": [ModelArch dump], "gpus": [GPU dump]}``; both lists empty when the
+        catalogs ship both (nothing to carry to another process).
+    """
+    from domain import hardware, models
+
+    return {"models": [models._REGISTERED[model].model_dump(mode="json")]
+            if model in models._REGISTERED else [],
+            "gpus": [hardware._REGISTERED[gpu].model_dump(mode="json")]
+            if gpu in hardware._REGISTERED else []}
+
+
+def register_user_catalog(data: Any, source: str) -> None:
+    """Register the models and GPUs of a :func:`user_catalog` mapping read back from ``source``.
+
+    Raises:
+        ConfigInvalid: one line naming ``source``: not such a mapping, or an entry that does
+            not validate.
+    """
+    if not isinstance(data, dict) or not all(isinstance(data.get(k, []), list)
+                                             for k in ("models", "gpus")):
+        raise ConfigInvalid([f"{source}: expected {{models: [...], gpus: [...]}}"])
+    try:
+        for m in data.get("models", []):
+            register_model(ModelArch.model_validate(m))
+        for g in data.get("gpus", []):
+            register_gpu(GPU.model_validate(g))
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise ConfigInvalid([f"{source}: {'.'.join(map(str, err['loc']))}: {err['msg']}"]
+                            ) from e

@@ -123,3 +123,25 @@ def test_a_catalog_key_is_never_read_as_a_path(tmp_path: Path) -> None:
     assert load_study(study(tmp_path, **{k: v for k, v in tiny_study().items()
                                          if k in ("model", "gpu", "gpu_count", "baseline",
                                                   "knobs")})).sources == {}
+
+
+def test_the_local_backend_carries_the_study_model_and_gpu_to_its_servers(tmp_path: Path
+                                                                          ) -> None:
+    """The deployment folder's user-catalog.json (mcp_servers/cluster/local.py writes it) lets
+    a ``servetune twin serve --config`` process, which registered nothing, read the config."""
+    from domain import hardware, models
+    from domain.study_sources import USER_CATALOG_FILE, user_catalog
+    from servetune.cli_twin import _twin_config
+
+    write_model_dir(tmp_path)
+    s = load_study(study(tmp_path, model="lab-moe", gpu=dict(H20_SPEC, name="H20-carried")))
+    cfg = s.base_config()
+    assert user_catalog("glm-5", "B200") == {"models": [], "gpus": []}
+    carried = user_catalog(cfg.model, cfg.gpu)
+    (tmp_path / "config.json").write_text(cfg.model_dump_json())
+    (tmp_path / USER_CATALOG_FILE).write_text(json.dumps(carried))
+    for registry in (models._REGISTERED, models.MODELS, hardware._REGISTERED):
+        registry.pop("lab-moe", None)
+        registry.pop("H20-carried", None)  # as in a fresh process
+    assert _twin_config(tmp_path / "config.json", None, None) == cfg
+    assert get_model("lab-moe") == s.sources["model"] and get_gpu("H20-carried") == s.sources["gpu"]
