@@ -8,8 +8,8 @@ board); they size the HiCache host tier and its load-back cost.
 The shipped entries are data, ``data/gpus/catalog.json`` (sources and licenses in
 ``data/gpus/README.md``); each goes through :func:`gpu_from_spec`, the validator a user's GPU
 (inline in a study or in a file) goes through too. :data:`GPUS` is the registry: lookups are
-case-insensitive and ignore ``-``, ``_`` and spaces (``get_gpu("rtx_pro_6000")``), and see GPUs
-made known by :func:`register_gpu`; iterating it lists the shipped catalog only.
+case-insensitive and take ``-``, ``_``, ``.`` and spaces alike (``get_gpu("rtx_pro_6000")``),
+and see GPUs made known by :func:`register_gpu`; iterating it lists the shipped catalog only.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -45,7 +46,16 @@ MAX_HOST_LINK_BYTES_PER_S = 2e12  # NVLink-C2C: 900 GB/s bidirectional (Grace su
 MAX_HOST_MEM_GB = 100_000.0  # a 16-socket host holds ~32 TB
 MAX_TDP_W = 3000.0  # B300: 1,100 W; GB300: 1,400 W per GPU (aiconfigurator system files)
 
-FlopDtype = Literal["bf16", "fp16", "fp8", "fp4", "int8", "tf32"]
+FLOP_DTYPES = ("bf16", "fp16", "fp8", "fp4", "int8", "tf32")
+
+
+def _flop_dtype(name: str) -> str:
+    if name not in FLOP_DTYPES:
+        raise ValueError(f"unknown dtype; known: {', '.join(FLOP_DTYPES)}")
+    return name
+
+
+FlopDtype = Annotated[str, AfterValidator(_flop_dtype)]
 _Rate = Annotated[float, Field(gt=0, le=MAX_FLOPS, allow_inf_nan=False)]
 
 # PCIe bandwidth per lane and direction, bytes/s: Gen3 0.985 GB/s, Gen4 1.969 GB/s, Gen5
@@ -182,7 +192,7 @@ class GPU(BaseModel):
 
     @field_validator("flops")
     @classmethod
-    def _bf16(cls, v: dict[FlopDtype, float]) -> dict[FlopDtype, float]:
+    def _bf16(cls, v: dict[str, float]) -> dict[str, float]:
         if "bf16" not in v:
             raise ValueError("needs a 'bf16' rate (dense FLOP/s); the cost model prices bf16 "
                              "attention and activations with it")
@@ -265,8 +275,6 @@ def _lines(err: ValidationError, prefix: str) -> list[str]:
         elif kind == "extra_forbidden":
             known = (Interconnect if loc[:1] == ["interconnect"] else GPU).model_fields
             line = f"{path}: unknown key; known: {', '.join(known)}"
-        elif kind == "literal_error" and loc[:1] == ["flops"]:
-            line = f"{path}: unknown dtype; known: bf16, fp16, fp8, fp4, int8, tf32"
         elif kind == "value_error":
             line = f"{path}: {e['msg'].removeprefix('Value error, ')}"
         else:
@@ -345,8 +353,11 @@ def gpu_spec(gpu: GPU) -> dict[str, Any]:
 
 
 def _key(name: str) -> str:
-    """Lookup key: lower case without ``-``, ``_``, spaces, dots ("RTX PRO 6000": rtxpro6000)."""
-    return re.sub(r"[^a-z0-9]", "", name.lower())
+    """Lookup key: lower case, each run of ``-``, ``_``, ``.``, spaces one ``-``.
+
+    "RTX PRO 6000" and "rtx_pro_6000" are both ``rtx-pro-6000``; "-B200" stays "-b200" (not B200).
+    """
+    return re.sub(r"[-_. ]+", "-", name.lower())
 
 
 class GpuCatalog(MutableMapping[str, GPU]):
@@ -362,17 +373,29 @@ class GpuCatalog(MutableMapping[str, GPU]):
                  registered: dict[str, GPU] | None = None) -> None:
         self._shipped = dict(shipped)
         self._registered = {} if registered is None else registered
+        self._index()
+
+    def _index(self) -> None:
+        """Lookup key -> shipped name, over names and aliases (the first entry wins)."""
+        self._keys: dict[str, str] = {}
+        for canon, gpu in self._shipped.items():
+            for alias in (canon, *gpu.aliases):
+                self._keys.setdefault(_key(alias), canon)
 
     def resolve(self, name: str) -> str | None:
-        """The canonical name ``name`` refers to (registered first), or None."""
-        for table in (self._registered, self._shipped):
-            if name in table:
-                return name
-            k = _key(name)
-            for canon, gpu in table.items():
-                if k and (k == _key(canon) or any(k == _key(a) for a in gpu.aliases)):
-                    return canon
-        return None
+        """The canonical name ``name`` refers to, or None.
+
+        Exact names first (registered, then shipped), then the lookup key (:func:`_key`: case
+        ignored, ``-``, ``_``, ``.`` and spaces alike) against names and aliases, registered
+        first.
+        """
+        if name in self._registered or name in self._shipped:
+            return name
+        k = _key(name)
+        for canon, gpu in self._registered.items():
+            if k and (k == _key(canon) or any(k == _key(a) for a in gpu.aliases)):
+                return canon
+        return self._keys.get(k) if k else None
 
     def __getitem__(self, name: str) -> GPU:
         if not isinstance(name, str) or (canon := self.resolve(name)) is None:
@@ -381,9 +404,11 @@ class GpuCatalog(MutableMapping[str, GPU]):
 
     def __setitem__(self, name: str, gpu: GPU) -> None:
         self._shipped[name] = gpu
+        self._index()
 
     def __delitem__(self, name: str) -> None:
         del self._shipped[name]
+        self._index()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._shipped)

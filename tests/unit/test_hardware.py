@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures.gpu_grid import GRID_GPUS
 
 from domain.config import ServingConfig
 from domain.errors import ConfigInvalid
@@ -60,7 +61,7 @@ def test_every_entry_names_its_sources_and_round_trips(name: str) -> None:
     assert gpu.source and gpu.sources, f"{name}: no source"
     assert all(s.url.startswith("https://") and s.name for s in gpu.sources)
     assert gpu.arch == f"sm{gpu.sm_major * 10 + gpu.sm_minor}"
-    assert gpu.tdp_w is not None and gpu.tdp_w > 0
+    assert gpu.tdp_w is not None or "board power not published" in gpu.source
     assert "bf16" in gpu.flops and "fp8" in gpu.flops
     assert gpu_from_spec(gpu_spec(gpu), "round trip") == gpu
     assert gpu_from_spec(json.loads(json.dumps(gpu_spec(gpu))), "json") == gpu
@@ -72,6 +73,12 @@ def test_the_catalog_page_lists_every_gpu() -> None:
     for name in GPUS:
         g = GPUS[name]
         assert f"| `{name}` | {g.sm_major}.{g.sm_minor} | {g.hbm_gb:g} GB |" in gpus, name
+
+
+def test_the_test_grid_covers_every_sm_of_the_catalog() -> None:
+    sms = {(GPUS[n].sm_major, GPUS[n].sm_minor) for n in GPUS}
+    assert {(GPUS[n].sm_major, GPUS[n].sm_minor) for n in GRID_GPUS} == sms
+    assert set(GRID_GPUS) <= set(GPUS) and GRID_GPUS[:3] == ("B200", "H200", "H100")
 
 
 def test_main_numbers_are_unchanged() -> None:
@@ -132,6 +139,11 @@ def test_a_config_stores_the_catalog_spelling() -> None:
     cfg = ServingConfig(model="llama-3.1-8b", gpu="h100", weights="bf16")
     assert cfg.gpu == "H100"
     assert cfg == ServingConfig(model="llama-3.1-8b", gpu="H100", weights="bf16")
+
+
+@pytest.mark.parametrize("name", ["-B200", "", "B 200", "b200x", "rtxpro6000"])
+def test_near_names_are_not_lookups(name: str) -> None:
+    assert GPUS.resolve(name) is None and name not in GPUS
 
 
 def test_unknown_gpu_is_one_line_listing_the_catalog() -> None:
