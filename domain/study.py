@@ -295,7 +295,7 @@ def _loc_part(part: int | str) -> str:
 
 
 def parse_study(data: Any, *, base_dir: Path | None = None,
-                gpu_source: str = "inline in the study") -> Study:
+                gpu_source: str = "") -> Study:
     """Validate a parsed study mapping.
 
     A ``model`` or ``gpu`` given by source (:mod:`domain.study_sources`) is built and
@@ -305,18 +305,19 @@ def parse_study(data: Any, *, base_dir: Path | None = None,
         data: the parsed YAML.
         base_dir: the study file's folder, where relative model paths start (None: the
             working folder).
-        gpu_source: the ``source`` an inline GPU spec is recorded with.
+        gpu_source: the ``source`` a GPU spec is recorded with (default: ``INLINE_GPU``, a
+            mapping written in the study).
 
     Raises:
         ConfigInvalid: one line per problem, each naming the field path.
     """
-    from domain.study_sources import resolve_gpu, resolve_model
+    from domain.study_sources import INLINE_GPU, resolve_gpu, resolve_model
 
     if not isinstance(data, dict):
         raise ConfigInvalid(["study: expected a mapping at the top level"])
     sources: dict[str, Any] = {}
     arch = resolve_model(data["model"], base_dir) if "model" in data else None
-    gpu = resolve_gpu(data["gpu"], gpu_source) if "gpu" in data else None
+    gpu = resolve_gpu(data["gpu"], gpu_source or INLINE_GPU) if "gpu" in data else None
     if arch is not None:
         sources["model"], data = arch, {**data, "model": arch.name}
     if gpu is not None:

@@ -26,6 +26,7 @@ from domain.models import ModelArch, model_from_path, register_model
 # A servetune name of a user's model or GPU: it labels ledger rows, lessons, reports and
 # (with the kubernetes backend) pod labels, so it is kept to one plain token.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$"
+INLINE_GPU = "inline in the study"  # the source of a gpu: mapping written in the study
 _FORMS = ("a catalog key (e.g. glm-5), a path to a Hugging Face config.json or its folder, or "
           "a mapping {hf_config: PATH, name: NAME, checkpoints: {bf16: HUB_ID, ...}}")
 
@@ -89,10 +90,16 @@ def names_a_path(value: str, base_dir: Path | None) -> bool:
         return False
 
 
-def _reworded(e: ConfigInvalid, field: str) -> ConfigInvalid:
-    """``e`` with each line naming the study field (``model: ...``) once."""
-    return ConfigInvalid([v if v.startswith((f"{field}:", f"{field}.", f"{field} "))
-                          else f"{field}: {v}" for v in e.violations])
+def _reworded(e: ConfigInvalid, field: str, drop: str = "", then: str = "") -> ConfigInvalid:
+    """``e`` with each line starting with the study field's path (``model: ...``).
+
+    Every study violation does. A line's leading ``drop`` (the reader's own prefix) becomes
+    ``then``.
+    """
+    lines = [then + v.removeprefix(drop) if drop and v.startswith(drop) else v
+             for v in e.violations]
+    return ConfigInvalid([v if v.startswith((f"{field}:", f"{field}."))
+                          else f"{field}: {v}" for v in lines])
 
 
 def resolve_model(value: Any, base_dir: Path | None) -> ModelArch | None:
@@ -135,8 +142,8 @@ def resolve_gpu(value: Any, source: str) -> GPU | None:
 
     Args:
         value: the study's ``gpu`` value (a catalog name, or a mapping of GPU spec fields).
-        source: where the spec comes from, kept as the GPU's ``source`` (e.g. "studies/x.yaml
-            (inline gpu)" or the GPU file's path).
+        source: where the spec comes from, kept as the GPU's ``source`` ("inline in the
+            study", or the GPU file's path: named in each message then).
 
     Raises:
         ConfigInvalid: one line naming ``gpu``: a spec with a missing field or impossible
@@ -153,7 +160,9 @@ def resolve_gpu(value: Any, source: str) -> GPU | None:
     try:
         gpu = gpu_from_spec(value, source)
     except ConfigInvalid as e:
-        raise _reworded(e, "gpu") from e
+        inline = source == INLINE_GPU
+        raise _reworded(e, "gpu", drop=f"gpu ({source}): ",
+                        then="" if inline else f"{source}: ") from e
     return register_gpu(gpu)
 
 

@@ -9,6 +9,7 @@ import yaml
 
 from domain.errors import ConfigInvalid, TraceInvalid
 from domain.study import Study, parse_study
+from domain.study_sources import INLINE_GPU
 from domain.trace_paths import check_trace_path, long_name_bytes, long_name_message
 from domain.traces import load_trace
 from domain.workload import Trace
@@ -162,7 +163,7 @@ def load_study(path: Path) -> Study:
     except yaml.YAMLError as e:
         raise ConfigInvalid([f"{path}: not valid YAML ({type(e).__name__})"]) from e
     try:
-        gpu_source = "inline in the study"
+        gpu_source = INLINE_GPU
         if isinstance(data, dict) and isinstance(data.get("gpu"), str) \
                 and names_gpu_file(data["gpu"]):
             gpu_file = resolve_gpu_path(data["gpu"], path.parent)
