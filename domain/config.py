@@ -15,8 +15,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from domain.errors import ConfigInvalid
-
 
 def check_engine_version(v: str) -> str:
     """Accept only versions whose flag inventory ships here (the only engine: SGLang).
@@ -135,19 +133,15 @@ class ServingConfig(BaseModel):
 
     @model_validator(mode="after")
     def _catalogs(self) -> ServingConfig:
-        from domain.hardware import GPUS, get_gpu
+        from domain.hardware import GPUS
         from domain.models import MODELS, get_model
 
-        try:  # the catalogs, and a user's model or GPU registered from a study or a check
-            get_gpu(self.gpu)
-        except ConfigInvalid:
-            raise ValueError(f"gpu {self.gpu!r} is not in the GPU catalog: "
-                             f"{', '.join(GPUS)}") from None
-        try:
-            known = get_model(self.model).checkpoints
-        except ConfigInvalid:
+        if self.gpu not in GPUS:
+            raise ValueError(f"gpu {self.gpu!r} is not in the GPU catalog: {', '.join(GPUS)}")
+        if self.model not in MODELS:
             raise ValueError(f"model {self.model!r} is not in the model catalog: "
-                             f"{', '.join(MODELS)}") from None
+                             f"{', '.join(MODELS)}")
+        known = get_model(self.model).checkpoints
         if self.weights not in known:
             raise ValueError(f"weights {self.weights!r}: model {self.model} has the checkpoints "
                              f"{', '.join(known)}")

@@ -23,7 +23,6 @@ from pydantic import (
 )
 
 from domain.config import ServingConfig
-from domain.errors import ConfigInvalid
 from domain.knob_domain import field_domain
 from domain.provenance import (
     REAL_BACKENDS,
@@ -61,15 +60,6 @@ STORED: dict[str, Any] = {"stored": True}
 
 def _stored(info: ValidationInfo) -> bool:
     return bool(info.context and info.context.get("stored"))
-
-
-def _known_name(lookup: Any, name: str) -> bool:
-    """Whether ``lookup(name)`` (get_model / get_gpu: catalog or registered) knows ``name``."""
-    try:
-        lookup(name)
-    except ConfigInvalid:
-        return False
-    return True
 
 
 def _freeze(value: Any) -> Any:
@@ -278,21 +268,20 @@ class Scope(BaseModel):
     @model_validator(mode="after")
     def _known(self, info: ValidationInfo) -> Scope:
         from domain.engines import ENGINES, engine
-        from domain.hardware import GPUS, get_gpu
+        from domain.hardware import GPUS
         from domain.models import MODELS, get_model
 
-        # a stored lesson may name a user's model or GPU (a study's config.json, an inline GPU)
-        # that this process has not registered: it is kept, and matches no config until then
+        # GPUS and MODELS hold the GPUs and models a study registered; a stored lesson may name
+        # one this process has not (a study's own config.json): kept, it matches no config
         stored = _stored(info)
-        if self.gpu is not None and not stored and not _known_name(get_gpu, self.gpu):
+        if self.gpu is not None and not stored and self.gpu not in GPUS:
             raise ValueError(f"scope.gpu {self.gpu!r} is not in the GPU catalog: "
                              f"{', '.join(GPUS)}")
-        if self.model is not None and not stored and not _known_name(get_model, self.model):
+        if self.model is not None and not stored and self.model not in MODELS:
             raise ValueError(f"scope.model {self.model!r} is not in the model catalog: "
                              f"{', '.join(MODELS)}")
         if self.quantization is not None and not stored:
-            known = sorted({k for m in MODELS for k in get_model(m).checkpoints}
-                           | set(get_model(self.model).checkpoints if self.model else ()))
+            known = sorted({k for m in MODELS for k in get_model(m).checkpoints})
             if self.quantization not in known:
                 raise ValueError(f"scope.quantization {self.quantization!r}: known "
                                  f"checkpoints are {', '.join(known)}")
