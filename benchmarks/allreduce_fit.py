@@ -74,7 +74,8 @@ def _rows(path: Path, custom: bool) -> dict[int, list[tuple[float, float]]]:
 def predict(params: dict[str, list[float]], s: np.ndarray, n: int, link: float) -> np.ndarray:
     """Seconds of the two-line model for bytes ``s`` over ``n`` GPUs on a ``link`` B/s ring."""
     bus = 2 * (n - 1) / n * s
-    lines = [a + bus / (e * link) for a, e in zip(params["latency_s"], params["bus_eff"])]
+    pairs = zip(params["latency_s"], params["bus_eff"], strict=True)
+    lines = [a + bus / (e * link) for a, e in pairs]
     return np.asarray(np.minimum(*lines))
 
 
@@ -161,14 +162,15 @@ def main() -> None:
                       f"{f['baseline_median_ape_pct']:>18.1f} ({f['baseline_median_ratio']:.2f})")
         systems[system] = entry
     result = {
-        "note": ("All-reduce model of domain/interconnect.py, fitted by benchmarks/allreduce_fit.py "
-                 "(see its docstring for the model). Per system and backend (nccl; custom = "
-                 "SGLang's custom all-reduce in a CUDA graph) and GPU count: two protocol lines, "
-                 "latency_s (s) and bus_eff (share of the node's link bandwidth, bytes/s per GPU "
-                 "and direction, that the ring's 2(n-1)/n bus traffic reaches); 'topology' holds "
-                 "the medians per topology kind used for GPUs without a table. Errors: absolute "
-                 "percentage error of the fitted model against every row, and of the old ring "
-                 "formula 2(n-1)/n x bytes / link + 6 us (baseline; ratio = predicted/measured)."),
+        "note": ("All-reduce model of domain/interconnect.py, fitted by "
+                 "benchmarks/allreduce_fit.py (see its docstring for the model). Per system and "
+                 "backend (nccl; custom = SGLang's custom all-reduce in a CUDA graph) and GPU "
+                 "count: two protocol lines, latency_s (s) and bus_eff (share of the node's link "
+                 "bandwidth, bytes/s per GPU and direction, that the ring's 2(n-1)/n bus traffic "
+                 "reaches); 'topology' holds the medians per topology kind used for GPUs without a"
+                 " table. Errors: absolute percentage error of the fitted model against every row,"
+                 " and of the old ring formula 2(n-1)/n x bytes / link + 6 us (baseline; ratio = "
+                 "predicted/measured)."),
         "data_source": {
             "wheel": "aiconfigurator-core==0.12.0", "license": "Apache-2.0",
             "wheel_file": "aiconfigurator_core-0.12.0-cp311-abi3-manylinux_2_28_x86_64.whl",

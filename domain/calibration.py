@@ -30,7 +30,9 @@ Op classes:
   batch scheduler") runs it while the GPU executes the previous batch, so a decode step takes
   max(GPU time, CPU time). ``prefill_overhead_s`` is the fixed extra time of a prefill step;
   ``eager_extra_s`` the extra cost of a decode batch above the CUDA-graph max (eager launch).
-- ``allreduce_latency_s``: NCCL small-message all-reduce latency on NVLink (order of us).
+- ``allreduce_latency_s``: the fixed latency of the plain ring all-reduce of a cost model built
+  without a GPU (order of us). A model built for a GPU prices all-reduces with
+  :mod:`domain.interconnect` instead (latencies fitted per topology on the wheel's tables).
 """
 
 from __future__ import annotations
@@ -176,7 +178,7 @@ def calibration_line(gpu: str, path: Path = CALIBRATION_PATH) -> str:
     """``calibrated (...)`` or ``uncalibrated (twin error on calibrated GPUs: ...)`` for ``gpu``."""
     if is_calibrated(gpu, path):
         date = _load(path).get("fit", {}).get("date", "")
-        return (f"calibrated (twin constants fitted by benchmarks/twin_fidelity.py"
+        return ("calibrated (twin constants fitted by benchmarks/twin_fidelity.py"
                 + (f", {date}" if date else "") + ")")
     band = error_band(path)
     return ("uncalibrated (default twin constants" + (f"; {band.line()}" if band else "")

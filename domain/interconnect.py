@@ -120,9 +120,10 @@ def _interp(table: dict[str, Any], n: int) -> tuple[list[float], list[float]]:
         lo = max(k for k in ns if k < hi)
         w = (n - lo) / (hi - lo)
     pl, ph = table[str(lo)], table[str(hi)]
-    lat = [max(x + w * (y - x), 0.0) for x, y in zip(pl["latency_s"], ph["latency_s"])]
-    eff = ph["bus_eff"] if n >= ns[-1] else [x + w * (y - x)
-                                              for x, y in zip(pl["bus_eff"], ph["bus_eff"])]
+    lat = [max(x + w * (y - x), 0.0)
+           for x, y in zip(pl["latency_s"], ph["latency_s"], strict=True)]
+    eff = ph["bus_eff"] if n >= ns[-1] else [
+        x + w * (y - x) for x, y in zip(pl["bus_eff"], ph["bus_eff"], strict=True)]
     return lat, list(eff)
 
 
@@ -157,7 +158,7 @@ def allreduce_seconds(nbytes: float, n: int, gpu: GPU, custom_allowed: bool = Tr
         return bus / link
     backend = backend_for(nbytes, n, ic, custom_allowed)
     lat, eff = _constants(gpu.name, ic.kind, backend, n)
-    return min(a + bus / (e * link) for a, e in zip(lat, eff))
+    return min(a + bus / (e * link) for a, e in zip(lat, eff, strict=True))
 
 
 def fit_source() -> dict[str, Any]:

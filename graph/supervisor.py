@@ -194,6 +194,7 @@ async def frontier(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
                         phase="frontier", status="sweep", config=config, changed=changed,
                         parent_seq=parent, reason=f"concurrency {c}", saturation=b.summary,
                         objective=b.summary.output_tok_s_per_gpu, records_path=b.records_path,
+                        decode_allreduce_share=replica_mean(b.replicas, "decode_allreduce_share"),
                         manifest=manifest_for(config, ctx.backend_kind), retries=retried,
                         wall_s=time.time() - t0))
                     if not b.valid and rule(bench_failure_class(

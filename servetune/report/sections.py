@@ -209,8 +209,8 @@ def _trials_table(trials: list[Trial]) -> list[str]:
             "point gain decides (not gated).", "", RETRACTIONS_NOTE, "",
             "Lints: the pre-flight lints the config trips (codes; see Lints below).", "",
             *_table(["seq", "status", "changed", "tok/s/GPU", "saturation TTFT p99 (ms)",
-                     "decode roofline", "decode all-reduce", "retractions", "gain vs best [CI]", "lints",
-                     "reason"], rows), ""]
+                     "decode roofline", "decode all-reduce", "retractions", "gain vs best [CI]",
+                     "lints", "reason"], rows), ""]
 
 
 RETRACTIONS_NOTE = (

@@ -142,7 +142,7 @@ def test_weights_oom_log_and_ready_log():
 
 # ---------------------------------------------------------------- twin engine
 class LinearCost:
-    """prefill: 10 ms + 10 us/token; decode: 20 ms per step."""
+    """prefill: 10 ms + 10 us/token; decode: 20 ms per step, 5 ms of it all-reduce."""
 
     def prefill_time(self, new_tokens, attn_pairs, index_pairs):
         return 0.010 + 1e-5 * new_tokens
@@ -152,6 +152,9 @@ class LinearCost:
 
     def decode_roofline_time(self, batch, context_sum):
         return 0.010
+
+    def decode_allreduce_time(self, batch, draft_tokens=0, draft_steps=0, draft_topk=1):
+        return 0.005
 
 
 def test_three_request_scenario_ttft_by_hand():

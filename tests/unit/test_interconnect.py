@@ -55,7 +55,9 @@ def test_pcie_runs_the_custom_all_reduce_only_for_two_gpus_with_p2p() -> None:
     assert backend_for(4096, 8, pcie()) == "nccl"
 
 
-def test_the_cited_rules_are_in_the_pinned_source(pinned_tree: Path) -> None:
+def test_the_cited_rules_are_in_the_pinned_source(
+        pinned_tree: Path,  # noqa: F811  (the fixture imported above)
+) -> None:
     srt = pinned_tree / "sglang" / "srt"
 
     def line(rel: str, n: int) -> str:
@@ -121,7 +123,7 @@ def test_allreduce_seconds_by_hand_from_the_fitted_constants() -> None:
     b200 = hw.get_gpu("B200")
     nbytes = 64 * MiB  # above the custom all-reduce's 16 MiB: NCCL
     bus = 2 * 7 / 8 * nbytes
-    want = min(a + bus / (e * 900e9) for a, e in zip(p["latency_s"], p["bus_eff"]))
+    want = min(a + bus / (e * 900e9) for a, e in zip(p["latency_s"], p["bus_eff"], strict=True))
     assert allreduce_seconds(nbytes, 8, b200) == pytest.approx(want)
     # the wheel measured 67,108,864 bf16 elements (128 MiB) at 398.4 us (b200_sxm nccl 2.29.2)
     assert allreduce_seconds(128 * MiB, 8, b200) == pytest.approx(398.4e-6, rel=0.05)
