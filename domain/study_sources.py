@@ -14,6 +14,7 @@ again and registers them again.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +114,8 @@ def resolve_model(value: Any, base_dir: Path | None) -> ModelArch | None:
     Raises:
         ConfigInvalid: one line naming ``model`` (or ``model.<key>``): a mapping with an
             unknown or missing key, a value of the wrong type, an unreadable config, a config
-            missing a field or of an unsupported family (the reader's message).
+            missing a field or of an unsupported family (the reader's message), a folder name
+            that is no servetune name (:data:`NAME_PATTERN`).
     """
     if isinstance(value, str):
         if not names_a_path(value, base_dir):
@@ -134,6 +136,10 @@ def resolve_model(value: Any, base_dir: Path | None) -> ModelArch | None:
             raise _reworded(e, "model") from e
     else:
         raise ConfigInvalid([f"model: give {_FORMS}, not {type(value).__name__}"])
+    if not re.fullmatch(NAME_PATTERN, arch.name):  # a folder name such as "Qwen3 30B"
+        raise ConfigInvalid([f"model: the folder name {arch.name!r} is not a servetune name "
+                             "(letters, digits, '.', '_', '+', '-'; at most 64): give "
+                             "model: {hf_config: PATH, name: NAME}"])
     return register_model(arch)
 
 

@@ -93,6 +93,14 @@ def test_model_config_and_a_gpu_file(tmp_path: Path) -> None:
                   "sglang", "serve", "--model-path", "any/name", "--tp-size", "2", tmp=tmp_path)
     assert text.returncode == 0, text.stderr
     assert "model: lab-moe (Qwen3MoeForCausalLM), 24 layers, 8.3B parameters" in text.stdout
+    study = write(tmp_path, "s.yaml", tiny_study(  # the study's own model serves the command
+        model="lab-moe", gpu="H200", gpu_count=2, baseline={"tp_size": 1, "weights": "bf16"},
+        knobs={"tp_size": [1, 2]}, replay={"trace": str(BAILIAN), "format": "bailian",
+                                           "start_s": 0, "duration_s": 100}))
+    r = invoke("check", "--gpu", "H200", "--study", str(study), "--json", "--", "sglang",
+               "serve", "--model-path", "lab/anything", tmp=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["model"]["name"] == "lab-moe"
     two = write_model_dir(tmp_path, "two")
     r = invoke("check", "--model-config", str(two), "--gpu", "H200", "--", "sglang", "serve",
                "--model-path", str(two), "--tp-size", "3", tmp=tmp_path)  # 32 heads, 4 KV

@@ -110,8 +110,10 @@ def test_a_stored_lesson_on_an_unregistered_model_stays_readable() -> None:
                                                      "a valid string"),
     (8, "model: give a catalog key"),
     ("nowhere/config.json", "model config"),
+    ("./My Model", "the folder name 'My Model' is not a servetune name"),
 ])
 def test_bad_model_values_give_one_line_naming_model(tmp_path: Path, model, line) -> None:
+    write_model_dir(tmp_path, "My Model")
     with pytest.raises(ConfigInvalid) as e:
         parse_study(dict(tiny_study(), model=model), base_dir=tmp_path)
     assert len(e.value.violations) == 1
