@@ -147,3 +147,12 @@ def test_the_local_backend_carries_the_study_model_and_gpu_to_its_servers(tmp_pa
         registry.pop("H20-carried", None)  # as in a fresh process
     assert _twin_config(tmp_path / "config.json", None, None) == cfg
     assert get_model("lab-moe") == s.sources["model"] and get_gpu("H20-carried") == s.sources["gpu"]
+
+
+def test_the_shipped_example_reads_its_own_config() -> None:
+    s = load_study(DEFAULT_STUDY.parent / "qwen3-30b-a3b-own-config.yaml")
+    arch = s.sources["model"]
+    assert s.model == "qwen3-30b-a3b-own" and s.gpu == "L40S" and "gpu" not in s.sources
+    assert abs(arch.total_params / 30.5e9 - 1) < 0.03  # Qwen3-30B-A3B model card: 30.5B
+    assert {k: c.model_path for k, c in arch.checkpoints.items()} == {
+        "bf16": "Qwen/Qwen3-30B-A3B", "fp8": "Qwen/Qwen3-30B-A3B-FP8"}
