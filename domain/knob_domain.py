@@ -211,8 +211,10 @@ def _plain_domain(field: str, ann: Any, info: Any, nullable: bool) -> FieldDomai
     """The domain of one field from its (non-None) annotation and bounds."""
     if field == "weights":
         from domain.models import MODELS, get_model
+        from domain.quant import PRECISION_KEYS
 
-        keys = sorted({k for m in MODELS for k in get_model(m).checkpoints})
+        # the catalog's keys and every precision a user's model may name (model.checkpoints)
+        keys = sorted({k for m in MODELS for k in get_model(m).checkpoints} | set(PRECISION_KEYS))
         return FieldDomain(field, nullable, choices=tuple(keys))
     if field in CHOICE_FIELDS:
         keys = sorted({str(c) for v in engine("sglang").versions

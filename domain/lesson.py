@@ -266,18 +266,21 @@ class Scope(BaseModel):
         "naming one GPU"))
 
     @model_validator(mode="after")
-    def _known(self) -> Scope:
+    def _known(self, info: ValidationInfo) -> Scope:
         from domain.engines import ENGINES, engine
         from domain.hardware import GPUS
         from domain.models import MODELS, get_model
 
-        if self.gpu is not None and self.gpu not in GPUS:
+        # GPUS and MODELS hold the GPUs and models a study registered; a stored lesson may name
+        # one this process has not (a study's own config.json): kept, it matches no config
+        stored = _stored(info)
+        if self.gpu is not None and not stored and self.gpu not in GPUS:
             raise ValueError(f"scope.gpu {self.gpu!r} is not in the GPU catalog: "
                              f"{', '.join(GPUS)}")
-        if self.model is not None and self.model not in MODELS:
+        if self.model is not None and not stored and self.model not in MODELS:
             raise ValueError(f"scope.model {self.model!r} is not in the model catalog: "
                              f"{', '.join(MODELS)}")
-        if self.quantization is not None:
+        if self.quantization is not None and not stored:
             known = sorted({k for m in MODELS for k in get_model(m).checkpoints})
             if self.quantization not in known:
                 raise ValueError(f"scope.quantization {self.quantization!r}: known "

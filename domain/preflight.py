@@ -89,16 +89,33 @@ class CheckReport(BaseModel):
 
     verdict: Verdict
     findings: list[Finding]
+    model: dict[str, Any] | None = Field(None, description=(
+        "the model checked: name plus ModelArch.summary() (architecture, layers, "
+        "total_params, active_params, kv_bytes_per_token_bf16, max_tp); None when unknown"))
     memory: MemoryReport | None = None
     resolved: dict[str, Any] = Field(default_factory=dict)
     config: ServingConfig | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """``{verdict, findings[{severity, code, message, fix}], memory, resolved}``."""
+        """``{verdict, findings[{severity, code, message, fix}], model, memory, resolved}``."""
         return {"verdict": self.verdict,
                 "findings": [f.model_dump() for f in self.findings],
+                "model": self.model,
                 "memory": self.memory.model_dump() if self.memory else None,
                 "resolved": self.resolved}
+
+
+def model_summary(name: str) -> dict[str, Any]:
+    """Model ``name`` (catalog or registered) as ``check --json`` shows it under ``model``.
+
+    ``{name, architecture, layers, total_params, active_params, kv_bytes_per_token_bf16,
+    max_tp}``: :meth:`ModelArch.summary` with the name. Units: parameters (counts), bytes
+    per token of the whole model (all layers, TP 1, bf16 KV).
+
+    Raises:
+        ConfigInvalid: an unknown model.
+    """
+    return {"name": name, **get_model(name).summary()}
 
 
 def verdict_of(findings: list[Finding]) -> Verdict:
@@ -303,38 +320,55 @@ def check_config(config: ServingConfig, values: dict[str, Any] | None = None, *,
     findings += [f for f in lint_config(config, study, trace=trace,
                                         page_size=values.get("page_size"))
                  if decode_graphs or f.code != "GRAPH_CEILING"]
-    return CheckReport(verdict=verdict_of(findings), findings=findings, memory=mem,
+    return CheckReport(verdict=verdict_of(findings), findings=findings,
+                       model=model_summary(config.model), memory=mem,
                        resolved=resolved(rep, config), config=config)
 
 
 def check_command(argv: list[str], gpu: str, gpus: int | None = None, *, engine: str = "sglang",
                   version: str | None = None, study: Study | None = None,
-                  trace: Trace | None = None) -> CheckReport:
+                  trace: Trace | None = None, model: str | None = None) -> CheckReport:
     """Pre-flight of a raw launch command (``sglang serve ...``) on ``gpus`` x ``gpu``.
 
+    Args:
+        argv: the launch command, program first.
+        gpu: a catalog GPU, or one registered (:func:`domain.hardware.register_gpu`).
+        gpus: GPUs the server may use (None: not checked).
+        engine: the engine whose flags read ``argv``.
+        version: its version (None: the newest shipped).
+        study: the study whose load the lints read.
+        trace: the trace of the shared-prefix lint.
+        model: a registered model (``--model-config``) the command serves, instead of the
+            catalog model its ``--model-path`` names; the report's ``model`` key then holds it
+            even when the command is refused.
+
     Raises:
-        ConfigInvalid: bad input (not a launch command, unknown GPU or engine version).
+        ConfigInvalid: bad input (not a launch command, unknown GPU, model or engine version).
     """
     from domain.engines import engine as get_engine
-    from domain.hardware import GPUS
+    from domain.hardware import GPUS, get_gpu
 
-    if gpu not in GPUS:
-        raise ConfigInvalid([f"gpu {gpu!r} is not in the GPU catalog: {', '.join(GPUS)}"])
+    try:
+        get_gpu(gpu)
+    except ConfigInvalid:
+        raise ConfigInvalid([f"gpu {gpu!r} is not in the GPU catalog: {', '.join(GPUS)}"]
+                            ) from None
+    summary = model_summary(model) if model is not None else None
     try:
         eng = get_engine(engine, version)
     except ValueError as e:
         raise ConfigInvalid([str(e)]) from e
-    parsed = eng.parse_command(list(argv))
+    parsed = eng.parse_command(list(argv), model=model)
     if not parsed.fields or any(f.severity == "refuse" for f in parsed.findings):
         return CheckReport(verdict=verdict_of(parsed.findings) if parsed.findings else "refuse",
-                           findings=parsed.findings)
+                           findings=parsed.findings, model=summary)
     try:
         config = ServingConfig(gpu=gpu, engine_version=eng.version, **parsed.fields)
     except ValidationError as e:
         bad = [Finding(severity="refuse", code="INVALID_VALUE",
                        message=f"{'.'.join(map(str, err['loc']))}: {err['msg']}",
                        fix="give a value SGLang accepts") for err in e.errors()]
-        return CheckReport(verdict="refuse", findings=parsed.findings + bad)
+        return CheckReport(verdict="refuse", findings=parsed.findings + bad, model=summary)
     report = check_config(config, parsed.values, gpus=gpus, study=study, trace=trace,
                           decode_graphs=parsed.decode_cuda_graphs)
     findings = parsed.findings + report.findings

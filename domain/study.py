@@ -9,12 +9,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     model_validator,
 )
@@ -139,14 +141,17 @@ class Study(BaseModel):
 
     Numbers and booleans are strict in every block and knob value (``true`` is not 1,
     ``"8"`` is not 8, ``8.0`` is not an integer); a float field takes a whole number.
+    ``model`` and ``gpu`` hold names: a model or GPU the file gives by source (a config.json,
+    an inline GPU spec; :mod:`domain.study_sources`) is registered under its name by
+    :func:`parse_study`, which keeps what it built in ``sources`` for the digest.
     """
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
     name: str
     description: str = ""
-    model: str
-    gpu: str
+    model: str = Field(description="catalog key or the registered name of the study's model")
+    gpu: str = Field(description="catalog name or the registered name of the study's GPU")
     gpu_count: int = Field(ge=1, le=4096)
     engine: Literal["sglang"] = "sglang"
     engine_version: EngineVersion = "0.5.23"
@@ -172,6 +177,13 @@ class Study(BaseModel):
     faults: FaultSpec = Field(default_factory=FaultSpec, description=(
         "twin only: shares of launches, benchmarks and lesson-store calls that fail on "
         "purpose (domain/faults.py); default none"))
+    # what the file gave by source: "model" -> ModelArch, "gpu" -> GPU (parse_study sets it)
+    _sources: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @property
+    def sources(self) -> dict[str, Any]:
+        """``{"model": ModelArch, "gpu": GPU}`` for what the file gave by source (else {})."""
+        return self._sources
 
     @model_validator(mode="after")
     def _check(self) -> Study:
@@ -193,6 +205,9 @@ class Study(BaseModel):
         data = self.model_dump(mode="json")
         if not self.faults.active:  # studies without faults keep the digest they had
             data.pop("faults")
+        for key, built in sorted(self._sources.items()):  # a changed config.json or GPU spec
+            # is another study; string-form studies keep their digest (nothing added)
+            data[f"{key}_source"] = built.model_dump(mode="json", exclude={"source"})
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -279,14 +294,34 @@ def _loc_part(part: int | str) -> str:
     return text if re.fullmatch(r"[\w-]+", text) else repr(text)
 
 
-def parse_study(data: Any) -> Study:
+def parse_study(data: Any, *, base_dir: Path | None = None,
+                gpu_source: str = "") -> Study:
     """Validate a parsed study mapping.
+
+    A ``model`` or ``gpu`` given by source (:mod:`domain.study_sources`) is built and
+    registered first, and the study holds its name.
+
+    Args:
+        data: the parsed YAML.
+        base_dir: the study file's folder, where relative model paths start (None: the
+            working folder).
+        gpu_source: the ``source`` a GPU spec is recorded with (default: ``INLINE_GPU``, a
+            mapping written in the study).
 
     Raises:
         ConfigInvalid: one line per problem, each naming the field path.
     """
+    from domain.study_sources import INLINE_GPU, resolve_gpu, resolve_model
+
     if not isinstance(data, dict):
         raise ConfigInvalid(["study: expected a mapping at the top level"])
+    sources: dict[str, Any] = {}
+    arch = resolve_model(data["model"], base_dir) if "model" in data else None
+    gpu = resolve_gpu(data["gpu"], gpu_source or INLINE_GPU) if "gpu" in data else None
+    if arch is not None:
+        sources["model"], data = arch, {**data, "model": arch.name}
+    if gpu is not None:
+        sources["gpu"], data = gpu, {**data, "gpu": gpu.name}
     try:
         study = Study.model_validate(data)
     except ValidationError as e:
@@ -300,5 +335,6 @@ def parse_study(data: Any) -> Study:
                 msg += f", not {value!r}"  # strict types: say what was written (true, "8")
             msgs.append(f"{loc}: {msg}")
         raise ConfigInvalid(msgs) from e
+    study._sources = sources
     study.validate_space()
     return study

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,6 +22,7 @@ twin_app = typer.Typer(no_args_is_help=True, help="The digital twin as an OpenAI
 def _twin_config(config: Path | None, study: Path | None, replicas: int | None) -> Any:
     """The ServingConfig to serve: a JSON/YAML file, a study's baseline, or the default's."""
     from domain.config import ServingConfig
+    from domain.study_sources import USER_CATALOG_FILE, register_user_catalog
     from servetune.study_file import load_study, read_config_file
 
     if config is not None and study is not None:
@@ -31,6 +33,13 @@ def _twin_config(config: Path | None, study: Path | None, replicas: int | None) 
                 data = read_config_file(config)
             except ValueError as e:
                 fail(str(e))
+            carried = config.parent / USER_CATALOG_FILE  # the local backend's study model/GPU
+            if carried.is_file():
+                try:
+                    shipped = json.loads(carried.read_text(encoding="utf-8"))
+                except (OSError, ValueError) as e:
+                    fail(f"{carried}: cannot read the study's model and GPU ({e})")
+                register_user_catalog(shipped, str(carried))
             cfg = ServingConfig(**data)
         else:
             cfg = load_study(study or DEFAULT_STUDY).base_config()

@@ -9,6 +9,7 @@ import yaml
 
 from domain.errors import ConfigInvalid, TraceInvalid
 from domain.study import Study, parse_study
+from domain.study_sources import INLINE_GPU
 from domain.trace_paths import check_trace_path, long_name_bytes, long_name_message
 from domain.traces import load_trace
 from domain.workload import Trace
@@ -162,9 +163,62 @@ def load_study(path: Path) -> Study:
     except yaml.YAMLError as e:
         raise ConfigInvalid([f"{path}: not valid YAML ({type(e).__name__})"]) from e
     try:
-        return parse_study(data)
+        gpu_source = INLINE_GPU
+        if isinstance(data, dict) and isinstance(data.get("gpu"), str) \
+                and names_gpu_file(data["gpu"]):
+            gpu_file = resolve_gpu_path(data["gpu"], path.parent)
+            data, gpu_source = {**data, "gpu": read_gpu_file(gpu_file, "gpu")}, str(gpu_file)
+        return parse_study(data, base_dir=path.parent, gpu_source=gpu_source)
     except ConfigInvalid as e:
         raise ConfigInvalid([f"{path}: {v}" for v in e.violations]) from e
+
+
+GPU_FILE_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def names_gpu_file(value: str) -> bool:
+    """Whether a ``gpu:`` (or ``--gpu``) string names a GPU spec file, not a catalog GPU.
+
+    A path separator or a ``.yaml``/``.yml``/``.json`` ending makes it a file; catalog names
+    hold neither.
+    """
+    return "/" in value or "\\" in value or value.lower().endswith(GPU_FILE_SUFFIXES)
+
+
+def resolve_gpu_path(value: str, base_dir: Path) -> Path:
+    """A GPU file's path: ``~`` expanded, a relative one taken from ``base_dir``."""
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else base_dir / p
+
+
+def read_gpu_file(path: Path, field: str) -> dict[str, Any]:
+    """The mapping of GPU spec fields in a YAML or JSON file (JSON is YAML too).
+
+    Args:
+        path: the GPU file.
+        field: how the caller names it in a message (``gpu`` in a study, ``--gpu`` on check).
+
+    Raises:
+        ConfigInvalid: one line naming ``field`` and the file: missing, not a regular file,
+            unreadable, not YAML/JSON, an alias bomb, or not a mapping.
+    """
+    try:
+        if not path.is_file():
+            why = "not found" if not path.exists() else f"not a regular file ({_not_regular(path)})"
+            raise ConfigInvalid([f"{field}: GPU file {path}: {why}"])
+        data = _load_yaml(path.read_text(encoding="utf-8"), _StrictLoader)
+    except ConfigInvalid as e:
+        if e.violations[0].startswith(f"{field}: "):
+            raise
+        raise ConfigInvalid([f"{field}: GPU file {path}: {v}" for v in e.violations]) from e
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ConfigInvalid([f"{field}: GPU file {path}: cannot read a YAML or JSON GPU spec "
+                             f"({type(e).__name__}: {getattr(e, 'strerror', None) or e})"]
+                            ) from e
+    if not isinstance(data, dict):
+        raise ConfigInvalid([f"{field}: GPU file {path}: expected a mapping of GPU spec fields "
+                             "(name, hbm_gb, hbm_bytes_per_s, ...)"])
+    return data
 
 
 def resolve_trace(study: Study, study_path: Path) -> Path:

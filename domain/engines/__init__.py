@@ -178,8 +178,12 @@ class Engine(Protocol):
         """The lesson of a failed launch, its condition covering the family it dooms."""
         ...
 
-    def parse_command(self, argv: Sequence[str]) -> ParsedCommand:
-        """A raw launch command read with this version's flags (``servetune check``)."""
+    def parse_command(self, argv: Sequence[str], model: str | None = None) -> ParsedCommand:
+        """A raw launch command read with this version's flags (``servetune check``).
+
+        ``model``: a registered model the command serves (``servetune check --model-config``),
+        instead of the catalog lookup of its ``--model-path``.
+        """
         ...
 
     def backend_refusals(self, config: ServingConfig,

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import builtins
 import ipaddress
+import json
 import logging
 import os
 import re
@@ -75,6 +76,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from domain.config import ServingConfig
 from domain.engines import engine_for
+from domain.study_sources import USER_CATALOG_FILE, user_catalog
 from mcp_servers.cluster import logfile
 from mcp_servers.cluster.backend import (
     MAX_HISTORY,
@@ -464,6 +466,9 @@ class LocalProcessBackend:
             self._drop_pid_files(name)  # of an earlier run, torn down
             config_json = folder / "config.json"
             write_atomic(config_json, config.model_dump_json(indent=1))
+            carried = user_catalog(config.model, config.gpu)  # a study's own model or GPU
+            if carried["models"] or carried["gpus"]:
+                write_atomic(folder / USER_CATALOG_FILE, json.dumps(carried))
             created = time.time()
             prior = old.events[-MAX_HISTORY:] if old is not None else []
             events = [*prior, Event(t=created, type="Normal", reason="Created", object=name,

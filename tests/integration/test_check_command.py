@@ -14,6 +14,13 @@ import anyio
 import pytest
 from fixtures.cli import servetune, tiny_study, write
 from fixtures.cli_runner import invoke
+from fixtures.user_model import (
+    H20_SPEC,
+    LAB_MOE_KV_BF16,
+    LAB_MOE_PARAMS,
+    clean_registry,  # noqa: F401 (a fixture)
+    write_model_dir,
+)
 from mcp import Client, StdioServerParameters
 
 from domain.lesson import Clause, Lesson, Scope
@@ -33,7 +40,8 @@ def test_exit_codes_and_json_keys(tmp_path: Path) -> None:
                    "--tp-size", "8", tmp=tmp_path)
     assert ok.returncode == 0, ok.stderr
     out = json.loads(ok.stdout)
-    assert list(out) == ["verdict", "findings", "memory", "resolved"]
+    assert list(out) == ["verdict", "findings", "model", "memory", "resolved"]
+    assert out["model"]["name"] == "glm-5" and out["model"]["layers"] == 78
     assert out["verdict"] == "ok" and out["findings"] == []
     assert list(out["memory"]) == ["weights_bytes_per_gpu", "kv_bytes_per_token",
                                    "kv_pool_tokens", "min_mem_fraction_static",
@@ -61,6 +69,42 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
         assert r.returncode == 2 and r.stderr.startswith("error:"), (args, r.stderr)
     r = invoke("check", "--gpu", "X900", "--", *GLM5, tmp=tmp_path)
     assert r.returncode == 2 and "GPU catalog" in r.stderr
+
+
+@pytest.mark.usefixtures("clean_registry")
+def test_model_config_and_a_gpu_file(tmp_path: Path) -> None:
+    """--model-config reads a model outside the catalog: its summary under ``model`` beside the
+    memory fit, hand-checked (fixtures/user_model.py), and the text output's model line."""
+    d = write_model_dir(tmp_path)
+    (tmp_path / "h20.yaml").write_text(json.dumps(H20_SPEC))  # JSON is YAML too
+    r = invoke("check", "--model-config", str(d / "config.json"), "--gpu", "h20.yaml",
+               "--gpus", "8", "--json", "--", "sglang", "serve", "--model-path", str(d),
+               "--tp-size", "2", tmp=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["model"] == {"name": "lab-moe", "architecture": "Qwen3MoeForCausalLM",
+                            "layers": 24, "total_params": LAB_MOE_PARAMS,
+                            "active_params": out["model"]["active_params"],
+                            "kv_bytes_per_token_bf16": LAB_MOE_KV_BF16, "max_tp": 32}
+    assert out["model"]["active_params"] < LAB_MOE_PARAMS / 4
+    assert out["memory"]["weights_bytes_per_gpu"] == LAB_MOE_PARAMS * 2 / 2  # bf16, TP2
+    assert out["memory"]["kv_bytes_per_token"] == LAB_MOE_KV_BF16 / 2  # 4 KV heads over TP2
+    text = invoke("check", "--model-config", str(d), "--gpu", "H200", "--gpus", "8", "--",
+                  "sglang", "serve", "--model-path", "any/name", "--tp-size", "2", tmp=tmp_path)
+    assert text.returncode == 0, text.stderr
+    assert "model: lab-moe (Qwen3MoeForCausalLM), 24 layers, 8.3B parameters" in text.stdout
+    study = write(tmp_path, "s.yaml", tiny_study(  # the study's own model serves the command
+        model="lab-moe", gpu="H200", gpu_count=2, baseline={"tp_size": 1, "weights": "bf16"},
+        knobs={"tp_size": [1, 2]}, replay={"trace": str(BAILIAN), "format": "bailian",
+                                           "start_s": 0, "duration_s": 100}))
+    r = invoke("check", "--gpu", "H200", "--study", str(study), "--json", "--", "sglang",
+               "serve", "--model-path", "lab/anything", tmp=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["model"]["name"] == "lab-moe"
+    two = write_model_dir(tmp_path, "two")
+    r = invoke("check", "--model-config", str(two), "--gpu", "H200", "--", "sglang", "serve",
+               "--model-path", str(two), "--tp-size", "3", tmp=tmp_path)  # 32 heads, 4 KV
+    assert r.returncode == 1 and "STARTUP_" in r.stdout and "model: two" in r.stdout
 
 
 def test_trace_and_study_feed_the_prefix_lint(tmp_path: Path) -> None:

@@ -142,11 +142,11 @@ class SglangEngine:
         return lessons.failure_lesson(config, failure_class, stage, evidence, log_tail, run_id,
                                       trial_key)
 
-    def parse_command(self, argv: Sequence[str]) -> ParsedCommand:
+    def parse_command(self, argv: Sequence[str], model: str | None = None) -> ParsedCommand:
         """A raw ``sglang serve`` / ``python -m sglang.launch_server`` argv (cmdline.parse)."""
         from domain.engines.sglang import cmdline
 
-        return cmdline.parse(list(argv), self.version)
+        return cmdline.parse(list(argv), self.version, model=model)
 
     def backend_refusals(self, config: ServingConfig,
                          values: dict[str, Any]) -> list[tuple[str, str]]:

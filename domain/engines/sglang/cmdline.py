@@ -20,12 +20,15 @@ import re
 from decimal import Decimal
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from domain.engines.sglang.flags import renamed_dest
 from domain.engines.sglang.versions import data_path, rules_note
 from domain.errors import ConfigInvalid
 from domain.preflight import Finding, ParsedCommand
+
+if TYPE_CHECKING:
+    from domain.models import ModelArch
 
 # ServingConfig field each modelled SGLang dest sets (dp_size: full replicas in 0.5.23,
 # sglang-knobs reference, "DP attention spelling changed")
@@ -214,8 +217,11 @@ def _pre_scan(parser: _Parser, flags: list[str], version: str) -> list[Finding]:
     return out
 
 
-def parse(argv: list[str], version: str) -> ParsedCommand:
+def parse(argv: list[str], version: str, model: str | None = None) -> ParsedCommand:
     """Parse one SGLang launch command with the flag inventory of ``version``.
+
+    ``model``: the registered model the command serves (``check --model-config``); None: the
+    catalog model whose checkpoint ``--model-path`` names.
 
     Returns:
         The parsed command; a flag SGLang would refuse is a ``refuse`` finding (``values``
@@ -280,21 +286,23 @@ def parse(argv: list[str], version: str) -> ParsedCommand:
                                         + ", ".join(parser_flag(d, version) for d in unmodelled),
                                 fix="none needed; their effect on memory and speed is not "
                                     "in this check"))
-    fields, more = config_fields(values)
+    fields, more = config_fields(values, model)
     graphs = not (values.get("disable_cuda_graph") or values.get("disable_decode_cuda_graph")
                   or values.get("cuda_graph_backend_decode") == "disabled")
     return ParsedCommand(program=program, version=version, values=values, fields=fields,
                          findings=findings + more, decode_cuda_graphs=graphs)
 
 
-def config_fields(values: dict[str, Any]) -> tuple[dict[str, Any], list[Finding]]:
+def config_fields(values: dict[str, Any], model: str | None = None
+                  ) -> tuple[dict[str, Any], list[Finding]]:
     """ServingConfig fields (all but ``gpu``) of parsed flag ``values``, and the findings.
 
     ``--model-path`` is looked up in servetune's model catalog
     (:func:`domain.models.find_checkpoint`); a model it does not hold is a ``refuse`` finding
-    naming the catalog. A modelled flag whose value servetune cannot represent (a KV dtype or
-    schedule policy beyond ServingConfig's choices) is left to the engine default in the
-    estimate, with an ``info`` finding.
+    naming the catalog. With ``model`` (a registered model: ``check --model-config``) the
+    checkpoint is that model's (:func:`_pinned_checkpoint`). A modelled flag whose value
+    servetune cannot represent (a KV dtype or schedule policy beyond ServingConfig's choices)
+    is left to the engine default in the estimate, with an ``info`` finding.
     """
     from domain.models import CATALOG, find_checkpoint, load_model
 
@@ -303,7 +311,13 @@ def config_fields(values: dict[str, Any]) -> tuple[dict[str, Any], list[Finding]
     if path is None:
         return {}, [Finding(severity="refuse", code="NO_MODEL", message="no --model-path given",
                             fix="add --model-path <HF repo id or local directory>")]
-    found = find_checkpoint(path, values.get("quantization"))
+    if model is not None:
+        pinned = _pinned_checkpoint(load_model(model), path, values.get("quantization"))
+        if isinstance(pinned, Finding):
+            return {}, [pinned]
+        found: tuple[str, str] | None = pinned
+    else:
+        found = find_checkpoint(path, values.get("quantization"))
     if found is None:
         known = ", ".join(ck.model_path for n in CATALOG
                           for ck in load_model(n).checkpoints.values())
@@ -329,6 +343,35 @@ def config_fields(values: dict[str, Any]) -> tuple[dict[str, Any], list[Finding]
             continue
         fields[field] = value
     return fields, findings
+
+
+def _pinned_checkpoint(arch: ModelArch, model_path: str, quantization: str | None
+                       ) -> tuple[str, str] | Finding:
+    """``(model, weights key)`` of ``arch``'s checkpoint the command loads, or the refusal.
+
+    The checkpoint whose ``model_path`` is ``--model-path`` (the whole hub id, or a local
+    folder's last part against the id's name, case aside); else the one whose
+    ``--quantization`` is the command's; else the model's only checkpoint.
+    """
+    ckpts = arch.checkpoints
+    want = model_path.rstrip("/").casefold()
+    paths = {k: c.model_path.rstrip("/").casefold() for k, c in ckpts.items()}
+    for hits in ([k for k, p in paths.items() if p == want],
+                 [k for k, p in paths.items() if p.rsplit("/", 1)[-1] == want.rsplit("/", 1)[-1]],
+                 [k for k, c in ckpts.items()
+                  if quantization is not None and c.quantization == quantization]):
+        if len(hits) > 1:
+            hits = [k for k in hits if ckpts[k].quantization == quantization] or hits
+        if hits:
+            return arch.name, hits[0]
+    if len(ckpts) == 1:
+        return arch.name, next(iter(ckpts))
+    known = ", ".join(f"{k}: {c.model_path}" for k, c in ckpts.items()) or "none"
+    return Finding(severity="refuse", code="UNKNOWN_CHECKPOINT",
+                   message=f"--model-path {model_path} is none of the checkpoints of "
+                           f"{arch.name} ({known})",
+                   fix="give one of them as --model-path, or pass the --quantization of the "
+                       "one you mean")
 
 
 def _literal_values(field: str) -> tuple[Any, ...]:

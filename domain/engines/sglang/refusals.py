@@ -310,14 +310,13 @@ def tp_refusal(architecture: str, heads: int, kv_heads: int | None, tp_size: int
     there are at least ``tp_size`` of them, else ``tp_size`` must be a multiple of them (each
     KV head is replicated on ``tp_size // kv_heads`` ranks; every rank holds
     ``max(1, kv_heads // tp_size)``). MLA/DSA (``deepseek_v2.py:2057``) splits only the query
-    heads (``kv_heads`` None): the latent is replicated.
-
-    An architecture outside :data:`TP_ATTENTION_CLASS` (a user's config.json of another
-    class) is not checked here: None.
+    heads (``kv_heads`` None): the latent is replicated. An architecture outside
+    :data:`TP_ATTENTION_CLASS` (a user's config.json) is held to the same rule, cited at the
+    layer of its attention kind (llama.py for GQA, deepseek_v2.py for MLA/DSA): 74 of the
+    0.5.23 model files assert ``total_num_heads % tp_size == 0`` the same way.
     """
-    cls = TP_ATTENTION_CLASS.get(architecture)
-    if cls is None:
-        return None
+    cls = TP_ATTENTION_CLASS.get(architecture) or (
+        "LlamaForCausalLM" if kv_heads is not None else "DeepseekV2AttentionMLA")
     if heads % tp_size:
         return f"tp_heads.{cls}"
     if kv_heads is None:
