@@ -34,9 +34,16 @@ EngineVersion = Annotated[str, AfterValidator(check_engine_version)]
 V1_FIELDS = ("schedule_conservativeness", "speculative_algorithm", "speculative_num_steps",
              "speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_adaptive",
              "disable_radix_cache", "enable_hierarchical_cache", "hicache_ratio",
-             "mm_attention_backend")
+             "mm_attention_backend", "context_length", "page_size", "disable_cuda_graph",
+             "moe_runner_backend", "fp4_gemm_runner_backend", "num_continuous_decode_steps",
+             "enable_two_batch_overlap", "enable_single_batch_overlap")
 # String fields whose values are the choices of the engine version's flag inventory.
-CHOICE_FIELDS = ("attention_backend", "mm_attention_backend")
+CHOICE_FIELDS = ("attention_backend", "mm_attention_backend", "moe_runner_backend",
+                 "fp4_gemm_runner_backend")
+# Fields passed through to the launch command as given whose effect on memory and speed the
+# twin does not model: the report and ``servetune check`` list them as "not modelled".
+PASSED_THROUGH = ("fp4_gemm_runner_backend", "num_continuous_decode_steps",
+                  "enable_two_batch_overlap", "enable_single_batch_overlap")
 
 
 class ServingConfig(BaseModel):
@@ -111,6 +118,31 @@ class ServingConfig(BaseModel):
         None, gt=0.0, le=100.0, allow_inf_nan=False, description="--hicache-ratio: host KV "
         "pool as a multiple of the device KV pool; None = engine default 2.0 (shrunk to fit the "
         "host memory)")
+    # Knobs of issue 19 (SGLang 0.5.23 flags; arch rules: domain/engines/sglang/arch.py)
+    context_length: int | None = Field(
+        None, ge=2, le=1 << 24, description="--context-length: longest request (prompt + "
+        "output), tokens; sizes the default max_running_requests; None = the model's "
+        "max_position_embeddings (a longer value is refused, configs/model_config.py:1314)")
+    page_size: int | None = Field(
+        None, ge=1, le=4096, description="--page-size: KV pool granularity and prefix-cache "
+        "match unit, tokens; None = 1, or the size the attention backend forces")
+    disable_cuda_graph: bool = Field(
+        False, description="--disable-cuda-graph (deprecated in 0.5.23 for "
+        "--cuda-graph-backend-{decode,prefill}=disabled, still accepted): no CUDA-graph "
+        "memory, every decode step runs eagerly")
+    moe_runner_backend: str | None = Field(
+        None, description="--moe-runner-backend: MoE expert kernels; None = auto (by "
+        "architecture and quantization: flashinfer_trtllm for the DeepSeek family on SM 10, "
+        "flashinfer_cutlass for NVFP4 on SM 12)")
+    fp4_gemm_runner_backend: str | None = Field(
+        None, description="--fp4-gemm-backend: FP4 GEMM kernels; passed through, not modelled")
+    num_continuous_decode_steps: int | None = Field(
+        None, ge=1, le=1024, description="--num-continuous-decode-steps; passed through, not "
+        "modelled")
+    enable_two_batch_overlap: bool = Field(
+        False, description="--enable-two-batch-overlap; passed through, not modelled")
+    enable_single_batch_overlap: bool = Field(
+        False, description="--enable-single-batch-overlap; passed through, not modelled")
 
     @model_validator(mode="after")
     def _chunk(self) -> ServingConfig:
