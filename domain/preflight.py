@@ -253,10 +253,18 @@ def lint_config(config: ServingConfig, study: Study | None = None, *,
 
 
 def resolved(rep: FitReport | None, config: ServingConfig) -> dict[str, Any]:
-    """The server settings the engine would resolve (empty when the config does not fit)."""
+    """The server settings the engine would resolve (empty when the config does not fit).
+
+    With the kernels the GPU's SM picks (:meth:`domain.engines.Engine.resolved_backends`):
+    ``dsa_prefill_backend``/``dsa_decode_backend``, ``moe_runner_backend``,
+    ``fp4_gemm_runner_backend`` where they apply.
+    """
     if rep is None:
         return {}
-    return {"attention_backend": rep.attention_backend,
+    from domain.engines import engine_for
+
+    kernels = engine_for(config).resolved_backends(config)  # attention, DSA, MoE, FP4 GEMM
+    return {**kernels, "attention_backend": rep.attention_backend,
             "max_running_requests": rep.max_running_requests,
             "chunked_prefill_size": rep.chunked_prefill_size,
             "cuda_graph_max_bs_decode": rep.cuda_graph_max_bs_decode,
