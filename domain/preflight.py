@@ -217,14 +217,32 @@ def lint_config(config: ServingConfig, study: Study | None = None, *,
       when it is above that).
     - ``PREFIX_BELOW_PAGE`` (with ``trace``): requests whose shared prefix is shorter than the
       KV page (``page_size``; None: the page the attention backend forces, :func:`fit`).
+    - ``ARCH_REFUSED`` (warn): a backend value the GPU's architecture rules refuse (the
+      engine's :meth:`~domain.engines.Engine.backend_refusals`, e.g. fa3 on an SM 12 GPU, a
+      trtllm-gen MoE runner off SM 10): the launch crashes at startup, once, and the run
+      learns it as a lesson.
+    - ``NOT_MODELLED`` (info): flags passed through as given whose effect the estimate does
+      not include (:data:`domain.config.PASSED_THROUGH`).
 
-    Returns [] when nothing trips, and for a config that does not fit (that is a refusal of
-    :func:`check_config`, not a lint). No I/O.
+    Returns [] when nothing trips; for a config that does not fit only the first two (not
+    fitting is a refusal of :func:`check_config`, not a lint). No I/O.
     """
+    from domain.config import PASSED_THROUGH
+    from domain.engines import engine_for
+
+    out: list[Finding] = [
+        Finding(severity="warn", code="ARCH_REFUSED", message=f"on {config.gpu}: {msg}",
+                fix=f"another {flag} for this GPU, or leave it unset for the engine's choice")
+        for flag, msg in engine_for(config).backend_refusals(config, {})]
+    passed = {k: v for k, v in config.set_fields().items() if k in PASSED_THROUGH}
+    if passed:
+        out.append(Finding(severity="info", code="NOT_MODELLED",
+                           message="not modelled (passed through as given): " + ", ".join(
+                               f"{k}={v}" for k, v in passed.items()),
+                           fix="measure them on real GPUs; the twin's numbers leave them out"))
     rep = _fits(config)
     if rep is None:
-        return []
-    out: list[Finding] = []
+        return out
     explicit = (config.max_running_requests is not None
                 or config.cuda_graph_max_bs_decode is not None)
     ceiling = rep.cuda_graph_max_bs_decode
@@ -307,9 +325,10 @@ def check_config(config: ServingConfig, values: dict[str, Any] | None = None, *,
             last = f"{last}: {start.log[-2].strip()}"  # a bare assert: name its source line
         findings.append(Finding(severity="refuse", code=f"STARTUP_{start.phase.upper()}",
                                 message=last, fix="see the engine's message"))
+    said_here = {"ARCH_REFUSED"} | ({"NOT_MODELLED"} if values else set())  # said above/parser
     findings += [f for f in lint_config(config, study, trace=trace,
                                         page_size=values.get("page_size"))
-                 if decode_graphs or f.code != "GRAPH_CEILING"]
+                 if (decode_graphs or f.code != "GRAPH_CEILING") and f.code not in said_here]
     return CheckReport(verdict=verdict_of(findings), findings=findings, memory=mem,
                        resolved=resolved(rep, config), config=config)
 
