@@ -296,7 +296,9 @@ def check_config(config: ServingConfig, values: dict[str, Any] | None = None, *,
     """Check one config: backend flags against the GPU, GPU count, memory, startup, lints.
 
     ``values`` are the parsed flags of the launch command (argparse dest -> value) when there is
-    one: every attention-backend flag among them is checked, and ``page_size`` read.
+    one: every attention-backend flag among them is checked (``--page-size`` is the config's
+    ``page_size``; the prefix lint takes the page the server runs, a backend's forced one
+    included).
     ``decode_graphs`` False: the command disables decode CUDA graphs (no graph memory, no
     graph-ceiling lint).
     """
@@ -326,8 +328,7 @@ def check_config(config: ServingConfig, values: dict[str, Any] | None = None, *,
         findings.append(Finding(severity="refuse", code=f"STARTUP_{start.phase.upper()}",
                                 message=last, fix="see the engine's message"))
     said_here = {"ARCH_REFUSED"} | ({"NOT_MODELLED"} if values else set())  # said above/parser
-    findings += [f for f in lint_config(config, study, trace=trace,
-                                        page_size=values.get("page_size"))
+    findings += [f for f in lint_config(config, study, trace=trace)  # page: the fit's
                  if (decode_graphs or f.code != "GRAPH_CEILING") and f.code not in said_here]
     return CheckReport(verdict=verdict_of(findings), findings=findings, memory=mem,
                        resolved=resolved(rep, config), config=config)
