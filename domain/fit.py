@@ -343,8 +343,10 @@ def fit(config: ServingConfig) -> FitReport:
     pool = budget - w - draft_w
     backend, page = resolve_attention_backend(config, model, gpu)
     kv_tokens = int(pool // (per_tok + draft_per_tok))
-    if config.page_size is not None:  # whole pages (pool_configurator.py:646); a backend's
-        kv_tokens = kv_tokens // page * page  # forced page (< 64 tokens lost) is left out
+    if config.page_size is not None and page != resolve_attention_backend(  # --page-size in
+            config.model_copy(update={"page_size": None}), model, gpu)[1]:  # effect: whole
+        kv_tokens = kv_tokens // page * page  # pages (pool_configurator.py:646); the rounding
+    # to a backend's own page (< 64 tokens of a pool) is left out of the twin
     context_len = config.context_length or model.context_len
     mrr = resolve_max_running_requests(config.max_running_requests, kv_tokens,
                                        context_len, spec is not None)

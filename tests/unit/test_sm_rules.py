@@ -152,7 +152,9 @@ def test_page_size_rounds_the_pool_and_backends_keep_or_force_it(gpus: None) -> 
     # trtllm_mha keeps 16/32/64/128, else 64 (overrides.py:1174-1191)
     assert fit(on("B200", page_size=32, **llama)).page_size == 32
     assert fit(on("B200", page_size=8, **llama)).page_size == 64
-    assert fit(on("B200", page_size=8, **llama)).kv_tokens % 64 == 0
+    # a --page-size that leaves the server's page as it was changes nothing: the same pool
+    assert fit(on("B200", page_size=8, **llama)) == fit(on("B200", **llama))
+    assert fit(on("B200", page_size=32, **llama)).kv_tokens % 32 == 0
     # DSA forces 64 x index_kpool (deepseek_v2.py:168-172) whatever --page-size says
     assert fit(cfg(page_size=16)).page_size == 64
 
