@@ -216,33 +216,16 @@ def lint_config(config: ServingConfig, study: Study | None = None, *,
       ``speculative_hook.py``), whatever the load (the study's saturation concurrency is named
       when it is above that).
     - ``PREFIX_BELOW_PAGE`` (with ``trace``): requests whose shared prefix is shorter than the
-      KV page (``page_size``; None: the page the attention backend forces, :func:`fit`).
-    - ``ARCH_REFUSED`` (warn): a backend value the GPU's architecture rules refuse (the
-      engine's :meth:`~domain.engines.Engine.backend_refusals`, e.g. fa3 on an SM 12 GPU, a
-      trtllm-gen MoE runner off SM 10): the launch crashes at startup, once, and the run
-      learns it as a lesson.
-    - ``NOT_MODELLED`` (info): flags passed through as given whose effect the estimate does
-      not include (:data:`domain.config.PASSED_THROUGH`).
+      KV page the server runs (``page_size`` when given and not the config's own
+      ``--page-size``; else the fit's page: a backend's forced page included, :func:`fit`).
 
-    Returns [] when nothing trips; for a config that does not fit only the first two (not
-    fitting is a refusal of :func:`check_config`, not a lint). No I/O.
+    Returns [] when nothing trips, and for a config that does not fit (that is a refusal of
+    :func:`check_config`, not a lint). No I/O.
     """
-    from domain.config import PASSED_THROUGH
-    from domain.engines import engine_for
-
-    out: list[Finding] = [
-        Finding(severity="warn", code="ARCH_REFUSED", message=f"on {config.gpu}: {msg}",
-                fix=f"another {flag} for this GPU, or leave it unset for the engine's choice")
-        for flag, msg in engine_for(config).backend_refusals(config, {})]
-    passed = {k: v for k, v in config.set_fields().items() if k in PASSED_THROUGH}
-    if passed:
-        out.append(Finding(severity="info", code="NOT_MODELLED",
-                           message="not modelled (passed through as given): " + ", ".join(
-                               f"{k}={v}" for k, v in passed.items()),
-                           fix="measure them on real GPUs; the twin's numbers leave them out"))
     rep = _fits(config)
     if rep is None:
-        return out
+        return []
+    out: list[Finding] = []
     explicit = (config.max_running_requests is not None
                 or config.cuda_graph_max_bs_decode is not None)
     ceiling = rep.cuda_graph_max_bs_decode
@@ -266,7 +249,35 @@ def lint_config(config: ServingConfig, study: Study | None = None, *,
                     f"running requests (speculative_hook.py){load}",
             fix="set --max-running-requests to the concurrency you serve (e.g. 256)"))
     if trace is not None:
-        out += prefix_lint(trace, page_size if page_size is not None else rep.page_size)
+        page = rep.page_size if page_size in (None, config.page_size) else page_size
+        out += prefix_lint(trace, page)
+    return out
+
+
+def arch_lints(config: ServingConfig) -> list[Finding]:
+    """The GPU-architecture lints of a search candidate, on its ledger row with its lints.
+
+    ``servetune check`` says the same as ``UNSUPPORTED_BACKEND`` and ``UNMODELLED_FLAGS``.
+
+    - ``ARCH_REFUSED`` (warn): a backend value the GPU's architecture rules refuse (the
+      engine's :meth:`~domain.engines.Engine.backend_refusals`, e.g. fa3 on an SM 12 GPU, a
+      trtllm-gen MoE runner off SM 10): the launch fails at startup, once, and the run
+      learns it as a lesson.
+    - ``NOT_MODELLED`` (info): flags passed through as given whose effect the estimate does
+      not include (:data:`domain.config.PASSED_THROUGH`).
+    """
+    from domain.config import PASSED_THROUGH
+    from domain.engines import engine_for
+
+    out = [Finding(severity="warn", code="ARCH_REFUSED", message=f"on {config.gpu}: {msg}",
+                   fix=f"another {flag} for this GPU, or leave it unset for the engine's choice")
+           for flag, msg in engine_for(config).backend_refusals(config, {})]
+    passed = {k: v for k, v in config.set_fields().items() if k in PASSED_THROUGH}
+    if passed:
+        out.append(Finding(severity="info", code="NOT_MODELLED",
+                           message="not modelled (passed through as given): " + ", ".join(
+                               f"{k}={v}" for k, v in passed.items()),
+                           fix="measure them on real GPUs; the twin's numbers leave them out"))
     return out
 
 
@@ -296,9 +307,7 @@ def check_config(config: ServingConfig, values: dict[str, Any] | None = None, *,
     """Check one config: backend flags against the GPU, GPU count, memory, startup, lints.
 
     ``values`` are the parsed flags of the launch command (argparse dest -> value) when there is
-    one: every attention-backend flag among them is checked (``--page-size`` is the config's
-    ``page_size``; the prefix lint takes the page the server runs, a backend's forced one
-    included).
+    one: every attention-backend flag among them is checked, and ``page_size`` read.
     ``decode_graphs`` False: the command disables decode CUDA graphs (no graph memory, no
     graph-ceiling lint).
     """
@@ -327,9 +336,9 @@ def check_config(config: ServingConfig, values: dict[str, Any] | None = None, *,
             last = f"{last}: {start.log[-2].strip()}"  # a bare assert: name its source line
         findings.append(Finding(severity="refuse", code=f"STARTUP_{start.phase.upper()}",
                                 message=last, fix="see the engine's message"))
-    said_here = {"ARCH_REFUSED"} | ({"NOT_MODELLED"} if values else set())  # said above/parser
-    findings += [f for f in lint_config(config, study, trace=trace)  # page: the fit's
-                 if (decode_graphs or f.code != "GRAPH_CEILING") and f.code not in said_here]
+    findings += [f for f in lint_config(config, study, trace=trace,
+                                        page_size=values.get("page_size"))
+                 if decode_graphs or f.code != "GRAPH_CEILING"]
     return CheckReport(verdict=verdict_of(findings), findings=findings, memory=mem,
                        resolved=resolved(rep, config), config=config)
 
