@@ -34,9 +34,7 @@ EngineVersion = Annotated[str, AfterValidator(check_engine_version)]
 V1_FIELDS = ("schedule_conservativeness", "speculative_algorithm", "speculative_num_steps",
              "speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_adaptive",
              "disable_radix_cache", "enable_hierarchical_cache", "hicache_ratio",
-             "mm_attention_backend", "context_length", "page_size", "disable_cuda_graph",
-             "moe_runner_backend", "fp4_gemm_runner_backend", "num_continuous_decode_steps",
-             "enable_two_batch_overlap", "enable_single_batch_overlap")
+             "mm_attention_backend")
 # String fields whose values are the choices of the engine version's flag inventory.
 CHOICE_FIELDS = ("attention_backend", "mm_attention_backend", "moe_runner_backend",
                  "fp4_gemm_runner_backend")
@@ -44,6 +42,9 @@ CHOICE_FIELDS = ("attention_backend", "mm_attention_backend", "moe_runner_backen
 # twin does not model: the report and ``servetune check`` list them as "not modelled".
 PASSED_THROUGH = ("fp4_gemm_runner_backend", "num_continuous_decode_steps",
                   "enable_two_batch_overlap", "enable_single_batch_overlap")
+# Fields added by issue 19; config_id() leaves them out while unset, as it does V1_FIELDS.
+V19_FIELDS = ("context_length", "page_size", "disable_cuda_graph", "moe_runner_backend",
+              *PASSED_THROUGH)
 
 
 class ServingConfig(BaseModel):
@@ -190,11 +191,12 @@ class ServingConfig(BaseModel):
     def config_id(self) -> str:
         """Stable 12-hex-digit id of this config (sha256 of its canonical JSON).
 
-        Fields added in twin v1 (``V1_FIELDS``) enter the JSON only when set, so every config
-        that leaves them at their default keeps the id it had before (ledgers stay resumable).
+        Fields added in twin v1 (``V1_FIELDS``) and by issue 19 (``V19_FIELDS``) enter the JSON
+        only when set, so every config that leaves them at their default keeps the id it had
+        before (ledgers stay resumable).
         """
         data = self.model_dump(mode="json")
-        for name in V1_FIELDS:
+        for name in (*V1_FIELDS, *V19_FIELDS):
             if data[name] == ServingConfig.model_fields[name].default:
                 del data[name]
         blob = json.dumps(data, sort_keys=True).encode()
