@@ -302,6 +302,8 @@ def fit(config: ServingConfig) -> FitReport:
         ConfigInvalid: unknown model, GPU or checkpoint.
     """
     model, gpu = get_model(config.model), get_gpu(config.gpu)
+    if config.context_length is not None:  # --context-length: the context the server runs
+        model = model.model_copy(update={"context_len": config.context_length})
     t = config.tp_size
     spec = _lenient_spec(config)
     total_w = model.weight_bytes(config.weights)
@@ -337,19 +339,19 @@ def fit(config: ServingConfig) -> FitReport:
         raise DoesNotFit("kv_pool", (w + draft_w) / 1e9, budget / 1e9,
                          f"{head}; mem_fraction_static {f} x {gpu.hbm_gb:.0f} GB = "
                          f"{budget / 1e9:.1f} GB leaves no KV cache", cause="no_room")
+    backend, page = resolve_attention_backend(config, model, gpu)
+    # --page-size rounds the pool to whole pages where it changes the server's page; the
+    # rounding to a backend's own page (< 64 tokens of a pool) is left out of the twin
+    paged = page if config.page_size is not None and page != resolve_attention_backend(
+        config.model_copy(update={"page_size": None}), model, gpu)[1] else 1
     kv_dtype = resolve_kv_dtype(config, model, gpu)
     per_tok = model.kv_bytes_per_token(KV_BYTES[kv_dtype], t)
     draft_per_tok = per_tok / model.layers * model.mtp_layers if spec else 0.0
     pool = budget - w - draft_w
-    backend, page = resolve_attention_backend(config, model, gpu)
     kv_tokens = int(pool // (per_tok + draft_per_tok))
-    if config.page_size is not None and page != resolve_attention_backend(  # --page-size in
-            config.model_copy(update={"page_size": None}), model, gpu)[1]:  # effect: whole
-        kv_tokens = kv_tokens // page * page  # pages (pool_configurator.py:646); the rounding
-    # to a backend's own page (< 64 tokens of a pool) is left out of the twin
-    context_len = config.context_length or model.context_len
+    kv_tokens = kv_tokens // paged * paged  # whole pages (pool_configurator.py:646)
     mrr = resolve_max_running_requests(config.max_running_requests, kv_tokens,
-                                       context_len, spec is not None)
+                                       model.context_len, spec is not None)
     kv_txt = (f"{kv_dtype} KV {per_tok:,.0f} B/token"
               + (f" + draft {draft_per_tok:,.0f} B/token" if draft_per_tok else ""))
     pool_txt = (f"{head}; pool = {f} x {gpu.hbm_gb:.0f} GB - {(w + draft_w) / 1e9:.1f} GB = "
@@ -361,7 +363,7 @@ def fit(config: ServingConfig) -> FitReport:
         raise DoesNotFit("kv_pool", 2 * (per_tok + draft_per_tok) / 1e9, pool / 1e9,
                          f"{pool_txt}; max_running_requests = min(..., {kv_tokens} // 2) = 0",
                          cause="zero_requests")
-    if min(context_len - 1, kv_tokens - 1) <= 0:  # tp_worker.py:421-425: max_req_len
+    if min(model.context_len - 1, kv_tokens - 1) <= 0:  # tp_worker.py:421-425: max_req_len
         raise DoesNotFit("kv_pool", 2 * (per_tok + draft_per_tok) / 1e9, pool / 1e9,
                          f"{pool_txt}; the longest request would be {kv_tokens - 1} tokens",
                          cause="pool_too_small")
@@ -390,7 +392,7 @@ def fit(config: ServingConfig) -> FitReport:
     return FitReport(
         weight_bytes_per_gpu=w, gpu_bytes=M, mem_fraction_static=f,
         mem_fraction_was_default=f_default, kv_dtype=kv_dtype, kv_bytes_per_token=per_tok,
-        kv_pool_bytes_per_gpu=pool, kv_tokens=kv_tokens, context_len=context_len,
+        kv_pool_bytes_per_gpu=pool, kv_tokens=kv_tokens, context_len=model.context_len,
         max_running_requests=mrr, chunked_prefill_size=chunked,
         cuda_graph_max_bs_decode=captured_bs, arithmetic=arithmetic,
         attention_backend=backend, page_size=page, speculative=spec,
