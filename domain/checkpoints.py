@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from domain.quant import QuantScheme, group_bytes
+
 if TYPE_CHECKING:
     from domain.models import ModelArch
 
@@ -45,6 +47,32 @@ FP8_TENSOR = 1.0
 # hf_quant_config.json) = 0.5 + 1/16 bytes per parameter; the per-tensor fp32 scale is negligible.
 NVFP4 = 0.5 + 1 / 16
 _BUNDLE = "aiconfigurator-core 0.12.0 bundle"
+
+
+GROUPS = ("embed", "attention", "dense_mlp", "experts")
+
+
+def build_checkpoint(arch: ModelArch, model_path: str, scheme: QuantScheme) -> Checkpoint:
+    """The checkpoint ``model_path`` of ``arch`` stored as ``scheme`` says.
+
+    Bytes per parameter group are averaged over the model's modules
+    (:func:`domain.quant.group_bytes`: excluded modules bf16); the MTP/NextN layer gets its
+    own ``mtp_bytes_per_param`` when the scheme stores it differently (e.g. ModelOpt NVFP4
+    excluding ``model.layers.78*``). Groups the model lacks carry the scheme's bytes.
+    """
+    def fill(b: dict[str, float]) -> dict[str, float]:
+        return {g: b.get(g, BF16 if g == "embed" else scheme.bytes_per_param) for g in
+                (*GROUPS, *b)}
+    per = fill(group_bytes(arch.modules(), scheme))
+    mtp = None
+    if arch.mtp_layers:
+        m = fill(group_bytes(arch.layer_modules(arch.layers), scheme))
+        mlp = "experts" if arch.n_routed_experts else "dense_mlp"
+        if any(abs(m[g] - per[g]) > 1e-12 for g in ("attention", mlp)):
+            mtp = m
+    return Checkpoint(model_path=model_path, quantization=scheme.quantization,
+                      compute_dtype=scheme.compute_dtype, bytes_per_param=per,
+                      mtp_bytes_per_param=mtp, source=scheme.source)
 
 
 def _groups(embed: float, body: float, attention: float | None = None) -> dict[str, float]:

@@ -35,6 +35,8 @@ V1_FIELDS = ("schedule_conservativeness", "speculative_algorithm", "speculative_
              "speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_adaptive",
              "disable_radix_cache", "enable_hierarchical_cache", "hicache_ratio",
              "mm_attention_backend")
+# Fields that are not engine flags (their values never reach the argv as themselves).
+_NOT_FLAGS = ("engine", "engine_version", "model", "gpu", "weights", "replicas", "router_policy")
 # String fields whose values are the choices of the engine version's flag inventory.
 CHOICE_FIELDS = ("attention_backend", "mm_attention_backend", "moe_runner_backend",
                  "fp4_gemm_runner_backend")
@@ -169,6 +171,24 @@ class ServingConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _flags_of_version(self) -> ServingConfig:
+        """Refuse a set field whose flag ``engine_version`` lacks.
+
+        One line naming the releases that have it, or its successor when the flag was removed
+        (:meth:`domain.engines.Engine.missing_flag`).
+        """
+        from domain.engines import engine_for
+
+        eng = engine_for(self)
+        for name, field in ServingConfig.model_fields.items():
+            if name in _NOT_FLAGS or getattr(self, name) == field.default:
+                continue
+            line = eng.missing_flag(name)
+            if line is not None:
+                raise ValueError(line)
+        return self
+
+    @model_validator(mode="after")
     def _choices(self) -> ServingConfig:
         for name in CHOICE_FIELDS:
             value = getattr(self, name)
@@ -177,6 +197,8 @@ class ServingConfig(BaseModel):
             from domain.engines import engine_for
 
             eng = engine_for(self)
+            if name not in eng.flag_inventory():
+                continue  # _flags_of_version names it
             choices = eng.flag_inventory()[name]["choices"] or []
             if value not in choices:
                 raise ValueError(f"{name} {value!r} is not a choice of {eng.label} "

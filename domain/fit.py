@@ -31,6 +31,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from domain.config import ServingConfig
+from domain.engines import DerivedDefaults
 from domain.errors import DoesNotFit, InvalidCombination
 from domain.graph_memory import graph_capture_bytes
 from domain.hardware import GPU, get_gpu
@@ -134,35 +135,37 @@ def resolve_attention_backend(config: ServingConfig, model: ModelArch,
     return engine_for(config).attention_backend(config, model, gpu)
 
 
-def default_chunked_prefill(gpu: GPU) -> int:
+def version_defaults(version: str | None = None) -> DerivedDefaults:
+    """The derived-default rules of SGLang ``version`` (None: 0.5.23).
+
+    Or its nearest modelled release's (``domain/engines/sglang/versions.py``: 0.5.9, 0.5.19,
+    0.5.23, file:line each).
+
+    Raises:
+        ValueError: a version without a flag inventory (the line names the fetch command).
+    """
+    from domain.engines import engine
+
+    return engine("sglang", version).memory_defaults()
+
+
+def default_chunked_prefill(gpu: GPU, version: str | None = None) -> int:
     """``chunked_prefill_size`` when unset, by GPU memory tier (memory_hook.py), tokens.
 
-    Tiers of nvidia-smi memory: < 20 GiB 2048; < 35 GiB 4096; < 60 GiB 4096; < 90 GiB 8192;
-    < 160 GiB 8192; else 16384 (sglang-knobs reference 2.3).
+    0.5.23 tiers of nvidia-smi memory: < 20 GiB 2048; < 35 GiB 4096; < 60 GiB 4096; < 90 GiB
+    8192; < 160 GiB 8192; else 16384 (sglang-knobs reference 2.3); 0.5.9 and 0.5.19 use 2048
+    below 35 GiB (:func:`version_defaults`).
     """
-    gib = gpu.hbm_bytes / GIB
-    for limit, size in ((20, 2048), (35, 4096), (60, 4096), (90, 8192), (160, 8192)):
-        if gib < limit:
-            return size
-    return 16384
+    return version_defaults(version).chunked_prefill(gpu.hbm_bytes / GIB)
 
 
-def default_decode_graph_bs(gpu: GPU, tp_size: int) -> int:
+def default_decode_graph_bs(gpu: GPU, tp_size: int, version: str | None = None) -> int:
     """Largest decode CUDA-graph batch size when unset, by GPU memory tier (memory_hook.py).
 
-    < 20 GiB 8; < 35 GiB 48 (TP < 4) / 160; < 60 GiB 32 / 160; < 160 GiB 256 / 512; else 512
-    (sglang-knobs reference 2.3).
+    0.5.23: < 20 GiB 8; < 35 GiB 48 (TP < 4) / 160; < 60 GiB 32 / 160; < 160 GiB 256 / 512;
+    else 512 (sglang-knobs reference 2.3); 0.5.9 and 0.5.19: 24 / 80 below 35 GiB.
     """
-    gib = gpu.hbm_bytes / GIB
-    if gib < 20:
-        return 8
-    if gib < 35:
-        return 48 if tp_size < 4 else 160
-    if gib < 60:
-        return 32 if tp_size < 4 else 160
-    if gib < 160:
-        return 256 if tp_size < 4 else 512
-    return 512
+    return version_defaults(version).decode_graph_bs(gpu.hbm_bytes / GIB, tp_size)
 
 
 def prefill_capture_sizes(max_tokens: int) -> list[int]:
@@ -178,24 +181,29 @@ def prefill_capture_sizes(max_tokens: int) -> list[int]:
 
 
 def default_mem_fraction(model: ModelArch, gpu: GPU, tp_size: int, chunked: int,
-                         graph_bs: int, prefill_graphs: bool = True) -> float:
+                         graph_bs: int, version: str | None = None,
+                         speculative: str | None = None, prefill_graphs: bool = True) -> float:
     """``mem_fraction_static`` when unset (memory_hook.py: handle_gpu_memory_settings).
 
     Reserved MiB = 512 + 1.5 x max(chunked, 2048) + tp/8 x 1024 + 2 x decode graph max bs
     + prefill graph reserve (flat 1,536 MiB for MLA/DSA models, else 8 MiB per captured prefill
     size up to ``chunked``: 50 sizes for 4096 tokens, 58 for 8192, 74 for 16384); at least
     10,240 MiB when the GPU has more than 60 GiB. The fraction is rounded to 3 decimals.
+    SGLang 0.5.9 (``version``) reserves no prefill graph and adds 2 GiB for EAGLE-like
+    ``speculative`` algorithms (6 GiB STANDALONE) after the floor (:func:`version_defaults`).
     ``--disable-cuda-graph`` (``graph_bs`` 0, ``prefill_graphs`` False) reserves neither graph
-    term (``memory_hook.py:359-398`` reserve_for_graph_mb: only phases not DISABLED).
+    term (0.5.23 ``memory_hook.py:359-398`` reserve_for_graph_mb: only phases not DISABLED).
     """
+    rules = version_defaults(version)
     gpu_mib = gpu.hbm_mib
     prefill_graph = 1536 if model.attention in ("mla", "dsa") \
         else 8 * len(prefill_capture_sizes(chunked))
-    if not prefill_graphs:
+    if not rules.prefill_graph_reserve or not prefill_graphs:
         prefill_graph = 0
     reserved = 512 + 1.5 * max(chunked, 2048) + tp_size / 8 * 1024 + 2 * graph_bs + prefill_graph
     if gpu_mib > 60 * 1024:
         reserved = max(reserved, 10240)
+    reserved += rules.speculative_reserve(speculative)
     return round((gpu_mib - reserved) / gpu_mib, 3)
 
 
@@ -206,7 +214,7 @@ def default_max_running_requests(kv_tokens: int, context_len: int) -> int:
 
 
 def resolve_max_running_requests(requested: int | None, kv_tokens: int, context_len: int,
-                                 speculative: bool) -> int:
+                                 speculative: bool, version: str | None = None) -> int:
     """``max_running_requests`` per replica as ``resolve_max_num_reqs`` sets it, requests.
 
     Args:
@@ -214,6 +222,8 @@ def resolve_max_running_requests(requested: int | None, kv_tokens: int, context_
         kv_tokens: KV pool size, tokens.
         context_len: the model's context length, tokens.
         speculative: a speculative algorithm is on (unset then means 48, speculative_hook.py).
+        version: SGLang release (None: 0.5.23); 0.5.19 bounds an explicit value by
+            ``kv_tokens // 2`` only, 0.5.9 takes it as given (:func:`version_defaults`).
 
     Returns:
         ``min(max(1, value), kv_tokens // 2)`` for an explicit (or speculative 48) value, else
@@ -223,7 +233,7 @@ def resolve_max_running_requests(requested: int | None, kv_tokens: int, context_
         requested = SPEC_MAX_RUNNING_REQUESTS
     if requested is None:
         return default_max_running_requests(kv_tokens, context_len)
-    return min(max(1, requested), kv_tokens // 2)
+    return version_defaults(version).explicit_running(requested, kv_tokens)
 
 
 def hicache_host_pool(config: ServingConfig, gpu: GPU, kv_tokens: int,
@@ -320,19 +330,22 @@ def fit(config: ServingConfig) -> FitReport:
                          f"{head}; {w / 1e9:.1f}{draft_txt} + "
                          f"{CONTEXT_OVERHEAD_BYTES / 1e9:.1f} GB CUDA context > "
                          f"{gpu.hbm_gb:.0f} GB")
-    chunked = config.chunked_prefill_size or default_chunked_prefill(gpu)
+    ver = config.engine_version
+    chunked = config.chunked_prefill_size or default_chunked_prefill(gpu, ver)
     if chunked == -1:
         chunked = 16384  # max_prefill_tokens default when chunking is disabled
-    graph_bs = default_decode_graph_bs(gpu, t)
-    if config.max_running_requests is not None:
+    graph_bs = default_decode_graph_bs(gpu, t, ver)
+    if config.max_running_requests is not None and version_defaults(ver).clamp_graph_to_running:
         graph_bs = min(graph_bs, config.max_running_requests)
     if config.cuda_graph_max_bs_decode is not None:
         graph_bs = config.cuda_graph_max_bs_decode
     if config.disable_cuda_graph:  # cuda_graph_hook.py:55-57: decode and prefill DISABLED
         graph_bs = 0
     f_default = config.mem_fraction_static is None
-    f = default_mem_fraction(model, gpu, t, chunked, graph_bs, not config.disable_cuda_graph) \
-        if f_default else config.mem_fraction_static
+    f = default_mem_fraction(model, gpu, t, chunked, graph_bs, ver,
+                             spec.algorithm if spec else None,
+                             prefill_graphs=not config.disable_cuda_graph) if f_default \
+        else config.mem_fraction_static
     assert f is not None
     budget = f * M
     if w + draft_w >= budget:
@@ -351,7 +364,7 @@ def fit(config: ServingConfig) -> FitReport:
     kv_tokens = int(pool // (per_tok + draft_per_tok))
     kv_tokens = kv_tokens // paged * paged  # whole pages (pool_configurator.py:646)
     mrr = resolve_max_running_requests(config.max_running_requests, kv_tokens,
-                                       model.context_len, spec is not None)
+                                       model.context_len, spec is not None, ver)
     kv_txt = (f"{kv_dtype} KV {per_tok:,.0f} B/token"
               + (f" + draft {draft_per_tok:,.0f} B/token" if draft_per_tok else ""))
     pool_txt = (f"{head}; pool = {f} x {gpu.hbm_gb:.0f} GB - {(w + draft_w) / 1e9:.1f} GB = "

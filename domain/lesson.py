@@ -376,8 +376,35 @@ class Lesson(BaseModel):
         return self.model_copy(update={"id": "L-" + hashlib.sha256(key.encode()).hexdigest()[:10]})
 
     def matches(self, config: ServingConfig) -> bool:
-        """True if ``config`` is in this lesson's family (scope and every clause hold)."""
-        return self.scope.matches(config) and all(c.matches(config) for c in self.condition)
+        """True if ``config`` is in this lesson's family (scope and every clause hold).
+
+        A source-verified lesson scoped to another engine version also matches when its guard
+        is unchanged in ``config``'s version (:meth:`carries_to`).
+        """
+        scope = self.scope
+        if scope.engine_version not in (None, config.engine_version) \
+                and self.carries_to(config.engine_version)[0]:
+            scope = scope.model_copy(update={"engine_version": None})
+        return scope.matches(config) and all(c.matches(config) for c in self.condition)
+
+    def carries_to(self, version: str) -> tuple[bool, str]:
+        """Whether this lesson applies to engine ``version``, and why (``lessons show``).
+
+        Its own version (or none in the scope): yes. Another: only when source-verified and the
+        guard at ``source_site`` is unchanged in that version's fetched tree
+        (:meth:`domain.engines.Engine.lesson_carries`; without the tree, no, naming the fetch
+        command).
+        """
+        learned = self.scope.engine_version
+        if learned in (None, version):
+            return True, "the version it was learned on" if learned else "any version"
+        if not (self.verified and self.source_site):
+            return False, (f"learned on {self.scope.engine} {learned} and not source-verified: "
+                           "it applies to that version only")
+        from domain.engines import engine
+
+        return engine(self.scope.engine or "sglang", version).lesson_carries(
+            str(self.source_site), learned)
 
     def covers(self, config: ServingConfig) -> bool:
         """True if ``config`` is in the family this lesson says cannot run, whatever its status.

@@ -8,12 +8,10 @@ the shapes, so they can be checked against the published totals.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import cache, partial
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 from domain.checkpoints import (
     BF16,
@@ -28,197 +26,17 @@ from domain.checkpoints import (
     _llama_70b,
     _qwen3_32b,
     _qwen3_235b,
+    build_checkpoint,
 )
 from domain.errors import ConfigInvalid
+from domain.model_arch import AttentionKind, ModelArch
+from domain.quant import read_scheme, scheme_for_key
 
-__all__ = ["BF16", "FP8_BLOCK", "FP8_TENSOR", "NVFP4", "Checkpoint", "ModelArch"]
+__all__ = ["BF16", "FP8_BLOCK", "FP8_TENSOR", "NVFP4", "Checkpoint", "ModelArch",
+           "model_from_path", "register_model", "get_model"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODELS_DIR = REPO_ROOT / "data" / "models"
-
-AttentionKind = Literal["gqa", "mla", "dsa"]
-
-
-class ModelArch(BaseModel):
-    """Shapes of a decoder-only transformer (dense or MoE; GQA, MLA or DSA attention)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    name: str
-    attention: AttentionKind
-    architecture: str = Field("", description="Hugging Face config.json architectures[0], "
-                              "e.g. Qwen3MoeForCausalLM (the engine keys its rules on it)")
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int = Field(description="per-head dim for GQA; v_head_dim for MLA/DSA")
-    qk_head_dim: int
-    vocab: int
-    context_len: int = Field(description="max_position_embeddings, tokens")
-    intermediate: int = Field(description="dense MLP intermediate size")
-    first_k_dense: int = Field(0, description="leading layers with a dense MLP instead of MoE")
-    n_routed_experts: int = 0
-    experts_per_tok: int = 0
-    n_shared_experts: int = 0
-    moe_intermediate: int = 0
-    q_lora_rank: int = 0
-    kv_lora_rank: int = 0
-    qk_rope_head_dim: int = 0
-    index_head_dim: int = 0
-    index_n_heads: int = 0
-    index_topk: int = Field(0, description="DSA: KV tokens each query attends to")
-    tied_embeddings: bool = Field(False, description="lm_head shares embed_tokens' weights")
-    mtp_layers: int = Field(0, description="MTP/NextN draft layers shipped with the checkpoint "
-                            "(HF config num_nextn_predict_layers)")
-    checkpoints: dict[str, Checkpoint] = Field(default_factory=dict)
-    source: str = ""
-
-    # ---- parameter counts (parameters, not bytes) ----
-    @property
-    def attention_params_per_layer(self) -> int:
-        """Attention (and DSA indexer) parameters of one layer."""
-        h, n = self.hidden, self.heads
-        if self.attention == "gqa":
-            return h * n * self.head_dim * 2 + h * self.kv_heads * self.head_dim * 2
-        q = (h * self.q_lora_rank + self.q_lora_rank * n * self.qk_head_dim) if self.q_lora_rank \
-            else h * n * self.qk_head_dim
-        nope = self.qk_head_dim - self.qk_rope_head_dim
-        kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) \
-            + self.kv_lora_rank * n * (nope + self.head_dim)
-        o = n * self.head_dim * h
-        idx = 0
-        if self.attention == "dsa":
-            idx = (self.q_lora_rank * self.index_n_heads * self.index_head_dim
-                   + h * self.index_head_dim + h * self.index_n_heads)
-        return q + kv + o + idx
-
-    @property
-    def expert_params(self) -> int:
-        """Parameters of one routed expert (gate, up and down projections)."""
-        return 3 * self.hidden * self.moe_intermediate
-
-    @property
-    def moe_layers(self) -> int:
-        """Number of layers with a MoE MLP."""
-        return self.layers - self.first_k_dense if self.n_routed_experts else 0
-
-    def param_groups(self) -> dict[str, int]:
-        """Total parameters per group: embed, attention, dense_mlp, experts (routed + shared)."""
-        dense_layers = self.layers - self.moe_layers
-        experts = self.moe_layers * (
-            (self.n_routed_experts + self.n_shared_experts) * self.expert_params
-            + self.hidden * self.n_routed_experts  # router
-        )
-        return {
-            # embed_tokens, plus lm_head unless tied to it
-            "embed": (1 if self.tied_embeddings else 2) * self.vocab * self.hidden,
-            "attention": self.layers * self.attention_params_per_layer,
-            "dense_mlp": dense_layers * 3 * self.hidden * self.intermediate,
-            "experts": experts,
-        }
-
-    @property
-    def total_params(self) -> int:
-        """All parameters (the MTP/NextN layer excluded: SGLang loads it only for speculation)."""
-        return sum(self.param_groups().values())
-
-    @property
-    def active_params(self) -> int:
-        """Parameters one token passes through (routed top-k plus shared experts)."""
-        g = self.param_groups()
-        active_experts = self.moe_layers * (
-            (self.experts_per_tok + self.n_shared_experts) * self.expert_params
-        )
-        return self.vocab * self.hidden + g["attention"] + g["dense_mlp"] + active_experts
-
-    def weight_bytes(self, weights: str) -> float:
-        """Bytes of the whole checkpoint ``weights`` (all GPUs together).
-
-        Raises:
-            ConfigInvalid: if the model has no such checkpoint.
-        """
-        ckpt = self.checkpoint(weights)
-        return sum(n * ckpt.bytes_per_param[g] for g, n in self.param_groups().items())
-
-    @property
-    def mtp_params_per_layer(self) -> dict[str, int]:
-        """Parameters of one MTP/NextN layer per group: attention, mlp, glue.
-
-        The layer (DeepSeek-V3 report, sec. 2.2, fig. 3; SGLang ``models/deepseek_nextn.py``) is
-        one full decoder layer -- attention plus the MLP that layer index ``num_hidden_layers``
-        would have: MoE (routed + shared experts + router) past ``first_k_dense_replace``, else the
-        dense MLP -- plus ``eh_proj`` (a ``2 x hidden -> hidden`` linear joining the embedding and
-        the target's hidden state) and five RMSNorm vectors (enorm, hnorm, input,
-        post-attention and shared_head norms) as "glue". Its embedding and ``shared_head.head``
-        (lm_head) are the target model's: SGLang's EAGLE worker hands the target's embed and head
-        to the draft model (``set_embed_and_head``), so they are not counted.
-        """
-        if self.n_routed_experts and self.layers >= self.first_k_dense:
-            mlp = ((self.n_routed_experts + self.n_shared_experts) * self.expert_params
-                   + self.hidden * self.n_routed_experts)
-        else:
-            mlp = 3 * self.hidden * self.intermediate
-        return {"attention": self.attention_params_per_layer, "mlp": mlp,
-                "glue": 2 * self.hidden * self.hidden + 5 * self.hidden}
-
-    def draft_weight_bytes(self, weights: str) -> float:
-        """Bytes of the MTP/NextN draft layer(s) of checkpoint ``weights`` (all GPUs together).
-
-        ``mtp_layers x`` the layer of :attr:`mtp_params_per_layer`; attention and MLP at the
-        checkpoint's bytes per parameter for the MTP layer (``mtp_bytes_per_param``: e.g. the
-        NVFP4 checkpoints keep the whole layer in bf16 -- ``model.layers.61*`` /
-        ``model.layers.78*`` in their ``exclude_modules``), the glue in bf16 (``eh_proj`` and the
-        norms are in ``modules_to_not_convert`` of zai-org/GLM-5-FP8). 0.0 without MTP layers.
-
-        Raises:
-            ConfigInvalid: if the model has no such checkpoint.
-        """
-        ckpt = self.checkpoint(weights)
-        if not self.mtp_layers:
-            return 0.0
-        b = ckpt.mtp_bytes_per_param or ckpt.bytes_per_param
-        p = self.mtp_params_per_layer
-        mlp_group = "experts" if self.n_routed_experts else "dense_mlp"
-        per_layer = (p["attention"] * b["attention"] + p["mlp"] * b[mlp_group]
-                     + p["glue"] * BF16)
-        return self.mtp_layers * per_layer
-
-    def checkpoint(self, weights: str) -> Checkpoint:
-        """Return the checkpoint called ``weights`` (e.g. ``fp8``, ``nvfp4``).
-
-        Raises:
-            ConfigInvalid: naming the checkpoints that exist.
-        """
-        try:
-            return self.checkpoints[weights]
-        except KeyError:
-            raise ConfigInvalid([
-                f"weights: model {self.name} has no {weights!r} checkpoint; "
-                f"known: {', '.join(self.checkpoints)}"
-            ]) from None
-
-    def kv_bytes_per_token(self, kv_bytes: float, tp_size: int) -> float:
-        """KV-cache bytes one token occupies on one GPU of a TP group.
-
-        Args:
-            kv_bytes: bytes per cached element (2 for bf16, 1 for fp8).
-            tp_size: tensor-parallel width of the replica.
-
-        GQA: K and V of ``max(1, kv_heads // tp)`` heads per rank (heads are replicated when
-        TP exceeds their number). MLA: the compressed latent (kv_lora_rank + rope dims) is
-        replicated on every rank (DeepSeek-V2 paper, sec. 2.1). DSA adds the lightning indexer's
-        key cache: index_head_dim fp8 bytes + one fp32 scale per token and layer (DeepSeek-V3.2
-        report; SGLang's NSA token-to-KV pool stores it beside the latent).
-        """
-        if self.attention == "gqa":
-            per_rank = max(1, self.kv_heads // tp_size)
-            return self.layers * 2 * per_rank * self.head_dim * kv_bytes
-        latent = self.layers * (self.kv_lora_rank + self.qk_rope_head_dim) * kv_bytes
-        if self.attention == "dsa":
-            latent += self.layers * (self.index_head_dim + 4)
-        return latent
-
 
 def arch_from_hf_config(name: str, cfg: dict[str, Any], source: str) -> ModelArch:
     """Build a ModelArch from a Hugging Face ``config.json`` dict.
@@ -291,16 +109,24 @@ def register_model(arch: ModelArch) -> ModelArch:
 
 
 def model_from_path(path: str | Path, *, name: str | None = None,
-                    checkpoints: dict[str, Checkpoint] | None = None) -> ModelArch:
+                    checkpoints: Mapping[str, str] | None = None) -> ModelArch:
     """Read a model from a local Hugging Face ``config.json`` (or a directory holding one).
 
     Args:
-        path: the config.json, or its directory.
+        path: the config.json, or its directory (which may also hold ``hf_quant_config.json``
+            and ``model.safetensors.index.json``).
         name: the model's name in servetune (default: the directory's name).
-        checkpoints: weights key -> checkpoint (default: none).
+        checkpoints: weights key -> Hugging Face hub id (the ``--model-path`` SGLang is given),
+            e.g. ``{"bf16": "Qwen/Qwen3-30B-A3B", "fp8": "Qwen/Qwen3-30B-A3B-FP8"}``. Keys are
+            precisions (:data:`domain.quant.PRECISION_KEYS`: bf16, fp8, fp8-tensor, nvfp4,
+            mxfp4, int4-awq, int4-gptq, w4a16). The key matching the directory's own
+            quantization (its ``quantization_config`` or ``hf_quant_config.json``) takes its
+            bytes from that config; the others use the key's default recipe. Default: one
+            checkpoint, the directory's own precision, with the directory as its model path.
 
     Raises:
-        ConfigInvalid: a missing or unreadable file, or a config missing a required key.
+        ConfigInvalid: a missing or unreadable file, a config missing a required key or of an
+            unsupported family, an unknown weights key, an unmodelled quantization format.
     """
     p = Path(path)
     cfg_path = p / "config.json" if p.is_dir() else p
@@ -310,8 +136,16 @@ def model_from_path(path: str | Path, *, name: str | None = None,
         raise ConfigInvalid([f"model config {cfg_path}: cannot read it ({e})"]) from None
     if not isinstance(cfg, dict):
         raise ConfigInvalid([f"model config {cfg_path}: expected a JSON object"])
-    arch = arch_from_hf_config(name or cfg_path.resolve().parent.name, cfg, source=str(cfg_path))
-    return arch.model_copy(update={"checkpoints": checkpoints or {}})
+    directory = cfg_path.resolve().parent
+    arch = arch_from_hf_config(name or directory.name, cfg, source=str(cfg_path))
+    own = read_scheme(cfg, directory, str(cfg_path))
+    own_key = own.key if own else "bf16"
+    wanted = dict(checkpoints) if checkpoints else {own_key: str(directory)}
+    built = {}
+    for key, hub_id in wanted.items():
+        scheme = own if own is not None and key == own_key else scheme_for_key(key)
+        built[key] = build_checkpoint(arch, str(hub_id), scheme)
+    return arch.model_copy(update={"checkpoints": built})
 
 
 @cache

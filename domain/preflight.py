@@ -151,7 +151,8 @@ def memory_report(config: ServingConfig, decode_graphs: bool = True
     per_tok = rep.kv_bytes_per_token if rep else model.kv_bytes_per_token(
         KV_BYTES[_kv_dtype(config, model, gpu)], config.tp_size)
     graph_bs = rep.cuda_graph_max_bs_decode if rep else (
-        config.cuda_graph_max_bs_decode or default_decode_graph_bs(gpu, config.tp_size))
+        config.cuda_graph_max_bs_decode
+        or default_decode_graph_bs(gpu, config.tp_size, config.engine_version))
     if not decode_graphs:
         graph_bs = 0
     mem = MemoryReport(

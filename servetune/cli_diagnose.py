@@ -41,7 +41,7 @@ def diagnose(
     logfile: Annotated[str, typer.Argument(help="the engine's log file, or - for stdin")],
     engine: Annotated[str, typer.Option(help="the engine that wrote the log")] = "sglang",
     version: Annotated[str | None, typer.Option(
-        help="the engine version (default: the newest servetune ships)")] = None,
+        help="the engine version (default: 0.5.23, the pinned one)")] = None,
     gpu: Annotated[str | None, typer.Option(help="GPU catalog key, e.g. B200 (the lesson's "
                                                  "scope)")] = None,
     model: Annotated[str | None, typer.Option(help="model catalog key, e.g. glm-5 (default: "

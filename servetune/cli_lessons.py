@@ -82,6 +82,21 @@ def lessons_list(
     console.print(table)
 
 
+def _versions_lines(lesson: Any) -> list[str]:
+    """Whether a lesson learned on one engine version applies to each other known one."""
+    from domain.engines import engine
+
+    learned = lesson.scope.engine_version
+    if learned is None:
+        return []
+    others = [v for v in engine(lesson.scope.engine or "sglang").versions if v != learned]
+    lines = [f"  versions:    learned on {learned}"]
+    for v in others:
+        ok, why = lesson.carries_to(v)
+        lines.append(f"    {v}: {'applies' if ok else 'does not apply'}: {why}")
+    return lines
+
+
 def _show(lesson: Any) -> None:
     """Print one lesson: what it says, where it was learned, its status and trust."""
     ok, why = lesson.trust()
@@ -97,6 +112,7 @@ def _show(lesson: Any) -> None:
              f"  source:      {lesson.source}",
              f"  provenance:  {p.text() if p else 'unknown (stored before provenance)'}",
              f"  prunes real-backend studies: {'yes' if lesson.applies_on('local') else 'no'}",
+             *_versions_lines(lesson),
              f"  fix:         {lesson.fix}"]
     if p and p.evidence:
         lines += ["  evidence:", *(f"    {x}" for x in p.evidence)]

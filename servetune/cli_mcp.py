@@ -243,17 +243,31 @@ def source_fetch(
     version: VersionOpt = "0.5.23",
     wheel: Annotated[Path | None, typer.Option(
         "--wheel", help="unpack this already-downloaded wheel instead of calling pip")] = None,
+    data_dir: Annotated[Path | None, typer.Option(
+        "--data-dir", help="write the flag inventory here (default: $SERVETUNE_ENGINE_DATA, "
+                           "else ~/.cache/servetune/engines)")] = None,
 ) -> None:
-    """Download the SGLang wheel (pip, no dependencies) and unpack it into the cache."""
+    """Download the SGLang wheel (pip, no dependencies), unpack it, write its flag inventory.
+
+    The inventory (``sglang-X-flags.json`` + ``sglang-X-cli.json``, static parse of the
+    source) is what lets studies, ``servetune check`` and ``diagnose`` use version X.
+    """
+    from domain.engines import engine, user_data_dir
     from mcp_servers.source.fetch import default_cache_dir, fetch_wheel
+    from mcp_servers.source.inventory import write_inventory
 
     settings = load_settings()
     cache = settings.source_cache or default_cache_dir()
     try:
         root = fetch_wheel(version, cache, wheel=wheel)
+        flags_file, _ = write_inventory(root, version, data_dir or user_data_dir())
     except ServetuneError as e:
         fail(str(e))
     console.print(f"SGLang {version} source: {root}", highlight=False, markup=False)
+    console.print(f"flag inventory: {flags_file}", highlight=False, markup=False)
+    note = engine("sglang", version).rules_note()
+    if note:
+        console.print(note, highlight=False, markup=False)
     console.print("serve it with: servetune mcp sglang-source --version " + version,
                   highlight=False)
 

@@ -27,8 +27,12 @@ def print_study(study: Any, trace_path: Path, window: Any, cluster: Any,
                   f"replay {escape(trace_path.name)} "
                   f"[{r.start_s:g}, {r.start_s + r.duration_s:g}) s at {r.time_scale:g}x = "
                   f"{len(window)} requests", highlight=False)
+    from domain.engines import engine
     from domain.models import get_model
 
+    note = engine(study.engine, study.engine_version).rules_note()
+    if note:
+        console.print(f"[yellow]warning:[/] {escape(note)}", highlight=False)
     ctx_len = get_model(study.model).context_len
     too_long = sum(q.input_tokens + q.output_tokens > ctx_len for q in window.requests)
     if too_long:

@@ -16,8 +16,11 @@ engine-neutral modules: the registry imports an engine's package by name at run 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+import os
+import re
+from collections.abc import Mapping, Sequence
 from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -31,6 +34,66 @@ if TYPE_CHECKING:
 
 # engine name -> its package; the package's ``make(version)`` returns the Engine
 ENGINES: dict[str, str] = {"sglang": "domain.engines.sglang"}
+_RELEASE = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
+
+
+def user_data_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where ``servetune source fetch`` writes fetched engine versions' flag inventories.
+
+    ``$SERVETUNE_ENGINE_DATA``, else ``$XDG_CACHE_HOME/servetune/engines``, else
+    ``~/.cache/servetune/engines`` (it need not exist). Shipped inventories are read first
+    (``domain/data/``), then this directory.
+    """
+    env = os.environ if env is None else env
+    if env.get("SERVETUNE_ENGINE_DATA"):
+        return Path(env["SERVETUNE_ENGINE_DATA"]).expanduser()
+    base = Path(env["XDG_CACHE_HOME"]).expanduser() if env.get("XDG_CACHE_HOME") else \
+        Path.home() / ".cache"
+    return base / "servetune" / "engines"
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """Sort key of a release ``X.Y.Z[.postN]``; anything else sorts first, as (-1,)."""
+    m = _RELEASE.match(version)
+    return tuple(int(g or 0) for g in m.groups()) if m else (-1,)
+
+
+class DerivedDefaults(Protocol):
+    """An engine version's memory-dependent derived defaults (GPU memory in GiB, reserves MiB).
+
+    SGLang's: :class:`domain.engines.sglang.versions.MemoryDefaults`, one per modelled release.
+    """
+
+    @property
+    def version(self) -> str:
+        """The release whose rules these are (the nearest modelled one may stand in)."""
+        ...
+
+    @property
+    def clamp_graph_to_running(self) -> bool:
+        """A default decode graph max batch is lowered to an explicit max_running_requests."""
+        ...
+
+    @property
+    def prefill_graph_reserve(self) -> bool:
+        """The prefill CUDA graph is captured by default and reserved for."""
+        ...
+
+    def chunked_prefill(self, gpu_gib: float) -> int:
+        """chunked_prefill_size when unset, tokens."""
+        ...
+
+    def decode_graph_bs(self, gpu_gib: float, tp_size: int) -> int:
+        """Largest decode CUDA-graph batch size when unset, requests."""
+        ...
+
+    def speculative_reserve(self, algorithm: str | None) -> int:
+        """Extra static reserve of a speculative algorithm, MiB."""
+        ...
+
+    def explicit_running(self, requested: int, kv_tokens: int) -> int:
+        """An explicit max_running_requests as the KV pool bounds it, requests."""
+        ...
 
 
 class Engine(Protocol):
@@ -53,6 +116,26 @@ class Engine(Protocol):
 
     def flag_for(self, dest: str, value: Any = None) -> str:
         """The canonical flag of ``dest``; checks ``value`` against the flag's choices."""
+        ...
+
+    def flag_entries(self) -> list[dict[str, Any]]:
+        """Every flag entry of this version in declaration order, deprecated aliases included."""
+        ...
+
+    def memory_defaults(self) -> DerivedDefaults:
+        """The memory-dependent derived-default rules this version runs with."""
+        ...
+
+    def rules_note(self) -> str | None:
+        """A warning when another version's derived-default rules stand in for this one's."""
+        ...
+
+    def missing_flag(self, dest: str) -> str | None:
+        """One line when this version has no flag for field ``dest`` (None: it has one)."""
+        ...
+
+    def lesson_carries(self, site: str, learned_on: str) -> tuple[bool, str]:
+        """Whether a lesson verified at ``site`` on ``learned_on`` holds here, and why."""
         ...
 
     def argv(self, config: ServingConfig) -> list[str]:

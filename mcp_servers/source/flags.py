@@ -63,6 +63,8 @@ class FlagInfo(BaseModel):
     fallback: Any = Field(default=None, description="Arg(fallback=...): value used when neither "
                           "the user nor resolution set one")
     source: str = Field(description="file:line of the declaration")
+    new_flag: str | None = Field(default=None, description="the successor a deprecated "
+                                 "add_argument names (its new_flag= keyword)")
 
 
 class FieldDecl(BaseModel):
@@ -416,7 +418,8 @@ def _manual_flags(rel: str, mod: ast.Module, ev: _Evaluator) -> list[FlagInfo]:
             help=help_text, namespace="add_argument",
             deprecated="Deprecated" in action or help_text.startswith("(Deprecated")
             or help_text.startswith("Deprecated"),
-            source=f"{rel}:{node.lineno}"))
+            source=f"{rel}:{node.lineno}",
+            new_flag=new_flag if isinstance(new_flag := ev(kw.get("new_flag")), str) else None))
     return out
 
 
@@ -476,8 +479,12 @@ def extract_flags(tree: SourceTree) -> FlagInventory:
     ev.fields = fields
     server_args = _parse(tree, SERVER_ARGS)
     if server_args is not None:
+        _imported_consts(tree, server_args, ev, seen)
         _module_consts(server_args, ev)
-        _class_fields(SERVER_ARGS, server_args, ev, "ServerArgs", fields, [])
+        annotated: list[FlagInfo] = []  # 0.5.1x: ``A[T, Arg(...)]`` fields of ServerArgs itself
+        _class_fields(SERVER_ARGS, server_args, ev, "ServerArgs", fields, annotated)
+        if not field_files:
+            flags.extend(annotated)
         manual = _manual_flags(SERVER_ARGS, server_args, ev)
         if not field_files:  # an older layout: the dataclass fields have no CLI metadata
             for f in manual:

@@ -87,7 +87,16 @@ def _summary(study: Study, trials: list[Trial], run_id: str, stop_reason: str,
         f"{sweep} frontier points measured"
         + "".join(f"; frontier config {t.changed or 'baseline'} did not start "
                   f"({t.failure_class})" for t in unstarted) + ".", "",
+        *_version_note(study),
     ]
+
+
+def _version_note(study: Study) -> list[str]:
+    """The warning line when the engine version runs with another version's default rules."""
+    from domain.engines import engine
+
+    note = engine(study.engine, study.engine_version).rules_note()
+    return [f"**Warning**: {note}.", ""] if note else []
 
 
 def _workloads(study: Study, replay_requests: int, trace_file: str) -> list[str]:

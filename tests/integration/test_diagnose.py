@@ -86,7 +86,7 @@ def test_diagnose_says_why_no_lesson_forms_without_a_config(tmp_path):
     (["missing.log"], "no log file"),
     (["empty.log"], "the log is empty"),
     (["ok.log", "--engine", "vllm"], "supported: sglang"),
-    (["ok.log", "--version", "0.4.0"], "supported: 0.5.23"),
+    (["ok.log", "--version", "0.4.0"], "fetch it with `servetune source fetch --version 0.4.0`"),
     (["ok.log", "--gpu", "A100"], "known: B200"),
     (["ok.log", "--model", "gpt-9"], "known: llama-3.1-8b"),
 ])

@@ -26,7 +26,9 @@ def test_registry_gives_the_newest_sglang_by_default_and_the_config_s_engine():
 def test_unknown_engine_or_version_is_refused_naming_the_supported_ones():
     with pytest.raises(ValueError, match="supported: sglang"):
         engine("trtllm")
-    with pytest.raises(ValueError, match="no flag inventory here; supported: 0.5.23"):
+    with pytest.raises(ValueError, match=r"SGLang 0\.4\.0 has no flag inventory here \(have: "
+                                         r"0\.5\.9, 0\.5\.19, 0\.5\.23.*\); fetch it with "
+                                         r"`servetune source fetch --version 0\.4\.0`"):
         engine("sglang", "0.4.0")
 
 

@@ -4,6 +4,8 @@ Where each SGLang rule lives:
 
 - flag inventory per version, argv of a config, launch program and image:
   :mod:`domain.engines.sglang.flags`;
+- which versions exist (shipped or fetched inventories) and the derived-default rules each runs
+  with (nearest modelled version): :mod:`domain.engines.sglang.versions`;
 - resolved defaults (what SGLang runs a config with): :mod:`domain.engines.sglang.defaults`
   (the memory-fit rules themselves: :mod:`domain.fit`, :mod:`domain.speculative`);
 - per-SM architecture rules (which attention, DSA, MoE and FP4 kernels a GPU runs):
@@ -24,6 +26,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from domain.engines.sglang import failures, flags
+from domain.engines.sglang import versions as version_rules
 from domain.engines.sglang.metrics import METRICS, PREFIX
 
 if TYPE_CHECKING:
@@ -55,10 +58,34 @@ class SglangEngine:
         """SGLang ``version``; the version is checked by :func:`make`."""
         self.version = version
         self.image = flags.image(version)
+        self.versions = version_rules.available()  # shipped + fetched when this was made
 
     def flag_inventory(self) -> dict[str, dict[str, Any]]:
         """The CLI flags of this version keyed by argparse dest."""
         return flags.flag_inventory(self.version)
+
+    def flag_entries(self) -> list[dict[str, Any]]:
+        """Every flag entry in declaration order, deprecated aliases included."""
+        return flags.flag_entries(self.version)
+
+    def memory_defaults(self) -> version_rules.MemoryDefaults:
+        """The derived-default rules this version runs with (:func:`versions.rules`)."""
+        return version_rules.rules(self.version)
+
+    def rules_note(self) -> str | None:
+        """The report's warning when another version's rules stand in (:func:`rules_note`)."""
+        return version_rules.rules_note(self.version)
+
+    def missing_flag(self, dest: str) -> str | None:
+        """One line when this version has no flag for field ``dest``.
+
+        None when it has one (under its own or an older name), or when no known version has a
+        flag for ``dest`` (not a flag field).
+        """
+        if dest in self.flag_inventory() or flags.renamed_dest(dest, self.version) \
+                or not flags.known_dest(dest):
+            return None
+        return flags.missing_flag_line(dest, self.version)
 
     def flag_for(self, dest: str, value: Any = None) -> str:
         """The canonical flag of ``dest``; checks ``value`` against the flag's choices."""
@@ -67,6 +94,12 @@ class SglangEngine:
     def argv(self, config: ServingConfig) -> list[str]:
         """The argv of ``sglang serve`` for ONE replica of ``config``."""
         return flags.argv(config, self.version)
+
+    def lesson_carries(self, site: str, learned_on: str) -> tuple[bool, str]:
+        """Whether a lesson verified at ``site`` on ``learned_on`` holds here (carry.carries)."""
+        from domain.engines.sglang import carry
+
+        return carry.carries(site, learned_on, self.version)
 
     def resolved_settings(self, config: ServingConfig) -> tuple[Any, ...] | None:
         """What SGLang actually runs ``config`` with (:func:`defaults.resolved_settings`)."""
@@ -138,13 +171,13 @@ class SglangEngine:
 
 
 def make(version: str | None = None) -> Engine:
-    """SGLang at ``version`` (None: the newest shipped).
+    """SGLang at ``version`` (None: the pinned release, 0.5.23).
 
     Raises:
-        ValueError: a version without a flag inventory, naming the supported ones.
+        ValueError: a version without a flag inventory, shipped or fetched; the one line names
+            ``servetune source fetch --version X`` (:func:`versions.unknown_version_line`).
     """
-    v = version or VERSIONS[-1]
-    if v not in VERSIONS:
-        raise ValueError(f"SGLang {v} has no flag inventory here; supported: "
-                         f"{', '.join(VERSIONS)}")
+    v = version or version_rules.PINNED
+    if version_rules.data_path(v) is None:
+        raise ValueError(version_rules.unknown_version_line(v))
     return SglangEngine(v)

@@ -22,7 +22,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from domain.engines.sglang.flags import DATA_DIR
+from domain.engines.sglang.flags import renamed_dest
+from domain.engines.sglang.versions import data_path
 from domain.errors import ConfigInvalid
 from domain.preflight import Finding, ParsedCommand
 
@@ -108,14 +109,18 @@ class _Deprecated(argparse.Action):
 
 @cache
 def cli_extras(version: str) -> dict[str, Any]:
-    """``domain/data/sglang-<version>-cli.json``: nargs, retired and deprecated flags.
+    """``sglang-<version>-cli.json``: nargs, retired and deprecated flags.
+
+    Shipped in ``domain/data/`` (0.5.23's curated by hand, 0.5.9's and 0.5.19's written by the
+    static parser) or written next to a fetched inventory (``mcp_servers/source/inventory.py``).
 
     Raises:
         ConfigInvalid: no such file for ``version``.
     """
-    path = DATA_DIR / f"sglang-{version}-cli.json"
-    if not path.is_file():
-        raise ConfigInvalid([f"SGLang {version}: no command-line data ({path.name})"])
+    path = data_path(version, "cli")
+    if path is None:
+        raise ConfigInvalid([f"SGLang {version}: no command-line data (sglang-{version}-cli.json);"
+                             f" fetch it with `servetune source fetch --version {version}`"])
     data: dict[str, Any] = json.loads(path.read_text())
     return data
 
@@ -123,7 +128,11 @@ def cli_extras(version: str) -> dict[str, Any]:
 @cache
 def build_parser(version: str) -> _Parser:
     """The argparse parser of ``sglang serve`` at ``version``, from its flag inventory."""
-    raw = json.loads((DATA_DIR / f"sglang-{version}-flags.json").read_text())["flags"]
+    path = data_path(version)
+    if path is None:
+        raise ConfigInvalid([f"SGLang {version}: no flag inventory; fetch it with "
+                             f"`servetune source fetch --version {version}`"])
+    raw = json.loads(path.read_text())["flags"]
     nargs = cli_extras(version)["nargs"]
     parser = _Parser(prog="sglang serve", add_help=False)
     for f in raw:
@@ -134,7 +143,7 @@ def build_parser(version: str) -> _Parser:
         elif action == "BooleanOptionalAction":
             kw["action"] = argparse.BooleanOptionalAction
             names = [n for n in names if not n.startswith("--no-")]
-        elif action == "DeprecatedStoreTrueAction":
+        elif action in ("DeprecatedStoreTrueAction", "DeprecatedAction"):
             kw.update(action=_Deprecated, nargs=0)
         elif action == "DeprecatedStoreConstAction":
             kw.update(action=_Deprecated, choices=f["choices"])
@@ -206,7 +215,10 @@ def _pre_scan(parser: _Parser, flags: list[str], version: str) -> list[Finding]:
         if dep is not None:
             out.append(Finding(severity="warn", code="DEPRECATED_FLAG",
                                message=f"{name} is deprecated in SGLang {version} "
-                                       f"({dep['source']})", fix=f"use {dep['successor']}"))
+                                       f"({dep['source']})",
+                               fix=f"use {dep['successor']}" if dep["successor"] else
+                               f"see {name} in sglang serve --help of SGLang {version}: no "
+                               "successor flag is recorded"))
     return out
 
 
@@ -246,6 +258,10 @@ def parse(argv: list[str], version: str) -> ParsedCommand:
                                     f"{version}, or servetune's flag inventory"))
         return ParsedCommand(program=program, version=version, findings=findings)
     values = {k: v for k, v in vars(ns).items() if not k.startswith("_")}
+    for dest in MODELLED:  # a field this version names otherwise (0.5.9: tensor_parallel_size)
+        old = renamed_dest(dest, version)
+        if old is not None and old in values:
+            values[dest] = values.pop(old)
     aliases = cli_extras(version)["deprecated_values"]
     for dest in aliases["dests"]:
         if values.get(dest) in aliases["aliases"]:

@@ -32,10 +32,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from domain.engines.sglang.flags import VERSIONS, flag_inventory
+from domain.engines.sglang.flags import flag_inventory
+from domain.engines.sglang.versions import PINNED
 from domain.failures import PHASES, TAXONOMY, Diagnosis, Phase, failure_class
 
-VERSION = VERSIONS[-1]  # the version whose log wording and flag names these rows are
+VERSION = PINNED  # the version whose log wording and flag names these rows are
 
 # ------------------------------------------------------------------------------------- phases
 # (phase, line regex, may the phase go back to it): the engine's own phase lines, then the
