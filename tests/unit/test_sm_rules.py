@@ -239,3 +239,29 @@ def test_study_refuses_a_context_length_below_its_requests() -> None:
     need = s["saturation"]["isl"] + s["saturation"]["osl"]
     bad = [v for v in e.value.violations if v.startswith("knobs.context_length")]
     assert len(bad) == (2 if need > 4096 else 1) and "'200'" not in bad[-1]
+
+
+def test_the_twin_reuses_a_cached_prefix_in_whole_pages() -> None:
+    """radix_cache.py:178-220: a match is rounded down to ``page_size``. Blocks of 4 tokens; a
+    second 20-token prompt shares 4 blocks (16 tokens) with the first: pages of 1 and 8 reuse
+    all 16 (4 new tokens, 0.4 s at StepCost's 0.1 s per prefill token), a 12-token page one
+    page (12 reused, 8 new), a 32-token page nothing."""
+    from fixtures.step_cost import StepCost
+
+    from domain.twin.engine import EngineLimits, TwinEngine
+    from domain.twin.prefix_cache import PathIndex, PrefixCache
+
+    def second_ttft(page: int) -> tuple[float, int]:
+        limits = EngineLimits(kv_tokens=10_000, max_running_requests=64,
+                              chunked_prefill_size=8192, context_len=100_000, page_size=page)
+        idx = PathIndex()
+        eng = TwinEngine(StepCost(), limits, PrefixCache(idx, 0))
+        eng.submit(0.0, 20, 1, idx.path([1, 2, 3, 4, 5]), 4)
+        eng.submit(5.0, 20, 1, idx.path([1, 2, 3, 4, 9]), 4)
+        eng.advance(float("inf"))
+        return eng.records()[1].ttft_s, eng.stats.cached_tokens
+
+    assert second_ttft(1) == pytest.approx((0.4, 16))  # 4 new tokens
+    assert second_ttft(8) == pytest.approx((0.4, 16))
+    assert second_ttft(12) == pytest.approx((0.8, 12))  # one 12-token page
+    assert second_ttft(32) == pytest.approx((2.0, 0))  # under one page: nothing reused
