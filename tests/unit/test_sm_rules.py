@@ -265,3 +265,19 @@ def test_the_twin_reuses_a_cached_prefix_in_whole_pages() -> None:
     assert second_ttft(8) == pytest.approx((0.4, 16))
     assert second_ttft(12) == pytest.approx((0.8, 12))  # one 12-token page
     assert second_ttft(32) == pytest.approx((2.0, 0))  # under one page: nothing reused
+
+
+def test_refusals_of_the_new_knobs_teach_their_family(gpus: None) -> None:
+    """The lesson of each new refusal names the family: every context length above the
+    model's, and the trtllm-gen runner (on this GPU, the lesson's scope)."""
+    from domain.engines import engine
+
+    eng = engine()
+    for c, want in ((cfg(context_length=10**6), [("context_length", "gt", 202752)]),
+                    (on("RTXPRO6000", weights="nvfp4", moe_runner_backend="flashinfer_trtllm"),
+                     [("moe_runner_backend", "eq", "flashinfer_trtllm")])):
+        s = eng.start(c)
+        cls, ev = eng.classify(s.log)
+        lesson = eng.failure_lesson(c, cls, s.phase, ev, s.log[-20:], "r0", "t0")
+        assert [(x.field, x.op, x.value) for x in lesson.condition] == want
+        assert lesson.defect() is None
