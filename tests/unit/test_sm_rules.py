@@ -281,3 +281,14 @@ def test_refusals_of_the_new_knobs_teach_their_family(gpus: None) -> None:
         lesson = eng.failure_lesson(c, cls, s.phase, ev, s.log[-20:], "r0", "t0")
         assert [(x.field, x.op, x.value) for x in lesson.condition] == want
         assert lesson.defect() is None
+
+
+def test_vision_encoder_attention_per_sm(gpus: None) -> None:
+    """vision.py:1304-1311: fa3 on SM 9, fa4 on SM 10, triton_attn elsewhere (SM 8.x, 12)."""
+    from domain.engines.sglang.arch import mm_attention_backend
+
+    got = {g: mm_attention_backend(on(g), get_gpu(g))
+           for g in ("SM80", "SM89", "H100", "B200", "RTXPRO6000")}
+    assert got == {"SM80": "triton_attn", "SM89": "triton_attn", "H100": "fa3", "B200": "fa4",
+                   "RTXPRO6000": "triton_attn"}
+    assert "mm_attention_backend" not in resolved_backends(on("B200"))  # no vision tower

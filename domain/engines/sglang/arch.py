@@ -195,11 +195,24 @@ def fp4_gemm_backend(config: ServingConfig, gpu: GPU) -> str:
     return "marlin" if 8 <= gpu.sm_major < 10 else "flashinfer_cutlass"
 
 
+def mm_attention_backend(config: ServingConfig, gpu: GPU) -> str:
+    """The vision encoder's attention kernels: explicit, else by SM major.
+
+    ``layers/attention/vision.py:1304-1311`` _determine_attention_backend (CUDA): ``fa3`` on
+    SM 9, ``fa4`` on SM 10, ``triton_attn`` otherwise (SM 8.x, SM 12).
+    """
+    if config.mm_attention_backend is not None:
+        return config.mm_attention_backend
+    return {9: "fa3", 10: "fa4"}.get(gpu.sm_major, "triton_attn")
+
+
 def resolved_backends(config: ServingConfig) -> dict[str, str]:
     """Every kernel choice of ``config`` on its GPU, by SGLang's flag dest.
 
     Keys: ``attention_backend``, ``dsa_prefill_backend`` / ``dsa_decode_backend`` (DSA models),
-    ``moe_runner_backend`` (MoE models), ``fp4_gemm_runner_backend`` (FP4 checkpoints).
+    ``moe_runner_backend`` (MoE models), ``fp4_gemm_runner_backend`` (FP4 checkpoints),
+    ``mm_attention_backend`` (multimodal models: a vision tower, ``ModelArch.vision_params``,
+    or an explicit ``--mm-attention-backend``).
     """
     from domain.fit import resolve_kv_dtype
     from domain.hardware import get_gpu
@@ -216,4 +229,6 @@ def resolved_backends(config: ServingConfig) -> dict[str, str]:
         out["moe_runner_backend"] = moe
     if ckpt.compute_dtype == "fp4":
         out["fp4_gemm_runner_backend"] = fp4_gemm_backend(config, gpu)
+    if getattr(model, "vision_params", 0) or config.mm_attention_backend is not None:
+        out["mm_attention_backend"] = mm_attention_backend(config, gpu)
     return out

@@ -162,7 +162,9 @@ def _resolve(config: ServingConfig) -> tuple[SpecResolution, list[str]]:
         The speculative resolution and the warning lines logged on the way.
 
     Raises:
-        InvalidCombination: with the engine's exception, message and refusal key: HiCache with
+        InvalidCombination: with the engine's exception, message and refusal key: a
+            ``--context-length`` above the model's (``configs/model_config.py:1314``, as the
+            launcher builds the ModelConfig), HiCache with
             the radix cache disabled, every speculative refusal, trtllm_mla off Blackwell and
             cutedsl_mla off SM100 (``overrides.py`` post-process passes), a negative
             ``--schedule-conservativeness``.
