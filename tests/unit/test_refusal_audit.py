@@ -660,6 +660,32 @@ def test_auto_attention_backend_is_the_sources(pinned_tree, with_sm80):  # noqa:
     assert {"dsa", "trtllm_mla", "fa3", "trtllm_mha", "flashinfer", "triton"} <= seen
 
 
+def test_vision_fa3_on_blackwell(pinned_tree, with_sm80, monkeypatch):  # noqa: F811
+    """``layers/attention/vision.py:1331``: ``backend == 'fa3' and get_platform().is_blackwell``
+    as the vision encoder is built (SM majors of ``is_blackwell_supported`` from the tree;
+    ``backend`` is ``--mm-attention-backend`` when given, ``override_backend`` at line 1301).
+    A model without a vision tower builds no encoder. Grid: 4 values x 7 GPUs x a text model
+    and a synthetic multimodal copy of it (``vision_params`` set: the catalog on main ships
+    none)."""
+    import domain.models as dm
+
+    real = dm.load_model
+    vl = real("qwen3-32b").model_copy(update={"name": "qwen3-32b-vl",
+                                              "vision_params": 600_000_000})
+    monkeypatch.setattr(dm, "load_model", lambda n: vl if n == vl.name else real(n))
+    monkeypatch.setitem(dm.MODELS, vl.name, lambda: vl)
+    blackwell = sm_majors(pinned_tree, "is_blackwell_supported")
+    rows = []
+    for v, g, m in itertools.product([None, "fa3", "fa4", "triton_attn"], with_sm80,
+                                     ["qwen3-32b", vl.name]):
+        c = cfg(model=m, gpu=g, weights="fp8", tp_size=8, mm_attention_backend=v)
+        env = {"backend": v, "get_platform().is_blackwell": get_gpu(g).sm_major in blackwell}
+        vision = m == vl.name and v is not None
+        rows.append(((v, g, m), vision and holds(pinned_tree, "mm_fa3_blackwell", env),
+                     start(c)))
+    check("mm_fa3_blackwell", rows)
+
+
 def test_no_draft_model_is_the_twins_stand_in(pinned_tree):  # noqa: F811
     """0.5.23 gives the draft worker the target's own checkpoint only for the architectures
     listed at ``speculative_hook.py:1121`` (read from the tree); for others the draft path stays

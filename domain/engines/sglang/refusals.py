@@ -168,6 +168,11 @@ REFUSALS: dict[str, Refusal] = {
     "tp_heads.DeepseekV2AttentionMLA": Refusal(
         "sglang/srt/models/deepseek_v2.py", 2057, "__init__",
         "assert num_heads % attn_tp_size == 0", "AssertionError", ""),
+    # model_init: a multimodal model's vision encoder picks its attention as it is built
+    "mm_fa3_blackwell": Refusal(
+        "sglang/srt/layers/attention/vision.py", 1331, "_determine_attention_backend",
+        """raise ValueError("The 'fa3' backend is not supported on Blackwell GPUs")""",
+        "ValueError", "The 'fa3' backend is not supported on Blackwell GPUs"),
     # load_weights: the model's parameters are allocated on the GPU as it is constructed
     "oom_weights": Refusal(
         "sglang/srt/model_loader/loader.py", 1014, "load_model", "model = _initialize_model(",

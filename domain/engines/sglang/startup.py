@@ -118,6 +118,19 @@ def moe_runner_refusal(config: ServingConfig) -> str | None:
     return "moe_trtllm_gen_sm"
 
 
+def mm_backend_refusal(config: ServingConfig) -> str | None:
+    """``mm_fa3_blackwell`` for ``--mm-attention-backend fa3`` on a multimodal model on an
+    ``is_blackwell`` GPU (SM 10/11/12; ``layers/attention/vision.py:1330-1331``); else None.
+
+    A model without a vision tower (``ModelArch.vision_params`` 0 or absent) builds no vision
+    encoder, so the flag is never read.
+    """
+    if config.mm_attention_backend != "fa3" or get_gpu(config.gpu).sm_major not in \
+            BLACKWELL_SM_MAJORS:
+        return None
+    return "mm_fa3_blackwell" if getattr(get_model(config.model), "vision_params", 0) else None
+
+
 def refusal_fields(config: ServingConfig) -> dict[str, object]:
     """The ``{name}`` fields of the per-SM refusal messages: ``sm`` (e.g. ``120``), ``runner``."""
     gpu = get_gpu(config.gpu)
@@ -293,6 +306,7 @@ def start(config: ServingConfig) -> Startup:
         return Startup(ready=False, phase="init_distributed", exit_code=1, log=log)
     tp_key = tp_refusal(hf_architecture(model), model.heads,
                         model.kv_heads if model.attention == "gqa" else None, config.tp_size)
+    tp_key = tp_key or mm_backend_refusal(config)  # the vision encoder is built with it
     if tp_key is not None:  # the attention layer's __init__: the loader builds the model
         # after "Load weight begin" and before any weight is read
         log.append(f"Load weight begin. avail mem="

@@ -27,6 +27,7 @@ def backend_refusals(config: ServingConfig, values: dict[str, Any]) -> list[tupl
     from domain.engines.sglang.refusals import REFUSALS
     from domain.engines.sglang.startup import (
         attention_backend_refusal,
+        mm_backend_refusal,
         moe_runner_refusal,
         refusal_fields,
     )
@@ -44,4 +45,7 @@ def backend_refusals(config: ServingConfig, values: dict[str, Any]) -> list[tupl
     key = moe_runner_refusal(config)
     if key is not None:
         out.append(("--moe-runner-backend", REFUSALS[key].text(**fields)))
+    if mm_backend_refusal(config) is not None:
+        out.append(("--mm-attention-backend", "--mm-attention-backend fa3: "
+                    + REFUSALS["mm_fa3_blackwell"].text()))
     return out
