@@ -119,8 +119,10 @@ def moe_runner_refusal(config: ServingConfig) -> str | None:
 
 
 def mm_backend_refusal(config: ServingConfig) -> str | None:
-    """``mm_fa3_blackwell`` for ``--mm-attention-backend fa3`` on a multimodal model on an
-    ``is_blackwell`` GPU (SM 10/11/12; ``layers/attention/vision.py:1330-1331``); else None.
+    """``mm_fa3_blackwell`` for vision fa3 on Blackwell, else None.
+
+    ``--mm-attention-backend fa3`` on a multimodal model on an ``is_blackwell`` GPU (SM
+    10/11/12; ``layers/attention/vision.py:1330-1331``).
 
     A model without a vision tower (``ModelArch.vision_params`` 0 or absent) builds no vision
     encoder, so the flag is never read.
