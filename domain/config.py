@@ -37,6 +37,7 @@ V1_FIELDS = ("schedule_conservativeness", "speculative_algorithm", "speculative_
              "mm_attention_backend")
 # Fields that are not engine flags (their values never reach the argv as themselves).
 _NOT_FLAGS = ("engine", "engine_version", "model", "gpu", "weights", "replicas", "router_policy")
+_FLAG_DEFAULTS: tuple[tuple[str, Any], ...] | None = None  # (field, default) of the others
 # String fields whose values are the choices of the engine version's flag inventory.
 CHOICE_FIELDS = ("attention_backend", "mm_attention_backend", "moe_runner_backend",
                  "fp4_gemm_runner_backend")
@@ -179,9 +180,13 @@ class ServingConfig(BaseModel):
         """
         from domain.engines import engine_for
 
+        global _FLAG_DEFAULTS
+        if _FLAG_DEFAULTS is None:
+            _FLAG_DEFAULTS = tuple((n, f.default) for n, f in ServingConfig.model_fields.items()
+                                   if n not in _NOT_FLAGS)
         eng = engine_for(self)
-        for name, field in ServingConfig.model_fields.items():
-            if name in _NOT_FLAGS or getattr(self, name) == field.default:
+        for name, default in _FLAG_DEFAULTS:
+            if getattr(self, name) == default:
                 continue
             line = eng.missing_flag(name)
             if line is not None:

@@ -278,7 +278,11 @@ def build_cost_model(config: ServingConfig, report: FitReport) -> StepCostModel:
     kv_b = KV_BYTES[report.kv_dtype]
     t = config.tp_size
     if model.attention == "gqa":
-        latent = 2 * max(1, model.kv_heads // t) * model.head_dim * kv_b
+        # hybrid models: only full (and, at the SWA pool's ratio, sliding) layers hold KV; the
+        # share is exactly 1.0 for every-layer-full models (domain/model_arch.py:kv_bytes_per_token)
+        kv_share = model.kv_bytes_per_token(kv_b, t) / (
+            model.layers * 2 * max(1, model.kv_heads // t) * model.head_dim * kv_b)
+        latent = 2 * max(1, model.kv_heads // t) * model.head_dim * kv_b * kv_share
         index_bytes = 0.0
     else:  # MLA/DSA latents are replicated on every TP rank
         latent = (model.kv_lora_rank + model.qk_rope_head_dim) * kv_b

@@ -28,6 +28,8 @@ SGLang 0.5.23 rules reproduced here (servetune's sglang-knobs reference, section
 
 from __future__ import annotations
 
+from functools import cache
+
 from pydantic import BaseModel, ConfigDict
 
 from domain.config import ServingConfig
@@ -35,6 +37,7 @@ from domain.engines import DerivedDefaults
 from domain.errors import DoesNotFit, InvalidCombination
 from domain.graph_memory import graph_capture_bytes
 from domain.hardware import GPU, get_gpu
+from domain.model_arch import mamba_state_split
 from domain.models import ModelArch, get_model
 from domain.speculative import (
     SPEC_MAX_RUNNING_REQUESTS,
@@ -135,6 +138,7 @@ def resolve_attention_backend(config: ServingConfig, model: ModelArch,
     return engine_for(config).attention_backend(config, model, gpu)
 
 
+@cache
 def version_defaults(version: str | None = None) -> DerivedDefaults:
     """The derived-default rules of SGLang ``version`` (None: 0.5.23).
 
@@ -320,8 +324,10 @@ def fit(config: ServingConfig) -> FitReport:
     w = total_w / t
     draft_w = model.draft_weight_bytes(config.weights) / t if spec else 0.0
     M = gpu.hbm_bytes
-    head = (f"{config.weights} weights {total_w / 1e9:.1f} GB / TP{t} = {w / 1e9:.1f} GB per GPU; "
-            f"{gpu.name} has {gpu.hbm_gb:.0f} GB")
+    exact = " (model.safetensors.index.json total_size)" \
+        if model.checkpoint(config.weights).exact_total_bytes is not None else ""
+    head = (f"{config.weights} weights{exact} {total_w / 1e9:.1f} GB / TP{t} = "
+            f"{w / 1e9:.1f} GB per GPU; {gpu.name} has {gpu.hbm_gb:.0f} GB")
     if draft_w:
         head += f"; draft (MTP) layers {draft_w / 1e9:.2f} GB per GPU"
     if w + draft_w + CONTEXT_OVERHEAD_BYTES > M:
@@ -361,14 +367,19 @@ def fit(config: ServingConfig) -> FitReport:
     per_tok = model.kv_bytes_per_token(KV_BYTES[kv_dtype], t)
     draft_per_tok = per_tok / model.layers * model.mtp_layers if spec else 0.0
     pool = budget - w - draft_w
+    # hybrid linear-attention/Mamba models: the per-request state pool takes ratio/(1 + ratio)
+    # of the room and caps the requests (domain/model_arch.py:mamba_state_split)
+    pool, state_slots, state_txt = mamba_state_split(model, t, pool)
     kv_tokens = int(pool // (per_tok + draft_per_tok))
     kv_tokens = kv_tokens // paged * paged  # whole pages (pool_configurator.py:646)
     mrr = resolve_max_running_requests(config.max_running_requests, kv_tokens,
                                        model.context_len, spec is not None, ver)
+    if state_slots is not None:
+        mrr = min(mrr, state_slots)
     kv_txt = (f"{kv_dtype} KV {per_tok:,.0f} B/token"
               + (f" + draft {draft_per_tok:,.0f} B/token" if draft_per_tok else ""))
-    pool_txt = (f"{head}; pool = {f} x {gpu.hbm_gb:.0f} GB - {(w + draft_w) / 1e9:.1f} GB = "
-                f"{pool / 1e9:.3f} GB; {kv_txt} -> {kv_tokens:,} tokens")
+    pool_txt = (f"{head}; pool = {f} x {gpu.hbm_gb:.0f} GB - {(w + draft_w) / 1e9:.1f} GB"
+                f"{state_txt} = {pool / 1e9:.3f} GB; {kv_txt} -> {kv_tokens:,} tokens")
     if kv_tokens <= 0:  # pool_configurator.py:95 (MemoryPoolConfig: max_total_num_tokens <= 0)
         raise DoesNotFit("kv_pool", (w + draft_w + per_tok + draft_per_tok) / 1e9, budget / 1e9,
                          f"{pool_txt}: not one token", cause="no_room")

@@ -272,13 +272,14 @@ Module = tuple[str, str, int]
 def group_bytes(modules: Iterable[Module], scheme: QuantScheme) -> dict[str, float]:
     """Mean stored bytes per parameter of each group over ``modules`` under ``scheme``.
 
-    Embedding tables (``embed_tokens``) are never quantized by these formats; ``lm_head`` and
-    every other linear are unless excluded. A group with no parameters gets bf16.
+    Embedding tables (``embed_tokens``) and ``lm_head`` are never quantized by these formats
+    (ModelOpt and the fp8/mxfp4/int4 releases here all keep them bf16, listed or not); every
+    other linear is unless excluded. A group with no parameters gets bf16.
     """
     num: dict[str, float] = {}
     den: dict[str, int] = {}
     for name, group, params in modules:
-        bf16 = ("embed_tokens" in name or scheme.key == "bf16"
+        bf16 = ("embed_tokens" in name or name == "lm_head" or scheme.key == "bf16"
                 or (scheme.key != "bf16" and scheme.excluded(name)))
         num[group] = num.get(group, 0.0) + params * (BF16 if bf16 else scheme.bytes_per_param)
         den[group] = den.get(group, 0) + params

@@ -330,13 +330,15 @@ class LessonStore:
     def covering(self, config: ServingConfig) -> list[tuple[int, Lesson]]:
         """``(seq, lesson)`` of every lesson whose family covers ``config``, any status.
 
-        Candidates are narrowed by scope metadata in the store; the condition is checked with
+        Candidates are narrowed by scope metadata in the store (not by engine version: a
+        source-verified lesson of another version covers ``config`` when its guard is unchanged
+        in ``config``'s, ``Lesson.carries_to``); the scope and condition are checked with
         ``Lesson.covers``. Oldest first. A lesson whose condition names no family
         (``Lesson.defect``) is ignored, with a warning logged once per lesson.
         """
         where = _and([{"forbidding": True}, *_clauses(
             gpu=config.gpu, model=config.model, quantization=config.weights,
-            engine=config.engine, engine_version=config.engine_version)])
+            engine=config.engine)])
         out = []
         for seq, lesson in self._fetch(where=where):
             defect = lesson.defect()

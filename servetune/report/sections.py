@@ -77,7 +77,7 @@ def _summary(study: Study, trials: list[Trial], run_id: str, stop_reason: str,
     sweep = sum(t.phase == "frontier" and t.status == "sweep" for t in trials)
     unstarted = [t for t in trials if t.phase == "frontier" and t.status != "sweep"]
     return [
-        f"# {study.name}: run `{run_id}`", "", backend, "",
+        f"# {study.name}: run `{run_id}`", "", backend, "", *_version_note(study),
         f"Model `{study.model}` on {study.gpu_count} x {study.gpu} with {study.engine} "
         f"{study.engine_version}. Stopped because: {stop_reason or 'not given'}. "
         f"Elapsed: {elapsed_s:,.1f} s. Search trials: {launched} launched, {pruned} pruned "
@@ -87,7 +87,6 @@ def _summary(study: Study, trials: list[Trial], run_id: str, stop_reason: str,
         f"{sweep} frontier points measured"
         + "".join(f"; frontier config {t.changed or 'baseline'} did not start "
                   f"({t.failure_class})" for t in unstarted) + ".", "",
-        *_version_note(study),
     ]
 
 

@@ -104,3 +104,90 @@ def test_a_known_older_version_is_checked_with_its_own_flags(tmp_path):
     assert r.returncode == 0, out
     assert "DEPRECATED_FLAG: --cuda-graph-max-bs is deprecated in SGLang 0.5.19" in out
     assert "fix: use --cuda-graph-max-bs-decode" in out
+
+
+def test_the_store_prunes_another_version_with_a_lesson_whose_guard_is_unchanged(
+        tmp_path, monkeypatch):
+    """A source-verified 0.5.23 lesson forbids a 0.5.19 config once both trees are fetched."""
+    from fixtures.pinned_source import pinned_tree_path
+
+    from domain.config import ServingConfig
+    from domain.lesson import Clause, Lesson, Scope
+    from memory.store import LessonStore
+
+    site = "sglang/srt/managers/tp_worker.py:420"
+    pinned = pinned_tree_path()
+    cache = tmp_path / "cache"
+    (cache / "sglang-0.5.19" / site.rpartition("/")[0]).mkdir(parents=True)
+    (cache / "sglang-0.5.23").symlink_to(pinned)
+    monkeypatch.setenv("SERVETUNE_SOURCE_CACHE", str(cache))
+    lesson = Lesson(title="zero requests", scope=Scope(gpu="H100", engine_version="0.5.23"),
+                    condition=[Clause(field="max_running_requests", op="le", value=4)],
+                    outcome="crash", root_cause="x", fix="y", evidence="max_running_request "
+                    "is zero", verified=True, source_site=site).with_id()
+    cfg = ServingConfig(engine_version="0.5.19", model="llama-3.1-8b", gpu="H100",
+                        weights="bf16", max_running_requests=2)
+    with LessonStore(tmp_path / "lessons", embedding="hashing") as store:
+        store.add(lesson)
+        assert store.forbidding(cfg) == []  # 0.5.19's tp_worker.py is not there yet
+        rel = site.rpartition(":")[0]
+        (cache / "sglang-0.5.19" / rel).write_text((pinned / rel).read_text())
+        assert [x.id for x in store.forbidding(cfg)] == [lesson.id]
+        assert [x.id for x in store.forbidding(cfg.model_copy(
+            update={"engine_version": "0.5.23"}))] == [lesson.id]
+
+
+def test_the_static_parser_reproduces_the_shipped_argparse_dump_of_0_5_23():
+    """The parser that built the 0.5.9 and 0.5.19 inventories, on the one tree tests have."""
+    from fixtures.pinned_source import pinned_tree_path
+
+    from mcp_servers.source.flags import extract_flags
+    from mcp_servers.source.inventory import _entry
+    from mcp_servers.source.tree import SourceTree
+
+    mine = [_entry(f) for f in extract_flags(SourceTree(pinned_tree_path())).flags]
+    dump = json.loads((flags.DATA_DIR / "sglang-0.5.23-flags.json").read_text())["flags"]
+    by = {s: f for f in mine for s in f["flags"]}
+    ref = {s: f for f in dump for s in f["flags"]}
+    assert set(by) == set(ref) and len(mine) == len(dump) == 531
+    runtime = []  # choices computed when SGLang starts (parser plugins, an enum of a call)
+    for s, f in ref.items():
+        assert by[s]["dest"] == f["dest"], s
+        assert by[s]["action"] == f["action"], s
+        if f["choices"] and by[s]["choices"] is None:
+            runtime.append(s)
+        else:
+            assert set(map(str, by[s]["choices"] or [])) == set(map(str, f["choices"] or [])), s
+    assert sorted(runtime) == ["--kv-canary-real-data", "--reasoning-parser",
+                               "--sampling-backend", "--tool-call-parser"]
+
+
+def test_the_static_parser_reads_0_5_1x_annotated_server_args(tmp_path):
+    """0.5.1x declares ``A[T, Arg(...)]`` fields on ServerArgs itself (no arg_groups/fields/)."""
+    from mcp_servers.source.flags import extract_flags
+    from mcp_servers.source.tree import SourceTree
+
+    src = tmp_path / "sglang" / "srt"
+    src.mkdir(parents=True)
+    (tmp_path / "sglang" / "__init__.py").write_text("")
+    (src / "server_args.py").write_text('''
+from typing import Annotated as A, Literal, Optional
+
+
+class ServerArgs:
+    tp_size: A[int, Arg(help="GPUs", aliases=["--tensor-parallel-size"])] = 1
+    schedule_policy: A[Literal["fcfs", "lpm"], "the policy"] = "fcfs"
+    hidden: int = 3
+
+    @staticmethod
+    def add_cli_args(parser):
+        parser.add_argument("--cuda-graph-max-bs", type=int, dest="cuda_graph_max_bs_decode",
+                            action=DeprecatedAliasStoreAction,
+                            new_flag="--cuda-graph-max-bs-decode", help="Deprecated alias.")
+''')
+    inv = {f.dest: f for f in extract_flags(SourceTree(tmp_path)).flags}
+    assert inv["tp_size"].flags == ["--tp-size", "--tensor-parallel-size"]
+    assert inv["schedule_policy"].choices == ["fcfs", "lpm"]
+    assert "hidden" not in inv  # a plain field has no flag
+    alias = inv["cuda_graph_max_bs_decode"]
+    assert alias.deprecated and alias.new_flag == "--cuda-graph-max-bs-decode"

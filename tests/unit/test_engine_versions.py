@@ -86,6 +86,8 @@ def test_a_fetched_inventory_makes_a_version_usable_with_the_nearest_rules(engin
     assert note is not None and note.startswith(
         "SGLang derived defaults: rules of 0.5.19 used for 0.5.18")
     assert engine("sglang", "0.5.19").rules_note() is None
+    found = parse(["sglang", "serve", "--model-path", "x"], "0.5.18").findings
+    assert [f.message for f in found if f.code == "NEAREST_VERSION_RULES"] == [note]
 
 
 @pytest.mark.parametrize(("version", "rules"), [

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +23,13 @@ from domain.models import (
     arch_from_hf_config,
     get_model,
 )
+
+REPO = Path(__file__).resolve().parents[2]
+
+QUANTIZATION_CHOICES = next(
+    f["choices"] for f in json.loads(
+        (REPO / "domain/data/sglang-0.5.23-flags.json").read_text())["flags"]
+    if f["dest"] == "quantization")
 
 # ---------------------------------------------------------------- a tiny made-up model
 TINY = {  # 2 layers, hidden 64, 4 query heads, 2 KV heads of 16 dims, vocab 100
@@ -108,16 +117,24 @@ def test_llama_8b_weights_bf16_and_fp8():
     assert m.checkpoint("fp8").quantization == "fp8"
 
 
-def test_qwen3_235b_nvfp4_quantizes_attention_and_experts():
+def test_qwen3_235b_nvfp4_keeps_qkv_and_routers_bf16():
+    """nvidia/Qwen3-235B-A22B-Instruct-2507-NVFP4 (the bf16 release's own NVFP4) keeps q/k/v,
+    the routers and lm_head bf16; o_proj and the experts are NVFP4. Its safetensors hold
+    139,202,447,840 bytes (norms included, which are not counted here)."""
     m = get_model("qwen3-235b-a22b")
     embed = 2 * 151_936 * 4_096
-    attn = 94 * (4_096 * 64 * 128 * 2 + 4_096 * 4 * 128 * 2)
-    experts = 94 * (128 * 3 * 4_096 * 1_536 + 4_096 * 128)
-    assert m.total_params == embed + attn + experts
+    qkv = 94 * 4_096 * (64 + 4 + 4) * 128
+    o_proj = 94 * 64 * 128 * 4_096
+    routers = 94 * 4_096 * 128
+    experts = 94 * 128 * 3 * 4_096 * 1_536
+    assert m.total_params == embed + qkv + o_proj + experts + routers
     assert m.total_params / 1e9 == pytest.approx(235.09, abs=0.01)
-    assert m.weight_bytes("nvfp4") == pytest.approx(2 * embed + (attn + experts) * 0.5625)
+    assert m.weight_bytes("nvfp4") == pytest.approx(
+        2 * (embed + qkv + routers) + (o_proj + experts) * 0.5625)
+    assert m.weight_bytes("nvfp4") == pytest.approx(139_202_447_840, rel=1e-4)
     ck = m.checkpoint("nvfp4")
-    assert (ck.model_path, ck.quantization) == ("nvidia/Qwen3-235B-A22B-NVFP4", "modelopt_fp4")
+    assert (ck.model_path, ck.quantization) == ("nvidia/Qwen3-235B-A22B-Instruct-2507-NVFP4",
+                                                "modelopt_fp4")
 
 
 def test_deepseek_r1_shapes_weights_and_mtp_layer():
@@ -150,8 +167,9 @@ def test_catalog_entries_load_with_real_paths(name: str):
     assert m.checkpoints and m.source.endswith(".json")
     for ck in m.checkpoints.values():
         assert "/" in ck.model_path
-        assert ck.quantization in (None, "fp8", "modelopt_fp8", "modelopt_fp4")
-        assert set(ck.bytes_per_param) == {"embed", "attention", "dense_mlp", "experts"}
+        # a --quantization choice of the pinned 0.5.23 inventory (or none)
+        assert ck.quantization in (None, *QUANTIZATION_CHOICES)
+        assert {"embed", "attention", "dense_mlp", "experts"} <= set(ck.bytes_per_param)
 
 
 # ---------------------------------------------------------------- KV bytes per token

@@ -459,7 +459,8 @@ def test_tensor_parallel_attention_asserts(pinned_tree, key, synthetic_heads):  
     for tp, m, g in itertools.product(range(1, 9), models, GPUS):
         model = get_model(m)
         env = {"self.total_num_heads": model.heads, "num_heads": model.heads,
-               "self.total_num_kv_heads": model.kv_heads, "tp_size": tp, "attn_tp_size": tp}
+               "self.total_num_kv_heads": model.kv_heads, "tp_size": tp, "attn_tp_size": tp,
+               "self.attn_tp_size": tp, "self.kv_tp_size": tp}
         rows.append(((tp, m, g), holds(pinned_tree, key, env),
                      start(cfg(model=m, gpu=g, weights=lightest(m), tp_size=tp))))
     check(key, rows)
@@ -696,6 +697,9 @@ def test_no_draft_model_is_the_twins_stand_in(pinned_tree):  # noqa: F811
     rows = []
     for m, g in itertools.product(CATALOG, ["B200", "H200"]):
         arch = get_model(m).architecture
+        if arch in listed and not get_model(m).mtp_layers:
+            continue  # e.g. Kimi-K2 (DeepseekV3ForCausalLM, no NextN layer): the draft path is
+            # set to the target, whose missing NextN weights fail later, not at this guard
         c = cfg(model=m, gpu=g, weights=lightest(m), speculative_algorithm="NEXTN")
         rows.append(((m, g), arch not in listed, start(c)))
     check("no_draft_model", rows)

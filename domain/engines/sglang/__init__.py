@@ -59,6 +59,7 @@ class SglangEngine:
         self.version = version
         self.image = flags.image(version)
         self.versions = version_rules.available()  # shipped + fetched when this was made
+        self._dests: frozenset[str] | None = None
 
     def flag_inventory(self) -> dict[str, dict[str, Any]]:
         """The CLI flags of this version keyed by argparse dest."""
@@ -82,7 +83,9 @@ class SglangEngine:
         None when it has one (under its own or an older name), or when no known version has a
         flag for ``dest`` (not a flag field).
         """
-        if dest in self.flag_inventory() or flags.renamed_dest(dest, self.version) \
+        if self._dests is None:  # an inventory never changes once found: read it once
+            self._dests = frozenset(self.flag_inventory())
+        if dest in self._dests or flags.renamed_dest(dest, self.version) \
                 or not flags.known_dest(dest):
             return None
         return flags.missing_flag_line(dest, self.version)

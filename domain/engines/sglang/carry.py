@@ -69,9 +69,21 @@ def _guards(body: list[ast.stmt], tests: tuple[str, ...]) -> Iterator[tuple[ast.
                 yield from _guards(block, keep)
 
 
-@cache
 def _file_guards(path: Path) -> tuple[tuple[int, int, str], ...]:
-    """``(first line, last line, guard text)`` of each raise/assert of a file; () if unreadable."""
+    """``(first line, last line, guard text)`` of each raise/assert of a file; () if unreadable.
+
+    Parsed once per file version (path, size and modification time); a missing file is
+    looked at again next time.
+    """
+    try:
+        st = path.stat()
+    except OSError:
+        return ()
+    return _parsed_guards(path, st.st_size, st.st_mtime_ns)
+
+
+@cache
+def _parsed_guards(path: Path, size: int, mtime_ns: int) -> tuple[tuple[int, int, str], ...]:
     try:
         mod = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
     except (OSError, SyntaxError, ValueError):

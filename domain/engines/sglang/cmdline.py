@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from domain.engines.sglang.flags import renamed_dest
-from domain.engines.sglang.versions import data_path
+from domain.engines.sglang.versions import data_path, rules_note
 from domain.errors import ConfigInvalid
 from domain.preflight import Finding, ParsedCommand
 
@@ -235,6 +235,11 @@ def parse(argv: list[str], version: str) -> ParsedCommand:
     """
     program, flags = split_program(argv)
     findings: list[Finding] = []
+    note = rules_note(version)
+    if note is not None:
+        findings.append(Finding(severity="info", code="NEAREST_VERSION_RULES", message=note,
+                                fix="none needed; the memory fit's derived defaults are the "
+                                    "nearest modelled release's"))
     if program[-1] == _LAUNCH_MODULE:
         findings.append(Finding(severity="info", code="LEGACY_ENTRYPOINT",
                                 message=f"python -m {_LAUNCH_MODULE} still works in SGLang "

@@ -163,6 +163,52 @@ REFUSALS: dict[str, Refusal] = {
     "tp_kv_replicas.Qwen3MoeForCausalLM": Refusal(
         "sglang/srt/models/qwen3_moe.py", 516, "__init__",
         "assert attn_tp_size % self.total_num_kv_heads == 0", "AssertionError", ""),
+    # issue 19's catalog architectures: the same three asserts in their own attention classes
+    "tp_heads.MixtralAttention": Refusal(
+        "sglang/srt/models/mixtral.py", 139, "__init__",
+        "assert self.total_num_heads % tp_size == 0", "AssertionError", ""),
+    "tp_kv_heads.MixtralAttention": Refusal(
+        "sglang/srt/models/mixtral.py", 145, "__init__",
+        "assert self.total_num_kv_heads % tp_size == 0", "AssertionError", ""),
+    "tp_kv_replicas.MixtralAttention": Refusal(
+        "sglang/srt/models/mixtral.py", 149, "__init__",
+        "assert tp_size % self.total_num_kv_heads == 0", "AssertionError", ""),
+    "tp_heads.MiniMaxM2Attention": Refusal(
+        "sglang/srt/models/minimax_m2.py", 647, "__init__",
+        "assert self.total_num_heads % attn_tp_size == 0", "AssertionError", ""),
+    "tp_kv_heads.MiniMaxM2Attention": Refusal(
+        "sglang/srt/models/minimax_m2.py", 654, "__init__",
+        "assert self.total_num_kv_heads % attn_tp_size == 0", "AssertionError", ""),
+    "tp_kv_replicas.MiniMaxM2Attention": Refusal(
+        "sglang/srt/models/minimax_m2.py", 658, "__init__",
+        "assert attn_tp_size % self.total_num_kv_heads == 0", "AssertionError", ""),
+    "tp_heads.GptOssAttention": Refusal(
+        "sglang/srt/models/gpt_oss.py", 394, "__init__",
+        "assert self.total_num_heads % attn_tp_size == 0", "AssertionError", ""),
+    "tp_kv_heads.GptOssAttention": Refusal(
+        "sglang/srt/models/gpt_oss.py", 400, "__init__",
+        "assert self.total_num_kv_heads % attn_tp_size == 0", "AssertionError", ""),
+    "tp_kv_replicas.GptOssAttention": Refusal(
+        "sglang/srt/models/gpt_oss.py", 404, "__init__",
+        "assert attn_tp_size % self.total_num_kv_heads == 0", "AssertionError", ""),
+    "tp_heads.NemotronHAttention": Refusal(
+        "sglang/srt/models/nemotron_h.py", 696, "__init__",
+        "assert self.total_num_heads % tp_size == 0", "AssertionError", ""),
+    "tp_kv_heads.NemotronHAttention": Refusal(
+        "sglang/srt/models/nemotron_h.py", 702, "__init__",
+        "assert self.total_num_kv_heads % tp_size == 0", "AssertionError", ""),
+    "tp_kv_replicas.NemotronHAttention": Refusal(
+        "sglang/srt/models/nemotron_h.py", 706, "__init__",
+        "assert tp_size % self.total_num_kv_heads == 0", "AssertionError", ""),
+    "tp_heads.Qwen3_5AttentionDecoderLayer": Refusal(
+        "sglang/srt/models/qwen3_5.py", 1293, "__init__",
+        "assert self.total_num_heads % self.attn_tp_size == 0", "AssertionError", ""),
+    "tp_kv_heads.Qwen3_5AttentionDecoderLayer": Refusal(
+        "sglang/srt/models/qwen3_5.py", 1297, "__init__",
+        "assert self.total_num_kv_heads % self.kv_tp_size == 0", "AssertionError", ""),
+    "tp_kv_replicas.Qwen3_5AttentionDecoderLayer": Refusal(
+        "sglang/srt/models/qwen3_5.py", 1299, "__init__",
+        "assert self.kv_tp_size % self.total_num_kv_heads == 0", "AssertionError", ""),
     # DeepseekV2AttentionMLA serves DeepseekV3ForCausalLM and GlmMoeDsaForCausalLM (glm4_moe.py
     # subclasses DeepseekV2ForCausalLM); the MLA latent is replicated, only heads are split
     "tp_heads.DeepseekV2AttentionMLA": Refusal(
@@ -277,6 +323,12 @@ TP_ATTENTION_CLASS = {
     "Qwen3MoeForCausalLM": "Qwen3MoeForCausalLM",
     "DeepseekV3ForCausalLM": "DeepseekV2AttentionMLA",
     "GlmMoeDsaForCausalLM": "DeepseekV2AttentionMLA",
+    # Qwen3VLMoeForConditionalGeneration builds Qwen3MoeDecoderLayer (qwen3_vl_moe.py:34)
+    "Qwen3VLMoeForConditionalGeneration": "Qwen3MoeForCausalLM",
+    "DeepseekV32ForCausalLM": "DeepseekV2AttentionMLA",
+    "MixtralForCausalLM": "MixtralAttention", "MiniMaxM2ForCausalLM": "MiniMaxM2Attention",
+    "GptOssForCausalLM": "GptOssAttention", "NemotronHForCausalLM": "NemotronHAttention",
+    "Qwen3_5MoeForConditionalGeneration": "Qwen3_5AttentionDecoderLayer",
 }
 
 
@@ -290,10 +342,12 @@ def tp_refusal(architecture: str, heads: int, kv_heads: int | None, tp_size: int
     ``max(1, kv_heads // tp_size)``). MLA/DSA (``deepseek_v2.py:2057``) splits only the query
     heads (``kv_heads`` None): the latent is replicated.
 
-    Raises:
-        KeyError: an architecture outside :data:`TP_ATTENTION_CLASS`.
+    An architecture outside :data:`TP_ATTENTION_CLASS` (a user's config.json of another
+    class) is not checked here: None.
     """
-    cls = TP_ATTENTION_CLASS[architecture]
+    cls = TP_ATTENTION_CLASS.get(architecture)
+    if cls is None:
+        return None
     if heads % tp_size:
         return f"tp_heads.{cls}"
     if kv_heads is None:
