@@ -292,3 +292,18 @@ def test_vision_encoder_attention_per_sm(gpus: None) -> None:
     assert got == {"SM80": "triton_attn", "SM89": "triton_attn", "H100": "fa3", "B200": "fa4",
                    "RTXPRO6000": "triton_attn"}
     assert "mm_attention_backend" not in resolved_backends(on("B200"))  # no vision tower
+
+
+def test_gpt_oss_and_kimi_thinking_take_their_model_rules(gpus: None) -> None:
+    """gpt-oss's override (model_overrides/gpt_oss.py:29-44, :64-72): trtllm_mha / fa3 /
+    triton by SM, MXFP4 experts on flashinfer_mxfp4 on SM 10 and 12; Kimi-K2-Thinking's int4
+    W4A16 experts on flashinfer_trtllm on SM 10 (overrides.py:779-823)."""
+    got = {g: resolved_backends(on(g, model="gpt-oss-120b", weights="mxfp4", tp_size=4))
+           for g in ("SM89", "H100", "B200", "RTXPRO6000")}
+    assert {g: (r["attention_backend"], r["moe_runner_backend"]) for g, r in got.items()} == {
+        "SM89": ("triton", "auto"), "H100": ("fa3", "auto"),
+        "B200": ("trtllm_mha", "flashinfer_mxfp4"), "RTXPRO6000": ("triton", "flashinfer_mxfp4")}
+    kimi = on("B200", model="kimi-k2-thinking", weights="w4a16")
+    assert resolved_backends(kimi)["moe_runner_backend"] == "flashinfer_trtllm"
+    assert resolved_backends(kimi.model_copy(update={"gpu": "H100"}))[
+        "moe_runner_backend"] == "auto"

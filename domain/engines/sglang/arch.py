@@ -29,6 +29,12 @@ SM        MHA/GQA                MLA                                    DSA (GLM
           attention sinks)
 ========  =====================  =====================================  ==================
 
+gpt-oss takes its own override (``model_overrides/gpt_oss.py:29-44``): trtllm_mha on SM 10, fa3
+on SM 9, triton elsewhere. Not modelled: the hybrid models' overrides on Blackwell
+(``model_overrides/qwen3_5.py:17-50`` picks triton or trtllm_mha on SM 10 by the Mamba radix
+cache strategy, ``nemotron_h.py:123-148`` trtllm_mha/triton by speculation): the general rule
+above stands for them.
+
 DSA's own prefill/decode kernels (``overrides.py:601`` ``_dsa_split_backend_resolution``):
 GLM DSA (``GlmMoeDsaForCausalLM``) with an fp8_e4m3 KV cache on SM 12 runs
 ``flashinfer_sparse_mla`` for both (``:637-643``, ``:665-674``; the only DSA kernel SM 12
@@ -99,6 +105,8 @@ def auto_attention_backend(config: ServingConfig, model: ModelArch, gpu: GPU) ->
     major = gpu.sm_major
     if model.attention == "dsa":
         return "dsa"  # model_overrides/deepseek_v2.py:100-104
+    if model.architecture == "GptOssForCausalLM":  # model_overrides/gpt_oss.py:29-44
+        return {10: "trtllm_mha", 9: "fa3"}.get(major, "triton")
     if model.attention == "mla":
         if major == 10 and is_deepseek_v3(model):
             return "trtllm_mla"  # deepseek_v2.py:179-186 (is_sm100 only)
@@ -162,8 +170,11 @@ def moe_runner_backend(config: ServingConfig, model: ModelArch, gpu: GPU,
     """The ``--moe-runner-backend`` the server resolves for a MoE model ("" for a dense one).
 
     Explicit values are kept. ``auto``: the DeepSeek family (DeepSeek-V3/V3.2, GLM-5, Kimi)
-    on SM 10 with fp8 / modelopt_fp8 / modelopt_fp4 / bf16 experts takes ``flashinfer_trtllm``
-    (``overrides.py:771-832``); a ModelOpt NVFP4 checkpoint on SM 11/12 takes
+    on SM 10 with fp8 / modelopt_fp8 / modelopt_fp4 / bf16 experts, or Kimi-K2-Thinking's
+    compressed-tensors int4 (group 32) experts, takes ``flashinfer_trtllm``
+    (``overrides.py:771-832``); gpt-oss's MXFP4 experts on SM 10 and SM 12 take
+    ``flashinfer_mxfp4`` and its bf16 experts ``triton_kernel``
+    (``model_overrides/gpt_oss.py:64-117``); a ModelOpt NVFP4 checkpoint on SM 11/12 takes
     ``flashinfer_cutlass`` (``overrides.py:1513-1522``: trtllm-gen MoE kernels are SM100-only);
     anything else stays ``auto`` (the quantization method picks its kernels at load time,
     e.g. ``layers/quantization/fp8.py:1530``).
@@ -173,9 +184,14 @@ def moe_runner_backend(config: ServingConfig, model: ModelArch, gpu: GPU,
     runner = config.moe_runner_backend or "auto"
     if runner != "auto":
         return runner
+    int4_w4a16 = quantization == "compressed-tensors" and config.weights == "w4a16"
     if gpu.sm_major == 10 and model.architecture in DEEPSEEK_FAMILY \
-            and quantization in _DEEPSEEK_TRTLLM_MOE_QUANTS:
+            and (quantization in _DEEPSEEK_TRTLLM_MOE_QUANTS or int4_w4a16):
         return "flashinfer_trtllm"
+    if model.architecture == "GptOssForCausalLM":
+        if quantization == "mxfp4":
+            return "flashinfer_mxfp4" if gpu.sm_major in (10, 12) else "auto"
+        return "triton_kernel" if quantization is None else "auto"
     if quantization == "modelopt_fp4" and gpu.sm_major in (11, 12):
         return "flashinfer_cutlass"
     return "auto"
