@@ -39,7 +39,15 @@ V1_FIELDS = ("schedule_conservativeness", "speculative_algorithm", "speculative_
 _NOT_FLAGS = ("engine", "engine_version", "model", "gpu", "weights", "replicas", "router_policy")
 _FLAG_DEFAULTS: tuple[tuple[str, Any], ...] | None = None  # (field, default) of the others
 # String fields whose values are the choices of the engine version's flag inventory.
-CHOICE_FIELDS = ("attention_backend", "mm_attention_backend")
+CHOICE_FIELDS = ("attention_backend", "mm_attention_backend", "moe_runner_backend",
+                 "fp4_gemm_runner_backend")
+# Fields passed through to the launch command as given whose effect on memory and speed the
+# twin does not model: the report and ``servetune check`` list them as "not modelled".
+PASSED_THROUGH = ("fp4_gemm_runner_backend", "num_continuous_decode_steps",
+                  "enable_two_batch_overlap", "enable_single_batch_overlap")
+# Fields added by issue 19; config_id() leaves them out while unset, as it does V1_FIELDS.
+V19_FIELDS = ("context_length", "page_size", "disable_cuda_graph", "moe_runner_backend",
+              *PASSED_THROUGH)
 
 
 def _gpu_name(name: str) -> str:
@@ -126,6 +134,31 @@ class ServingConfig(BaseModel):
         None, gt=0.0, le=100.0, allow_inf_nan=False, description="--hicache-ratio: host KV "
         "pool as a multiple of the device KV pool; None = engine default 2.0 (shrunk to fit the "
         "host memory)")
+    # Knobs of issue 19 (SGLang 0.5.23 flags; arch rules: domain/engines/sglang/arch.py)
+    context_length: int | None = Field(
+        None, ge=2, le=1 << 24, description="--context-length: longest request (prompt + "
+        "output), tokens; sizes the default max_running_requests; None = the model's "
+        "max_position_embeddings (a longer value is refused, configs/model_config.py:1314)")
+    page_size: int | None = Field(
+        None, ge=1, le=4096, description="--page-size: KV pool granularity and prefix-cache "
+        "match unit, tokens; None = 1, or the size the attention backend forces")
+    disable_cuda_graph: bool = Field(
+        False, description="--disable-cuda-graph (deprecated in 0.5.23 for "
+        "--cuda-graph-backend-{decode,prefill}=disabled, still accepted): no CUDA-graph "
+        "memory, every decode step runs eagerly")
+    moe_runner_backend: str | None = Field(
+        None, description="--moe-runner-backend: MoE expert kernels; None = auto (by "
+        "architecture and quantization: flashinfer_trtllm for the DeepSeek family on SM 10, "
+        "flashinfer_cutlass for NVFP4 on SM 12)")
+    fp4_gemm_runner_backend: str | None = Field(
+        None, description="--fp4-gemm-backend: FP4 GEMM kernels; passed through, not modelled")
+    num_continuous_decode_steps: int | None = Field(
+        None, ge=1, le=1024, description="--num-continuous-decode-steps; passed through, not "
+        "modelled")
+    enable_two_batch_overlap: bool = Field(
+        False, description="--enable-two-batch-overlap; passed through, not modelled")
+    enable_single_batch_overlap: bool = Field(
+        False, description="--enable-single-batch-overlap; passed through, not modelled")
 
     @model_validator(mode="after")
     def _chunk(self) -> ServingConfig:
@@ -197,11 +230,12 @@ class ServingConfig(BaseModel):
     def config_id(self) -> str:
         """Stable 12-hex-digit id of this config (sha256 of its canonical JSON).
 
-        Fields added in twin v1 (``V1_FIELDS``) enter the JSON only when set, so every config
-        that leaves them at their default keeps the id it had before (ledgers stay resumable).
+        Fields added in twin v1 (``V1_FIELDS``) and by issue 19 (``V19_FIELDS``) enter the JSON
+        only when set, so every config that leaves them at their default keeps the id it had
+        before (ledgers stay resumable).
         """
         data = self.model_dump(mode="json")
-        for name in V1_FIELDS:
+        for name in (*V1_FIELDS, *V19_FIELDS):
             if data[name] == ServingConfig.model_fields[name].default:
                 del data[name]
         blob = json.dumps(data, sort_keys=True).encode()

@@ -42,7 +42,6 @@ from domain.models import ModelArch, get_model
 from domain.speculative import (
     SPEC_MAX_RUNNING_REQUESTS,
     SpecParams,
-    hf_architecture,
     resolve_speculative,
 )
 
@@ -68,16 +67,6 @@ MEMORY_FIELDS = ("weights", "tp_size", "kv_cache_dtype", "mem_fraction_static",
 HICACHE_DEFAULT_RATIO = 2.0
 HICACHE_HOST_RESERVE_BYTES = 10 * GIB
 HICACHE_AUTO_HOST_FRACTION = 0.8
-# attention backend -> page size it forces (sglang-knobs reference 1.2, ``page_size``): flashmla
-# 64, trtllm_mla 32/64 -> 64, cutedsl_mla 32/64 (64 taken), trtllm_mha -> 64, hpc_ops 64, DSA
-# models 64 x index_kpool (64 taken). fa4 forces 128 on SM100 for non-MLA models (below).
-FORCED_PAGE_SIZE = {"flashmla": 64, "trtllm_mla": 64, "cutedsl_mla": 64, "trtllm_mha": 64,
-                    "hpc_ops": 64, "dsa": 64}
-# Architectures SGLang's DeepSeek-V3 override moves to trtllm_mla on SM100 when no backend is
-# given (sglang-knobs reference 2.4).
-_DEEPSEEK_V3_FAMILY = ("deepseek-v3", "deepseek-r1")
-
-
 class FitReport(BaseModel):
     """Resolved memory layout of one replica (per GPU unless the name says per replica).
 
@@ -137,36 +126,16 @@ def resolve_kv_dtype(config: ServingConfig, model: ModelArch, gpu: GPU) -> str:
 
 def resolve_attention_backend(config: ServingConfig, model: ModelArch,
                               gpu: GPU) -> tuple[str, int]:
-    """``(attention backend, page size)`` SGLang 0.5.23 runs ``config`` with.
+    """``(attention backend, KV page size in tokens)`` the engine runs ``config`` with.
 
-    Auto-selection (``arg_groups/overrides.py: _attention_backend_default``, sglang-knobs
-    reference 2.4): DSA models -> ``dsa``; MLA -> ``fa3`` on SM90, on SM100 ``trtllm_mla`` for the
-    DeepSeek-V3 family and ``flashinfer`` otherwise; GQA -> ``fa3`` (SM90) / ``trtllm_mha``
-    (SM100) unless speculation is on without an explicit ``--speculative-eagle-topk 1``, then
-    ``flashinfer``. Page size: forced by the backend (``FORCED_PAGE_SIZE``; fa4 on SM100 for
-    non-MLA models 128), else 1.
+    The engine's per-SM rules (SGLang 0.5.23: ``domain/engines/sglang/arch.py``, each with its
+    source line): ``--attention-backend`` unset resolves by the model's attention (GQA, MLA,
+    DSA) and the GPU's SM major; the page size is ``--page-size`` (unset: 1) unless the
+    backend forces or restricts it.
     """
-    backend = config.attention_backend
-    if backend is None:
-        spec_wide = (config.speculative_algorithm is not None
-                     and config.speculative_eagle_topk != 1)
-        if model.attention == "dsa":
-            backend = "dsa"
-        elif model.attention == "mla":
-            if gpu.sm_major < 10:
-                backend = "fa3"
-            else:
-                deepseek = (model.name in _DEEPSEEK_V3_FAMILY
-                            or hf_architecture(model) == "DeepseekV3ForCausalLM")
-                backend = "trtllm_mla" if deepseek else "flashinfer"
-        elif spec_wide:
-            backend = "flashinfer"
-        else:
-            backend = "trtllm_mha" if gpu.sm_major >= 10 else "fa3"
-    page = FORCED_PAGE_SIZE.get(backend, 1)
-    if backend == "fa4" and gpu.sm_major == 10 and model.attention == "gqa":
-        page = 128
-    return backend, page
+    from domain.engines import engine_for
+
+    return engine_for(config).attention_backend(config, model, gpu)
 
 
 @cache
@@ -217,7 +186,7 @@ def prefill_capture_sizes(max_tokens: int) -> list[int]:
 
 def default_mem_fraction(model: ModelArch, gpu: GPU, tp_size: int, chunked: int,
                          graph_bs: int, version: str | None = None,
-                         speculative: str | None = None) -> float:
+                         speculative: str | None = None, prefill_graphs: bool = True) -> float:
     """``mem_fraction_static`` when unset (memory_hook.py: handle_gpu_memory_settings).
 
     Reserved MiB = 512 + 1.5 x max(chunked, 2048) + tp/8 x 1024 + 2 x decode graph max bs
@@ -226,12 +195,14 @@ def default_mem_fraction(model: ModelArch, gpu: GPU, tp_size: int, chunked: int,
     10,240 MiB when the GPU has more than 60 GiB. The fraction is rounded to 3 decimals.
     SGLang 0.5.9 (``version``) reserves no prefill graph and adds 2 GiB for EAGLE-like
     ``speculative`` algorithms (6 GiB STANDALONE) after the floor (:func:`version_defaults`).
+    ``--disable-cuda-graph`` (``graph_bs`` 0, ``prefill_graphs`` False) reserves neither graph
+    term (0.5.23 ``memory_hook.py:359-398`` reserve_for_graph_mb: only phases not DISABLED).
     """
     rules = version_defaults(version)
     gpu_mib = gpu.hbm_mib
     prefill_graph = 1536 if model.attention in ("mla", "dsa") \
         else 8 * len(prefill_capture_sizes(chunked))
-    if not rules.prefill_graph_reserve:
+    if not rules.prefill_graph_reserve or not prefill_graphs:
         prefill_graph = 0
     reserved = 512 + 1.5 * max(chunked, 2048) + tp_size / 8 * 1024 + 2 * graph_bs + prefill_graph
     if gpu_mib > 60 * 1024:
@@ -345,6 +316,8 @@ def fit(config: ServingConfig) -> FitReport:
         ConfigInvalid: unknown model, GPU or checkpoint.
     """
     model, gpu = get_model(config.model), get_gpu(config.gpu)
+    if config.context_length is not None:  # --context-length: the context the server runs
+        model = model.model_copy(update={"context_len": config.context_length})
     t = config.tp_size
     spec = _lenient_spec(config)
     total_w = model.weight_bytes(config.weights)
@@ -372,9 +345,12 @@ def fit(config: ServingConfig) -> FitReport:
         graph_bs = min(graph_bs, config.max_running_requests)
     if config.cuda_graph_max_bs_decode is not None:
         graph_bs = config.cuda_graph_max_bs_decode
+    if config.disable_cuda_graph:  # cuda_graph_hook.py:55-57: decode and prefill DISABLED
+        graph_bs = 0
     f_default = config.mem_fraction_static is None
     f = default_mem_fraction(model, gpu, t, chunked, graph_bs, ver,
-                             spec.algorithm if spec else None) if f_default \
+                             spec.algorithm if spec else None,
+                             prefill_graphs=not config.disable_cuda_graph) if f_default \
         else config.mem_fraction_static
     assert f is not None
     budget = f * M
@@ -382,6 +358,11 @@ def fit(config: ServingConfig) -> FitReport:
         raise DoesNotFit("kv_pool", (w + draft_w) / 1e9, budget / 1e9,
                          f"{head}; mem_fraction_static {f} x {gpu.hbm_gb:.0f} GB = "
                          f"{budget / 1e9:.1f} GB leaves no KV cache", cause="no_room")
+    backend, page = resolve_attention_backend(config, model, gpu)
+    # --page-size rounds the pool to whole pages where it changes the server's page; the
+    # rounding to a backend's own page (< 64 tokens of a pool) is left out of the twin
+    paged = page if config.page_size is not None and page != resolve_attention_backend(
+        config.model_copy(update={"page_size": None}), model, gpu)[1] else 1
     kv_dtype = resolve_kv_dtype(config, model, gpu)
     per_tok = model.kv_bytes_per_token(KV_BYTES[kv_dtype], t)
     draft_per_tok = per_tok / model.layers * model.mtp_layers if spec else 0.0
@@ -390,6 +371,7 @@ def fit(config: ServingConfig) -> FitReport:
     # of the room and caps the requests (domain/model_arch.py:mamba_state_split)
     pool, state_slots, state_txt = mamba_state_split(model, t, pool)
     kv_tokens = int(pool // (per_tok + draft_per_tok))
+    kv_tokens = kv_tokens // paged * paged  # whole pages (pool_configurator.py:646)
     mrr = resolve_max_running_requests(config.max_running_requests, kv_tokens,
                                        model.context_len, spec is not None, ver)
     if state_slots is not None:
@@ -413,9 +395,8 @@ def fit(config: ServingConfig) -> FitReport:
     # captured sizes stop at the request-slot pool (max_running_requests).
     captured_bs = min(graph_bs, mrr)
     outside = (1 - f) * M
-    backend, page = resolve_attention_backend(config, model, gpu)
-    graphs = graph_capture_bytes(model, t, captured_bs, backend, spec is not None,
-                                 gpu.sm_major)
+    graphs = 0.0 if config.disable_cuda_graph else graph_capture_bytes(
+        model, t, captured_bs, backend, spec is not None, gpu.sm_major)
     need = chunked * ACTIVATION_BYTES_PER_TOKEN + graphs
     if need > outside - CONTEXT_OVERHEAD_BYTES:
         raise DoesNotFit("cuda_graph", (need + CONTEXT_OVERHEAD_BYTES) / 1e9, outside / 1e9,

@@ -173,9 +173,16 @@ class GuardFacts(BaseModel):
 
 
 def _value(config: ServingConfig, atom: FlagAtom) -> tuple[bool, Any]:
-    """(known, value) of the atom's flag in ``config``: its field, else the flag's default."""
+    """(known, value) of the atom's flag in ``config``: its field, else the flag's default.
+
+    A field left unset (None) whose default the engine computes or resolves at start-up
+    (``default_known`` False, e.g. ``--page-size``: the attention backend's page) is unknown.
+    """
     if atom.dest in ServingConfig.model_fields:
-        return True, getattr(config, atom.dest)
+        v = getattr(config, atom.dest)
+        if v is None and not atom.default_known:
+            return False, None
+        return True, v
     return atom.default_known, atom.default
 
 
@@ -218,16 +225,16 @@ def _clause(config: ServingConfig, atom: FlagAtom) -> Clause | None:
     raise NotGrounded(f"no lesson clause can express {atom.text} for {atom.dest}={v!r}")
 
 
-def _forceable(atom: Atom) -> bool:
+def _forceable(config: ServingConfig, atom: Atom) -> bool:
     """Whether the lesson pins the atom's inputs.
 
     True for a model property (the scope names the model) and for a comparison of a flag the
-    config states (or that sits at a literal default).
+    config states (or that sits at a literal default): not for a field left unset whose value
+    the engine resolves at start-up (:func:`_value`).
     """
     if isinstance(atom, ModelAtom):
         return True
-    return isinstance(atom, FlagAtom) and atom.op == "compared" and (
-        atom.dest in ServingConfig.model_fields or atom.default_known)
+    return isinstance(atom, FlagAtom) and atom.op == "compared" and _value(config, atom)[0]
 
 
 def _build(config: ServingConfig, conj: list[Atom]) -> tuple[Scope, list[Clause]]:
@@ -277,8 +284,8 @@ def grounded_condition(config: ServingConfig, facts: GuardFacts) -> tuple[Scope,
         # The config failed here, so some conjunction held, and every other one is false for
         # it: this one held, its comparisons with non-literals included.
         i = open_[0]
-        if all(t is True or _forceable(a) for a, t in zip(facts.disjuncts[i], truths[i],
-                                                           strict=True)):
+        if all(t is True or _forceable(config, a) for a, t in zip(facts.disjuncts[i],
+                                                                   truths[i], strict=True)):
             chosen = i
     if chosen is not None:
         return _build(config, facts.disjuncts[chosen])

@@ -63,6 +63,24 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
        "(true/false)", "enable_hierarchical_cache", False),
     _k("hicache_ratio", "HiCache host pool as a multiple of the device KV pool (setting it "
        "turns HiCache on)", "hicache_ratio"),
+    # issue 19: modelled (memory, step cost, per-SM rules) ...
+    _k("context_length", "longest request (prompt + output), tokens; sizes the default "
+       "max_running_requests; above the model's own it is refused", "context_length"),
+    _k("page_size", "KV page, tokens: pool granularity and prefix-cache match unit (a "
+       "backend may force its own)", "page_size"),
+    _k("disable_cuda_graph", "no CUDA graphs (true/false): no graph memory, every decode "
+       "step eager", "disable_cuda_graph", False),
+    _k("moe_runner_backend", "MoE expert kernels (auto, flashinfer_cutlass, "
+       "flashinfer_trtllm (SM 10 only), triton, ...)", "moe_runner_backend"),
+    # ... and passed through as given, "not modelled" in the report and servetune check
+    _k("fp4_gemm_runner_backend", "FP4 GEMM kernels (--fp4-gemm-backend); not modelled",
+       "fp4_gemm_runner_backend"),
+    _k("num_continuous_decode_steps", "decode steps per scheduling round; not modelled",
+       "num_continuous_decode_steps"),
+    _k("enable_two_batch_overlap", "two-batch overlap (true/false); not modelled",
+       "enable_two_batch_overlap", False),
+    _k("enable_single_batch_overlap", "single-batch overlap (true/false); not modelled",
+       "enable_single_batch_overlap", False),
     _k("router_policy", "how the router spreads requests over replicas (round_robin, "
        "power_of_two, cache_aware); a router flag, not a server flag", None, False),
 )}

@@ -234,7 +234,8 @@ def lint_config(config: ServingConfig, study: Study | None = None, *,
       ``speculative_hook.py``), whatever the load (the study's saturation concurrency is named
       when it is above that).
     - ``PREFIX_BELOW_PAGE`` (with ``trace``): requests whose shared prefix is shorter than the
-      KV page (``page_size``; None: the page the attention backend forces, :func:`fit`).
+      KV page the server runs (``page_size`` when given and not the config's own
+      ``--page-size``; else the fit's page: a backend's forced page included, :func:`fit`).
 
     Returns [] when nothing trips, and for a config that does not fit (that is a refusal of
     :func:`check_config`, not a lint). No I/O.
@@ -266,15 +267,51 @@ def lint_config(config: ServingConfig, study: Study | None = None, *,
                     f"running requests (speculative_hook.py){load}",
             fix="set --max-running-requests to the concurrency you serve (e.g. 256)"))
     if trace is not None:
-        out += prefix_lint(trace, page_size if page_size is not None else rep.page_size)
+        page = rep.page_size if page_size in (None, config.page_size) else page_size
+        out += prefix_lint(trace, page)
+    return out
+
+
+def arch_lints(config: ServingConfig) -> list[Finding]:
+    """The GPU-architecture lints of a search candidate, on its ledger row with its lints.
+
+    ``servetune check`` says the same as ``UNSUPPORTED_BACKEND`` and ``UNMODELLED_FLAGS``.
+
+    - ``ARCH_REFUSED`` (warn): a backend value the GPU's architecture rules refuse (the
+      engine's :meth:`~domain.engines.Engine.backend_refusals`, e.g. fa3 on an SM 12 GPU, a
+      trtllm-gen MoE runner off SM 10): the launch fails at startup, once, and the run
+      learns it as a lesson.
+    - ``NOT_MODELLED`` (info): flags passed through as given whose effect the estimate does
+      not include (:data:`domain.config.PASSED_THROUGH`).
+    """
+    from domain.config import PASSED_THROUGH
+    from domain.engines import engine_for
+
+    out = [Finding(severity="warn", code="ARCH_REFUSED", message=f"on {config.gpu}: {msg}",
+                   fix=f"another {flag} for this GPU, or leave it unset for the engine's choice")
+           for flag, msg in engine_for(config).backend_refusals(config, {})]
+    passed = {k: v for k, v in config.set_fields().items() if k in PASSED_THROUGH}
+    if passed:
+        out.append(Finding(severity="info", code="NOT_MODELLED",
+                           message="not modelled (passed through as given): " + ", ".join(
+                               f"{k}={v}" for k, v in passed.items()),
+                           fix="measure them on real GPUs; the twin's numbers leave them out"))
     return out
 
 
 def resolved(rep: FitReport | None, config: ServingConfig) -> dict[str, Any]:
-    """The server settings the engine would resolve (empty when the config does not fit)."""
+    """The server settings the engine would resolve (empty when the config does not fit).
+
+    With the kernels the GPU's SM picks (:meth:`domain.engines.Engine.resolved_backends`):
+    ``dsa_prefill_backend``/``dsa_decode_backend``, ``moe_runner_backend``,
+    ``fp4_gemm_runner_backend`` where they apply.
+    """
     if rep is None:
         return {}
-    return {"attention_backend": rep.attention_backend,
+    from domain.engines import engine_for
+
+    kernels = engine_for(config).resolved_backends(config)  # attention, DSA, MoE, FP4 GEMM
+    return {**kernels, "attention_backend": rep.attention_backend,
             "max_running_requests": rep.max_running_requests,
             "chunked_prefill_size": rep.chunked_prefill_size,
             "cuda_graph_max_bs_decode": rep.cuda_graph_max_bs_decode,

@@ -22,7 +22,8 @@ from domain.hardware import get_gpu
 # layout, a KV cache format or a HiCache size can fail at startup on some architectures.
 RESEARCH_FLAGS = {"attention_backend": "attention_backend", "speculative": "speculative_algorithm",
                   "speculative_algorithm": "speculative_algorithm", "tp_size": "tp_size",
-                  "kv_cache_dtype": "kv_cache_dtype", "hicache_ratio": "hicache_ratio"}
+                  "kv_cache_dtype": "kv_cache_dtype", "hicache_ratio": "hicache_ratio",
+                  "moe_runner_backend": "moe_runner_backend"}
 _SM_BOUND = re.compile(r"SM\s*(>=|<=|>|<|==)\s*(\d+)", re.IGNORECASE)
 
 

@@ -277,6 +277,10 @@ class Study(BaseModel):
         except ConfigInvalid as e:
             raise ConfigInvalid([v if v.startswith("baseline") else f"baseline: {v}"
                                  for v in e.violations]) from e
+        need = s.isl + s.osl
+        if base.context_length is not None and need > base.context_length:
+            problems.append(f"baseline.context_length: {base.context_length} is shorter than "
+                            f"the saturation's isl {s.isl} + osl {s.osl}")
         for name, values in self.knobs.items():
             for v in values:
                 try:
@@ -284,6 +288,12 @@ class Study(BaseModel):
                     get_model(self.model).checkpoint(cfg.weights)
                 except ConfigInvalid as e:
                     problems += e.violations
+                    continue
+                if name == "context_length" and cfg.context_length is not None \
+                        and need > cfg.context_length:
+                    problems.append(f"knobs.context_length: {v!r} is shorter than the "
+                                    f"saturation's isl {s.isl} + osl {s.osl}: every request "
+                                    "would be refused")
         if problems:
             raise ConfigInvalid(problems)
 

@@ -44,7 +44,7 @@ from domain.config import ServingConfig
 from domain.errors import ConfigInvalid, DoesNotFit
 from domain.faults import rule
 from domain.ledger import Ledger, LintHook
-from domain.preflight import lint_config
+from domain.preflight import arch_lints, lint_config
 from domain.study import Study
 from domain.trial import LintNote, Trial, manifest_for
 from domain.usage import AgentUsage, add_extra_usage, llm_usage, spent
@@ -58,12 +58,13 @@ def candidate_lints(study: Study) -> LintHook:
     """The ledger's lint hook for ``study``: each row's config through the pre-flight lints.
 
     Calls :func:`domain.preflight.lint_config` (the lints of ``servetune check``: e.g.
-    ``GRAPH_CEILING``, ``SPEC_DEFAULT_CAP``) and keeps each finding's severity, code, message
+    ``GRAPH_CEILING``, ``SPEC_DEFAULT_CAP``) and :func:`domain.preflight.arch_lints`
+    (``ARCH_REFUSED``, ``NOT_MODELLED``) and keeps each finding's severity, code, message
     and fix on the row (:class:`~domain.trial.LintNote`).
     """
     def lints(config: ServingConfig) -> list[LintNote]:
         try:
-            found = lint_config(config, study)
+            found = lint_config(config, study) + arch_lints(config)
         except (ConfigInvalid, DoesNotFit):  # a config the estimate refuses: pruned, not linted
             return []
         return [LintNote.model_validate(f, from_attributes=True) for f in found]

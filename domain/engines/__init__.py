@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from domain.config import ServingConfig
     from domain.failures import Diagnosis
+    from domain.hardware import GPU
     from domain.lesson import Lesson
+    from domain.models import ModelArch
     from domain.preflight import ParsedCommand
     from domain.twin.startup import Startup
 
@@ -189,6 +191,15 @@ class Engine(Protocol):
     def backend_refusals(self, config: ServingConfig,
                          values: dict[str, Any]) -> list[tuple[str, str]]:
         """``(flag, engine message)`` of every backend flag the config's GPU refuses."""
+        ...
+
+    def attention_backend(self, config: ServingConfig, model: ModelArch,
+                          gpu: GPU) -> tuple[str, int]:
+        """``(attention backend, KV page size)`` the engine runs ``config`` with on ``gpu``."""
+        ...
+
+    def resolved_backends(self, config: ServingConfig) -> dict[str, str]:
+        """Every kernel choice (attention, MoE runner, FP4 GEMM ...) by flag dest, resolved."""
         ...
 
 

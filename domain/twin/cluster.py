@@ -90,6 +90,7 @@ def engine_limits(config: ServingConfig, report: FitReport) -> EngineLimits:
         radix_cache=not config.disable_radix_cache,
         host_kv_tokens=host_tokens,
         spec=report.speculative,
+        page_size=report.page_size,
     )
 
 

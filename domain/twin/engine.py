@@ -111,6 +111,8 @@ class EngineLimits:
         radix_cache: prefix caching on (``--disable-radix-cache`` off).
         host_kv_tokens: HiCache host pool, tokens (0 = off).
         spec: resolved speculative parameters (``domain.speculative.SpecParams``) or None.
+        page_size: KV page, tokens: a cached prefix is reused in whole pages only
+            (``mem_cache/radix_cache.py:178-220``: a match is rounded down to ``page_size``).
     """
 
     kv_tokens: int
@@ -123,6 +125,7 @@ class EngineLimits:
     radix_cache: bool = True
     host_kv_tokens: int = 0
     spec: SpecParams | None = None
+    page_size: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -532,6 +535,10 @@ class TwinEngine:
         cap = (r.input - 1) // r.block  # at least the last prompt token is recomputed
         nd = min(nd, cap)
         nh = min(nh, cap - nd)
+        page = self.lim.page_size
+        if page > r.block:  # whole pages only: the matched tokens rounded down to the page
+            keep = (nd + nh) * r.block // page * page // r.block
+            nd, nh = min(nd, keep), keep - min(nd, keep)
         return nd, nh
 
     def _lpm_order(self) -> None:

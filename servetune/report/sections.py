@@ -166,6 +166,7 @@ def _result(study: Study, trials: list[Trial]) -> list[str]:
         gate = [] if q is None else [f"- Quality gate: {q.reason}" if q.status in (
             "not-applicable", "not-needed") else f"- Quality gate: {q.status} ({q.reason})"]
         out += ["", *_numbers(winner, slo), *_vs_baseline(winner, trials), *gate,
+                *_not_modelled(winner),
                 f"- Serve the {winner.config.replicas} replica(s), each on its own "
                 f"{winner.config.tp_size} GPUs (add `--base-gpu-id {winner.config.tp_size}` and "
                 "`--port 30001` for the second one on the node, and so on), behind the "
@@ -181,8 +182,18 @@ def _result(study: Study, trials: list[Trial]) -> list[str]:
     out += [f"Best finalist by output tok/s/GPU: trial #{best.seq} ({_changed(best)}), "
             f"status {best.status}. Its launch command for ONE replica:", ""]
     out += _fence(best.config.launch_command(), "bash")
-    out += ["", *_numbers(best, slo), ""]
+    out += ["", *_numbers(best, slo), *_not_modelled(best), ""]
     return out
+
+
+def _not_modelled(t: Trial) -> list[str]:
+    """A line naming the set flags the twin passes through without modelling them."""
+    from domain.config import PASSED_THROUGH
+
+    set_ = t.config.set_fields()
+    names = [f"{k}={set_[k]}" for k in PASSED_THROUGH if k in set_]
+    return [f"- Not modelled (passed through to the command as given; the twin's numbers do "
+            f"not include their effect): {', '.join(names)}"] if names else []
 
 
 def _gate(t: Trial) -> str:

@@ -50,9 +50,11 @@ def test_parser_reads_both_value_spellings_store_true_and_no_flags() -> None:
     assert p.values["context_length"] == 128_000  # human_readable_int (utils/common.py)
     assert p.values["cuda_graph_bs_decode"] == [1, 2, 4, 8]  # nargs '+' from the source
     assert p.fields == {"model": "glm-5", "weights": "fp8", "engine": "sglang", "tp_size": 8,
-                        "mem_fraction_static": 0.8, "disable_radix_cache": True}
+                        "mem_fraction_static": 0.8, "disable_radix_cache": True,
+                        "context_length": 128_000}  # modelled since issue 19
     unmodelled = next(f for f in p.findings if f.code == "UNMODELLED_FLAGS")
-    assert "--context-length" in unmodelled.message and unmodelled.severity == "info"
+    assert "--cuda-graph-bs-decode" in unmodelled.message and unmodelled.severity == "info"
+    assert "--context-length" not in unmodelled.message
 
 
 @pytest.mark.parametrize("cmd, message", [

@@ -369,7 +369,7 @@ def test_mla_backends_off_their_gpus(pinned_tree, with_sm80):  # noqa: F811
     (cutedsl_mla needs ``is_sm100``), post-process passes of argument resolution. The probes'
     SM majors are read from ``utils/common.py``; ``decode_attention_backend`` and
     ``prefill_attention_backend`` are not modelled (unset: bound None). Grid: 9 backends x 4
-    GPUs (with a synthetic SM80) x 7 models, both refusals."""
+    GPUs (with synthetic SM 8.0/8.6/8.9/12.0) x 7 models, both refusals."""
     blackwell = sm_majors(pinned_tree, "is_blackwell_supported")
     sm100 = sm_majors(pinned_tree, "is_sm100_supported")
     for key in ("backend_trtllm_mla_sm", "backend_cutedsl_sm"):
@@ -486,12 +486,20 @@ def test_qwen3_235b_tp8_fp8_starts_with_replicated_kv_heads():
             assert st.fit.kv_bytes_per_token == heads * s.fit.kv_bytes_per_token
 
 
+# synthetic parts per compute capability (name, major, minor): A100 8.0, A10G 8.6, L40S 8.9,
+# RTX PRO 6000 Blackwell / RTX 5090 12.0 -- SGLang's probes read the major only
+SYNTHETIC_SMS = (("SM80", 8, 0), ("SM86", 8, 6), ("SM89", 8, 9), ("SM120", 12, 0))
+
+
 @pytest.fixture
 def with_sm80(monkeypatch):
-    """The GPU catalog plus a synthetic SM 8.0 part (an H100 entry with ``sm_major`` 8): the
-    catalog ships no Ampere GPU, and fa3's guard differs there for MLA models."""
-    monkeypatch.setitem(hw.GPUS, "SM80", hw.GPUS["H100"].model_copy(
-        update={"name": "SM80", "sm_major": 8, "arch": "sm80"}))
+    """The GPU catalog plus synthetic SM 8.0, 8.6, 8.9 and 12.0 parts (H100 entries with the
+    compute capability changed): the catalog on main ships no Ampere, Ada or consumer
+    Blackwell GPU, and fa3's, trtllm_mha's and the MoE runners' rules differ there."""
+    for name, major, minor in SYNTHETIC_SMS:
+        monkeypatch.setitem(hw.GPUS, name, hw.GPUS["H100"].model_copy(
+            update={"name": name, "sm_major": major, "sm_minor": minor,
+                    "arch": f"sm{major}{minor}"}))
     return list(hw.GPUS)
 
 
@@ -501,8 +509,8 @@ def test_attention_backend_refusals(pinned_tree, key, with_sm80):  # noqa: F811
     """``attention_registry.py:243`` (fa3: ``(major == 8 and not use_mla) or major == 9``,
     under ``not _is_musa``), ``:97``/``:121`` (trtllm_mla/cutedsl_mla need an MLA model),
     ``:280`` (trtllm_mha a non-MLA one). ``runner.use_mla_backend`` is the model's attention
-    (MLA or DSA), ``get_device_capability()`` the GPU's (major, 0); MUSA is off. Grid: 9
-    backends x 4 GPUs (the catalog's and a synthetic SM80) x 7 models."""
+    (MLA or DSA), ``get_device_capability()`` the GPU's (major, minor); MUSA is off. Grid: 9
+    backends x 7 GPUs (the catalog's and synthetic SM 8.0/8.6/8.9/12.0) x 7 models."""
     rows = []
     for b, g, m in itertools.product(SPEC_BACKENDS + ["cutedsl_mla", "fa4"], with_sm80,
                                      CATALOG):
@@ -512,9 +520,193 @@ def test_attention_backend_refusals(pinned_tree, key, with_sm80):  # noqa: F811
         s = guard_of(pinned_tree, key)  # @register_attention_backend("<name>") names it
         built = ast.literal_eval(s.function.decorator_list[0].args[0])
         env = {"runner.use_mla_backend": model.attention != "gqa", "is_musa()": False,
-               "get_device_capability()": (gpu.sm_major, 0)}
+               "get_device_capability()": (gpu.sm_major, gpu.sm_minor)}
         rows.append(((b, g, m), backend == built and holds(pinned_tree, key, env), start(c)))
     check(key, rows)
+
+
+def test_trtllm_mha_off_its_kernels_is_the_twins_stand_in(pinned_tree, with_sm80):  # noqa: F811
+    """trtllm_mha has kernels for SM90/SM120 (XQA and fmha_v2: ``is_xqa_impl`` at
+    ``trtllm_mha_backend.py:258``, read from the tree: ``is_sm90 or is_sm120``) and SM100
+    (trtllm-gen, the other branch; majors of the probes from ``utils/common.py``). No 0.5.23
+    statement refuses it elsewhere: the twin's stand-in refuses a GQA model on any other SM
+    (after ``attention_registry.py:280`` has refused MLA models). Grid: 4 backends x 7 GPUs x
+    7 models."""
+    s = guard_of(pinned_tree, "backend_trtllm_mha_sm")
+    assert ast.unparse(s.stmt.value) == "get_platform().is_sm90 or get_platform().is_sm120"
+    kernels = {*sm_majors(pinned_tree, "is_sm90_supported"),
+               *sm_majors(pinned_tree, "is_sm120_supported"),
+               *sm_majors(pinned_tree, "is_sm100_supported")}
+    assert kernels == {9, 10, 12}
+    rows = []
+    for b, g, m in itertools.product([None, "trtllm_mha", "flashinfer", "triton"], with_sm80,
+                                     CATALOG):
+        model, gpu = get_model(m), get_gpu(g)
+        c = cfg(model=m, gpu=g, weights=lightest(m), attention_backend=b)
+        backend = resolve_attention_backend(c, model, gpu)[0]
+        refused = backend == "trtllm_mha" and model.attention == "gqa" \
+            and gpu.sm_major not in kernels
+        rows.append(((b, g, m), refused, start(c)))
+    check("backend_trtllm_mha_sm", rows)
+
+
+def test_trtllm_gen_moe_runner_off_sm100_is_the_twins_stand_in(pinned_tree, with_sm80):  # noqa: F811,E501
+    """The MoE runners on trtllm-gen kernels (``flashinfer_trtllm``, ``..._routed``,
+    ``experimental_sgl_trtllm``) run on ``is_sm100`` GPUs only: the ``if`` at
+    ``overrides.py:1513`` moves NVFP4 MoE off them on ``is_sm120 or is_sm110`` and logs why
+    ("trtllm-gen MoE kernels are SM100-only", read from the tree). 0.5.23 has no refusing
+    statement for an explicit one: the twin's stand-in refuses it on a MoE model off SM 10;
+    dense models build no MoE runner. Grid: 5 runners x 7 GPUs x 7 models."""
+    s = guard_of(pinned_tree, "moe_trtllm_gen_sm")
+    assert "get_platform().is_sm120 or get_platform().is_sm110" in ast.unparse(s.stmt.test)
+    said = " ".join(str(n.value) for n in ast.walk(s.stmt) if isinstance(n, ast.Constant))
+    assert "trtllm-gen MoE kernels are SM100-only" in said
+    sm100 = sm_majors(pinned_tree, "is_sm100_supported")
+    trtllm_gen = ("flashinfer_trtllm", "flashinfer_trtllm_routed", "experimental_sgl_trtllm")
+    rows = []
+    for r, g, m in itertools.product([None, "auto", "flashinfer_cutlass", *trtllm_gen],
+                                     with_sm80, CATALOG):
+        model, gpu = get_model(m), get_gpu(g)
+        c = cfg(model=m, gpu=g, weights=lightest(m), moe_runner_backend=r)
+        refused = r in trtllm_gen and model.n_routed_experts > 0 and gpu.sm_major not in sm100
+        rows.append(((r, g, m), refused, start(c)))
+    check("moe_trtllm_gen_sm", rows)
+    hit = next(st for (r, g, m), refused, st in rows if refused)
+    assert classify(hit.log)[0] == "UNSUPPORTED_BACKEND"
+
+
+def test_context_length_above_the_models(pinned_tree):  # noqa: F811
+    """``configs/model_config.py:1314``: ``context_length is not None and context_length >
+    derived_context_len`` unless ``SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN`` (or CI) --
+    environment the twin does not set (bound False). ``derived_context_len`` is the model's
+    ``max_position_embeddings`` (the twin's ``context_len``). Grid: 7 context lengths around
+    each model's x 7 models."""
+    rows = []
+    for m in CATALOG:
+        derived = get_model(m).context_len
+        for v in (None, 2, 4096, derived - 1, derived, derived + 1, 2 * derived):
+            env = {"context_length": v, "derived_context_len": derived, "is_in_ci()": False,
+                   "envs.SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN.get()": False}
+            rows.append(((m, v), holds(pinned_tree, "context_length_too_long", env),
+                         start(cfg(model=m, weights=lightest(m), context_length=v))))
+    check("context_length_too_long", rows)
+    hit = next(st for _, h, st in rows if h)
+    assert classify(hit.log)[0] == "INVALID_COMBINATION"
+
+
+# Architectures whose model override picks the attention backend by facts the twin does not
+# model (the Mamba radix-cache strategy, model_overrides/qwen3_5.py:17-50; speculation on
+# Blackwell, nemotron_h.py:123-148): the twin applies the general rule to them, unaudited.
+UNMODELLED_ATTENTION_OVERRIDES = ("Qwen3NextForCausalLM", "Qwen3_5MoeForConditionalGeneration",
+                                  "Qwen3_5ForConditionalGeneration", "NemotronHForCausalLM")
+
+
+def test_auto_attention_backend_is_the_sources(pinned_tree, with_sm80):  # noqa: F811
+    """The twin's auto-selection (``--attention-backend`` unset) equals what 0.5.23's code
+    returns, evaluated from the tree: ``get_default_attn_backend``
+    (``arg_groups/model_override_base.py:277``, with ``is_no_spec_infer_or_topk_one`` of
+    ``utils/common.py``) for every model the DeepSeek-family override leaves unset, and the
+    override's own assignments (``model_overrides/deepseek_v2.py:103``: DSA -> ``dsa``;
+    ``:185``: DeepSeek-V3 on ``is_sm100`` -> ``trtllm_mla``), and gpt-oss's
+    (``model_overrides/gpt_oss.py:31/33/44``); the hybrid models of
+    :data:`UNMODELLED_ATTENTION_OVERRIDES` are left out. Bound: CUDA (not HIP, MPS or an
+    out-of-tree platform), FlashInfer installed, no attention sinks and no Whisper in the
+    catalog, K and V head dims from the model (asymmetric when ``qk_head_dim != head_dim``),
+    the platform probes' majors read from
+    ``utils/common.py``. Grid: 7 models x 7 GPUs x 4 speculative settings x page size
+    {unset, 16}."""
+    rel = "sglang/srt/arg_groups/model_override_base.py"
+    hopper = sm_majors(pinned_tree, "is_hopper_with_cuda_12_3")
+    sm100 = sm_majors(pinned_tree, "is_sm100_supported")
+    ds = "sglang/srt/arg_groups/model_overrides/deepseek_v2.py"
+    dsa_site, v3_site = guards.site(pinned_tree, ds, 103), guards.site(pinned_tree, ds, 185)
+    assert ast.unparse(dsa_site.stmt.value) == "'dsa'"
+    assert ast.unparse(v3_site.stmt.value) == "'trtllm_mla'"
+    oss = [guards.site(pinned_tree, "sglang/srt/arg_groups/model_overrides/gpt_oss.py", n)
+           for n in (31, 33, 44)]  # trtllm_mha / fa3 / triton assignments of its override
+    sm90 = sm_majors(pinned_tree, "is_sm90_supported")
+    specs = [(None, None), ("NEXTN", None), ("NEXTN", 1), ("NEXTN", 2)]
+    n, seen = 0, set()
+    for m, g, (algo, topk), page in itertools.product(CATALOG, with_sm80, specs, [None, 16]):
+        model, gpu = get_model(m), get_gpu(g)
+        if algo and not model.mtp_layers:
+            continue
+        c = cfg(model=m, gpu=g, weights=lightest(m), speculative_algorithm=algo,
+                speculative_eagle_topk=topk, page_size=page,
+                speculative_num_steps=3 if topk else None,
+                speculative_num_draft_tokens=(4 if topk == 1 else 8) if topk else None)
+        got = resolve_attention_backend(c, model, gpu)[0]
+        seen.add(got)
+        dsa = model.attention == "dsa"
+        over = {"is_deepseek_dsa(hf_config)": dsa, "is_attention_backend_not_set(cfg)": True,
+                "get_platform().is_sm100": gpu.sm_major in sm100, "cfg.attention_backend": None,
+                "cfg.prefill_attention_backend": None, "cfg.decode_attention_backend": None,
+                "get_platform().is_npu": False, "get_platform().is_xpu": False}
+        if guards.evaluate(dsa_site.guard, over, dsa_site):
+            assert got == "dsa", (m, g)
+            n += 1
+            continue
+        if model.architecture == "DeepseekV3ForCausalLM" and \
+                guards.evaluate(v3_site.guard, over, v3_site):
+            assert got == "trtllm_mla", (m, g)
+            n += 1
+            continue
+        if model.architecture in UNMODELLED_ATTENTION_OVERRIDES:
+            continue
+        if model.architecture == "GptOssForCausalLM":
+            env_oss = {**over, "get_platform().is_sm90": gpu.sm_major in sm90, "is_cpu()": False,
+                       "get_platform().has_amx": False, "get_platform().is_hip": False,
+                       "is_mps()": False, "use_mlx()": False}
+            hit = next(s for s in oss if guards.evaluate(s.guard, env_oss, s))
+            assert got == ast.literal_eval(hit.stmt.value), (m, g)
+            n += 1
+            continue
+        topk_one = guards.returned(pinned_tree, "sglang/srt/utils/common.py",
+                                   "is_no_spec_infer_or_topk_one",
+                                   {"cfg.speculative_eagle_topk": topk, "cfg.page_size": page})
+        env = {"current_platform.is_out_of_tree()": False,
+               "model_config.hf_config.architectures": [model.architecture],
+               "use_mla_backend": model.attention != "gqa",
+               "get_platform().is_hopper_with_cuda_12_3": gpu.sm_major in hopper,
+               "is_no_spec_infer_or_topk_one(resolved_view(server_args))": topk_one,
+               "get_platform().is_sm100": gpu.sm_major in sm100,
+               "cfg.speculative_algorithm": algo and "EAGLE", "cfg.speculative_eagle_topk": topk,
+               "_forces_eagle_topk_one(cfg.speculative_algorithm)": False,
+               "model_config.has_asymmetric_kv": model.attention == "gqa"
+               and model.qk_head_dim != model.head_dim, "get_platform().is_hip": False,
+               "is_mps()": False, "get_platform().has_flashinfer": True,
+               "model_config.has_attention_sinks": False}
+        assert got == guards.returned(pinned_tree, rel, "get_default_attn_backend", env), \
+            (m, g, algo, topk, page)
+        n += 1
+    assert n >= 224  # 7 models x 7 GPUs on main; models without an MTP layer skip speculation
+    assert {"dsa", "trtllm_mla", "fa3", "trtllm_mha", "flashinfer", "triton"} <= seen
+
+
+def test_vision_fa3_on_blackwell(pinned_tree, with_sm80, monkeypatch):  # noqa: F811
+    """``layers/attention/vision.py:1331``: ``backend == 'fa3' and get_platform().is_blackwell``
+    as the vision encoder is built (SM majors of ``is_blackwell_supported`` from the tree;
+    ``backend`` is ``--mm-attention-backend`` when given, ``override_backend`` at line 1301).
+    A model without a vision tower builds no encoder. Grid: 4 values x 7 GPUs x a text model
+    and a synthetic multimodal copy of it (``vision_params`` set: the catalog on main ships
+    none)."""
+    import domain.models as dm
+
+    real = dm.load_model
+    vl = real("qwen3-32b").model_copy(update={"name": "qwen3-32b-vl",
+                                              "vision_params": 600_000_000})
+    monkeypatch.setattr(dm, "load_model", lambda n: vl if n == vl.name else real(n))
+    monkeypatch.setitem(dm.MODELS, vl.name, lambda: vl)
+    blackwell = sm_majors(pinned_tree, "is_blackwell_supported")
+    rows = []
+    for v, g, m in itertools.product([None, "fa3", "fa4", "triton_attn"], with_sm80,
+                                     ["qwen3-32b", vl.name]):
+        c = cfg(model=m, gpu=g, weights="fp8", tp_size=8, mm_attention_backend=v)
+        env = {"backend": v, "get_platform().is_blackwell": get_gpu(g).sm_major in blackwell}
+        vision = m == vl.name and v is not None
+        rows.append(((v, g, m), vision and holds(pinned_tree, "mm_fa3_blackwell", env),
+                     start(c)))
+    check("mm_fa3_blackwell", rows)
 
 
 def test_no_draft_model_is_the_twins_stand_in(pinned_tree):  # noqa: F811

@@ -8,6 +8,8 @@ Where each SGLang rule lives:
   with (nearest modelled version): :mod:`domain.engines.sglang.versions`;
 - resolved defaults (what SGLang runs a config with): :mod:`domain.engines.sglang.defaults`
   (the memory-fit rules themselves: :mod:`domain.fit`, :mod:`domain.speculative`);
+- per-SM architecture rules (which attention, DSA, MoE and FP4 kernels a GPU runs):
+  :mod:`domain.engines.sglang.arch`;
 - startup log phases, log lines and refusals the twin prints: :mod:`domain.engines.sglang.startup`;
 - failure classification of a log (phase, class, evidence): :mod:`domain.engines.sglang.failures`;
 - the server arguments a log states: :mod:`domain.engines.sglang.logargs`;
@@ -31,7 +33,9 @@ if TYPE_CHECKING:
     from domain.config import ServingConfig
     from domain.engines import Engine
     from domain.failures import Diagnosis
+    from domain.hardware import GPU
     from domain.lesson import Lesson
+    from domain.models import ModelArch
     from domain.preflight import ParsedCommand
     from domain.twin.startup import Startup
 
@@ -154,6 +158,19 @@ class SglangEngine:
         from domain.engines.sglang import startup_checks
 
         return startup_checks.backend_refusals(config, values)
+
+    def attention_backend(self, config: ServingConfig, model: ModelArch,
+                          gpu: GPU) -> tuple[str, int]:
+        """``(attention backend, KV page size)`` by the per-SM rules (arch.attention_backend)."""
+        from domain.engines.sglang import arch
+
+        return arch.attention_backend(config, model, gpu)
+
+    def resolved_backends(self, config: ServingConfig) -> dict[str, str]:
+        """Attention, DSA, MoE-runner and FP4-GEMM kernels (arch.resolved_backends)."""
+        from domain.engines.sglang import arch
+
+        return arch.resolved_backends(config)
 
 
 def make(version: str | None = None) -> Engine:

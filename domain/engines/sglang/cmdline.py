@@ -46,9 +46,17 @@ MODELLED = {"tp_size": "tp_size", "dp_size": "replicas", "kv_cache_dtype": "kv_c
             "speculative_adaptive": "speculative_adaptive",
             "disable_radix_cache": "disable_radix_cache",
             "enable_hierarchical_cache": "enable_hierarchical_cache",
-            "hicache_ratio": "hicache_ratio", "mm_attention_backend": "mm_attention_backend"}
-# dests read by the check itself (model lookup, page-size lint, GPU count), not config fields
-READ_BY_CHECK = ("model_path", "quantization", "page_size", "nnodes", "pp_size",
+            "hicache_ratio": "hicache_ratio", "mm_attention_backend": "mm_attention_backend",
+            "context_length": "context_length", "page_size": "page_size",
+            "disable_cuda_graph": "disable_cuda_graph",
+            "moe_runner_backend": "moe_runner_backend",
+            # kept on the config and passed through, but not modelled (PASSED_THROUGH)
+            "fp4_gemm_runner_backend": "fp4_gemm_runner_backend",
+            "num_continuous_decode_steps": "num_continuous_decode_steps",
+            "enable_two_batch_overlap": "enable_two_batch_overlap",
+            "enable_single_batch_overlap": "enable_single_batch_overlap"}
+# dests read by the check itself (model lookup, GPU count), not config fields
+READ_BY_CHECK = ("model_path", "quantization", "nnodes", "pp_size",
                  "prefill_attention_backend", "decode_attention_backend")
 _LAUNCH_MODULE = "sglang.launch_server"
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
@@ -279,7 +287,10 @@ def parse(argv: list[str], version: str, model: str | None = None) -> ParsedComm
                                 message=f"--config {values['config']}: the YAML file's flags are "
                                         "merged by SGLang at launch and are not checked here",
                                 fix="pass the flags on the command line to have them checked"))
-    unmodelled = sorted(set(values) - set(MODELLED) - set(READ_BY_CHECK) - {"config"})
+    from domain.config import PASSED_THROUGH
+
+    unmodelled = sorted((set(values) - set(MODELLED) - set(READ_BY_CHECK) - {"config"})
+                        | (set(values) & set(PASSED_THROUGH)))
     if unmodelled:
         findings.append(Finding(severity="info", code="UNMODELLED_FLAGS",
                                 message="kept as given, not modelled by servetune's estimate: "

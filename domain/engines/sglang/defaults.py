@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from domain.config import ServingConfig
+from domain.engines.sglang.arch import resolved_backends
 from domain.errors import ConfigInvalid, DoesNotFit, InvalidCombination
 from domain.fit import fit
 from domain.speculative import resolve_speculative
@@ -19,7 +20,8 @@ RESOLVED_FIELDS = ("attention_backend", "kv_cache_dtype", "mem_fraction_static",
                    "max_running_requests", "chunked_prefill_size", "cuda_graph_max_bs_decode",
                    "hicache_ratio", "schedule_conservativeness", "speculative_algorithm",
                    "speculative_num_steps", "speculative_eagle_topk",
-                   "speculative_num_draft_tokens", "speculative_adaptive")
+                   "speculative_num_draft_tokens", "speculative_adaptive", "page_size",
+                   "context_length", "moe_runner_backend")
 
 
 def resolved_settings(config: ServingConfig) -> tuple[Any, ...] | None:
@@ -31,9 +33,11 @@ def resolved_settings(config: ServingConfig) -> tuple[Any, ...] | None:
     derives, or ``--kv-cache-dtype`` equal to what ``auto`` resolves to. The resolved values are
     the memory-fit estimate's (:func:`domain.fit.fit`: backend and page size, KV dtype, static
     fraction, pool tokens, request slots, prefill chunk, decode graph batch, speculative
-    parameters, HiCache host pool); every other field is compared as given. None (never equal to
-    anything) when the estimate rules the config out or the engine would refuse its speculative
-    flags: such a config fails at startup however it is spelled, and the failure is the lesson.
+    parameters, HiCache host pool, context length) and the MoE runner the GPU's SM rules pick
+    (``domain/engines/sglang/arch.py``); every other field is compared as given. None (never
+    equal to anything) when the estimate rules the config out or the engine would refuse its
+    speculative flags: such a config fails at startup however it is spelled, and the failure is
+    the lesson.
     """
     try:
         rep = fit(config)
@@ -47,4 +51,5 @@ def resolved_settings(config: ServingConfig) -> tuple[Any, ...] | None:
             config.chunked_prefill_size == -1,  # no chunking is a mode, not a chunk size
             rep.cuda_graph_max_bs_decode, rep.host_kv_tokens, round(rep.hicache_ratio, 6),
             1.0 if config.schedule_conservativeness is None
-            else config.schedule_conservativeness, repr(spec))
+            else config.schedule_conservativeness, repr(spec), rep.context_len,
+            resolved_backends(config).get("moe_runner_backend", ""))

@@ -143,6 +143,11 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = (
          r"Unsupported architecture(?!: *[A-Za-z_])|no kernel image is available for execution|"
          r"not (available or )?supported on this (GPU|hardware|device|architecture)",
          flags=("attention_backend",), phase="serving", floor=False),
+    _row("UNSUPPORTED_BACKEND", r"trtllm-gen MoE kernels are SM100-only; this GPU",
+         flags=("moe_runner_backend",), phase="kv_pool"),
+    _row("INVALID_COMBINATION", r"context_length \(\d+\) is greater than the derived "
+         r"context_length", site="sglang/srt/configs/model_config.py:1314",
+         flags=("context_length",), phase="args"),
     _row("BACKEND_MODEL_MISMATCH", r"backend can only be used with (MLA|non-MLA) models",
          site=_ATTN, phase="kv_pool"),
     _row("OOM", r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory"),

@@ -188,7 +188,9 @@ def argv(config: ServingConfig, version: str) -> list[str]:
         pairs.append(("schedule_policy", config.schedule_policy))
     for name in ("schedule_conservativeness", "speculative_algorithm",
                  "speculative_num_steps", "speculative_eagle_topk",
-                 "speculative_num_draft_tokens", "hicache_ratio"):
+                 "speculative_num_draft_tokens", "hicache_ratio", "context_length",
+                 "page_size", "moe_runner_backend", "fp4_gemm_runner_backend",
+                 "num_continuous_decode_steps"):
         value = getattr(config, name)
         if value is not None:
             pairs.append((name, value))
@@ -196,7 +198,8 @@ def argv(config: ServingConfig, version: str) -> list[str]:
     for dest, value in pairs:
         out += [flag_for(dest, version, value), str(value)]
     # store_true flags: passed bare, and only when on
-    for name in ("speculative_adaptive", "disable_radix_cache", "enable_hierarchical_cache"):
+    for name in ("speculative_adaptive", "disable_radix_cache", "enable_hierarchical_cache",
+                 "disable_cuda_graph", "enable_two_batch_overlap", "enable_single_batch_overlap"):
         if getattr(config, name):
             out.append(flag_for(name, version))
     return out

@@ -22,6 +22,7 @@ from domain.failures import TAXONOMY, Diagnosis, NoLesson
 from domain.fit import MEMORY_FIELDS
 from domain.knob_domain import field_domain
 from domain.lesson import Clause, Lesson, Scope
+from domain.models import get_model
 
 # the fix and the lesson outcome of each class are the failure taxonomy's (domain/failures.py)
 FIXES = {name: fc.fix for name, fc in TAXONOMY.items()}
@@ -61,6 +62,10 @@ _COMBINATIONS: tuple[tuple[str, str, Any], ...] = (
                 if c.attention_backend is not None
                 else Clause(field="attention_backend", op="is_null"),
                 Clause(field="speculative_eagle_topk", op="gt", value=1)]),
+    ("is greater than the derived context_length",  # configs/model_config.py:1314
+     "give --context-length at most the model's own context length, or leave it unset",
+     lambda c: [Clause(field="context_length", op="gt",
+                       value=get_model(c.model).context_len)]),
     ("is not in the adaptive config candidate_steps",
      "with --speculative-adaptive give --speculative-num-steps one of the candidate steps "
      "(0, 1, 3, 5, 7) or leave it unset",

@@ -81,7 +81,15 @@ REFUSALS: dict[str, Refusal] = {
     # parse: argparse exits 2 (prints usage and "error:", no traceback)
     "argparse": Refusal("sglang/srt/server_args.py", 696, "prepare_server_args",
                         "raw_args = parser.parse_args(argv)", "SystemExit", ""),
-    # resolve: the argument resolution pipeline
+    # resolve: the argument resolution pipeline (ModelConfig is built from it first)
+    "context_length_too_long": Refusal(
+        "sglang/srt/configs/model_config.py", 1314, "_derive_context_length",
+        "raise ValueError(", "ValueError",
+        "Warning: User-specified context_length ({asked}) is greater than the derived "
+        "context_length ({derived}). This may lead to incorrect model outputs or CUDA errors. "
+        "Note that the derived context_length may differ from max_position_embeddings in the "
+        "model's config. To allow overriding this maximum, set the env var "
+        "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1"),
     "hicache_without_radix": Refusal(
         "sglang/srt/arg_groups/kv_cache_hook.py", 394, "handle_cache_compatibility",
         "raise ValueError(", "ValueError",
@@ -206,6 +214,11 @@ REFUSALS: dict[str, Refusal] = {
     "tp_heads.DeepseekV2AttentionMLA": Refusal(
         "sglang/srt/models/deepseek_v2.py", 2057, "__init__",
         "assert num_heads % attn_tp_size == 0", "AssertionError", ""),
+    # model_init: a multimodal model's vision encoder picks its attention as it is built
+    "mm_fa3_blackwell": Refusal(
+        "sglang/srt/layers/attention/vision.py", 1331, "_determine_attention_backend",
+        """raise ValueError("The 'fa3' backend is not supported on Blackwell GPUs")""",
+        "ValueError", "The 'fa3' backend is not supported on Blackwell GPUs"),
     # load_weights: the model's parameters are allocated on the GPU as it is constructed
     "oom_weights": Refusal(
         "sglang/srt/model_loader/loader.py", 1014, "load_model", "model = _initialize_model(",
@@ -239,10 +252,27 @@ REFUSALS: dict[str, Refusal] = {
         _REG, 121, "create_cutedsl_mla_backend",
         'raise ValueError("cutedsl_mla backend can only be used with MLA models.")',
         "ValueError", "cutedsl_mla backend can only be used with MLA models."),
+    "backend_trtllm_mha_sm": Refusal(
+        "sglang/srt/layers/attention/trtllm_mha_backend.py", 258, "__init__",
+        "self.is_xqa_impl = get_platform().is_sm90 or get_platform().is_sm120",
+        "RuntimeError", "trtllm_mha is only supported on SM90, SM100 and SM120; this GPU is "
+        "SM{sm}. Please use --attention-backend flashinfer.",
+        stand_in="the backend dispatches XQA/fmha_v2 on SM90 and SM120 and trtllm-gen on SM100 "
+        "(trtllm_mha_backend.py:1-10); on any other SM it takes the trtllm-gen path, whose "
+        "FlashInfer kernels exist for SM100 only, and fails on its first launch"),
     "backend_trtllm_mha_model": Refusal(
         _REG, 280, "create_trtllm_mha_backend",
         'raise ValueError("trtllm_mha backend can only be used with non-MLA models.")',
         "ValueError", "trtllm_mha backend can only be used with non-MLA models."),
+    # model_init: the MoE layers' runner is built with the model (trtllm-gen kernels: SM100)
+    "moe_trtllm_gen_sm": Refusal(
+        "sglang/srt/arg_groups/overrides.py", 1513, "_moe_runner_backend_quant_constraints",
+        "if (", "RuntimeError",
+        "--moe-runner-backend {runner}: trtllm-gen MoE kernels are SM100-only; this GPU is "
+        "SM{sm}. Use --moe-runner-backend flashinfer_cutlass or leave it auto.",
+        stand_in="0.5.23 has no refusing statement; this `if` steers NVFP4 MoE on SM110/SM120 "
+        "to flashinfer_cutlass because \"trtllm-gen MoE kernels are SM100-only\" (its log line, "
+        ":1519-1522); an explicit flashinfer_trtllm runner there fails in the kernel"),
     "no_draft_model": Refusal(
         _SPEC, 1138, "_handle_eagle_family",
         "if cfg.speculative_draft_model_path is None:", "ValueError",

@@ -40,6 +40,7 @@ import re
 
 from domain.config import ServingConfig
 from domain.engines import engine_for
+from domain.engines.sglang.arch import BLACKWELL_SM_MAJORS, TRTLLM_GEN_MOE_RUNNERS
 from domain.engines.sglang.refusals import (
     CUDA_ERROR_HINT,
     CUDA_GRAPH_CAPTURE_FAILED_LINES,
@@ -70,9 +71,9 @@ from domain.twin.startup import Startup
 # 7.3: typical of such caches); fixed start-up work besides loading (graph capture, warm-up), s.
 LOAD_BYTES_PER_S = 2.5e9
 FIXED_STARTUP_S = 60.0
-# utils/common.py: is_blackwell_supported (get_platform().is_blackwell) -- CUDA capability
-# majors 10, 11 and 12.
-BLACKWELL_SM_MAJORS = (10, 11, 12)
+# trtllm_mha's kernels: XQA/fmha_v2 on SM90 and SM120, trtllm-gen on SM100
+# (layers/attention/trtllm_mha_backend.py:1-10, :258)
+TRTLLM_MHA_SM_MAJORS = (9, 10, 12)
 
 
 def _uses_mla(model: ModelArch) -> bool:
@@ -85,7 +86,8 @@ def _backend_refusal(config: ServingConfig, model: ModelArch, sm_major: int) -> 
 
     The checks of ``layers/attention/attention_registry.py`` (0.5.23) as the model runner builds
     the resolved backend: fa3 asserts ``(major == 8 and not use_mla) or major == 9``;
-    trtllm_mla and cutedsl_mla need an MLA model, trtllm_mha a non-MLA one.
+    trtllm_mla and cutedsl_mla need an MLA model, trtllm_mha a non-MLA one, and then a GPU
+    its kernels exist for (SM 9/10/12: the twin's stand-in ``backend_trtllm_mha_sm``).
     """
     b = resolve_attention_backend(config, model, get_gpu(config.gpu))[0]
     mla = _uses_mla(model)
@@ -97,7 +99,44 @@ def _backend_refusal(config: ServingConfig, model: ModelArch, sm_major: int) -> 
         return "backend_cutedsl_model"
     if b == "trtllm_mha" and mla:
         return "backend_trtllm_mha_model"
+    if b == "trtllm_mha" and sm_major not in TRTLLM_MHA_SM_MAJORS:
+        return "backend_trtllm_mha_sm"
     return None
+
+
+def moe_runner_refusal(config: ServingConfig) -> str | None:
+    """``moe_trtllm_gen_sm`` when an explicit trtllm-gen MoE runner meets a GPU other than SM 10.
+
+    ``--moe-runner-backend`` flashinfer_trtllm / flashinfer_trtllm_routed /
+    experimental_sgl_trtllm run trtllm-gen kernels, SM100-only (``overrides.py:1513-1522``);
+    a dense model builds no MoE runner. The twin's stand-in (no 0.5.23 refusing statement).
+    """
+    if config.moe_runner_backend not in TRTLLM_GEN_MOE_RUNNERS:
+        return None
+    if not get_model(config.model).n_routed_experts or get_gpu(config.gpu).sm_major == 10:
+        return None
+    return "moe_trtllm_gen_sm"
+
+
+def mm_backend_refusal(config: ServingConfig) -> str | None:
+    """``mm_fa3_blackwell`` for vision fa3 on Blackwell, else None.
+
+    ``--mm-attention-backend fa3`` on a multimodal model on an ``is_blackwell`` GPU (SM
+    10/11/12; ``layers/attention/vision.py:1330-1331``).
+
+    A model without a vision tower (``ModelArch.vision_params`` 0 or absent) builds no vision
+    encoder, so the flag is never read.
+    """
+    if config.mm_attention_backend != "fa3" or get_gpu(config.gpu).sm_major not in \
+            BLACKWELL_SM_MAJORS:
+        return None
+    return "mm_fa3_blackwell" if getattr(get_model(config.model), "vision_params", 0) else None
+
+
+def refusal_fields(config: ServingConfig) -> dict[str, object]:
+    """The ``{name}`` fields of the per-SM refusal messages: ``sm`` (e.g. ``120``), ``runner``."""
+    gpu = get_gpu(config.gpu)
+    return {"sm": f"{gpu.sm_major}{gpu.sm_minor}", "runner": config.moe_runner_backend}
 
 
 def attention_backend_refusal(config: ServingConfig) -> str | None:
@@ -138,11 +177,16 @@ def _resolve(config: ServingConfig) -> tuple[SpecResolution, list[str]]:
         The speculative resolution and the warning lines logged on the way.
 
     Raises:
-        InvalidCombination: with the engine's exception, message and refusal key: HiCache with
+        InvalidCombination: with the engine's exception, message and refusal key: a
+            ``--context-length`` above the model's (``configs/model_config.py:1314``, as the
+            launcher builds the ModelConfig), HiCache with
             the radix cache disabled, every speculative refusal, trtllm_mla off Blackwell and
             cutedsl_mla off SM100 (``overrides.py`` post-process passes), a negative
             ``--schedule-conservativeness``.
     """
+    derived = get_model(config.model).context_len
+    if config.context_length is not None and config.context_length > derived:
+        raise _refuse("context_length_too_long", asked=config.context_length, derived=derived)
     if config.enable_hierarchical_cache and config.disable_radix_cache:
         raise _refuse("hicache_without_radix")
     spec = resolve_speculative_logged(config)
@@ -264,13 +308,15 @@ def start(config: ServingConfig) -> Startup:
         return Startup(ready=False, phase="init_distributed", exit_code=1, log=log)
     tp_key = tp_refusal(hf_architecture(model), model.heads,
                         model.kv_heads if model.attention == "gqa" else None, config.tp_size)
+    tp_key = tp_key or mm_backend_refusal(config)  # the vision encoder is built with it
     if tp_key is not None:  # the attention layer's __init__: the loader builds the model
         # after "Load weight begin" and before any weight is read
         log.append(f"Load weight begin. avail mem="
                    f"{(gpu.hbm_bytes - CONTEXT_OVERHEAD_BYTES) / 2**30:.2f} GB")
         log += REFUSALS[tp_key].traceback()
         return Startup(ready=False, phase="model_init", exit_code=1, log=log)
-    refusal = _backend_refusal(config, model, gpu.sm_major)
+    refusal = _backend_refusal(config, model, gpu.sm_major) or moe_runner_refusal(config)
+    fields = refusal_fields(config)
     avail = gpu.hbm_bytes - CONTEXT_OVERHEAD_BYTES
     try:
         rep = fit(config)
@@ -280,11 +326,11 @@ def start(config: ServingConfig) -> Startup:
         # the attention backend is built before the CUDA graphs are captured
         log += _load_lines(model.name, model.weight_bytes(config.weights) / config.tp_size,
                            avail)
-        log += REFUSALS[refusal].traceback()
+        log += REFUSALS[refusal].traceback(**fields)
         return Startup(ready=False, phase="model_init", exit_code=1, log=log)
     log += _load_lines(model.name, rep.weight_bytes_per_gpu, avail)
     if refusal:  # attention backends are built with the model runner, after weights load
-        log += REFUSALS[refusal].traceback()
+        log += REFUSALS[refusal].traceback(**fields)
         return Startup(ready=False, phase="model_init", exit_code=1, log=log)
     if spec.params is not None and not model.mtp_layers:
         # The twin's stand-in (REFUSALS["no_draft_model"]): the target ships no MTP/NextN
@@ -301,7 +347,8 @@ def start(config: ServingConfig) -> Startup:
         draft_gb = rep.kv_tokens * rep.draft_kv_bytes_per_token / 2**30
         log.append(f"KV Cache is allocated. dtype: {rep.kv_dtype}, #tokens: {rep.kv_tokens}, "
                    f"KV size: {draft_gb:.2f} GB")
-    log += _graph_lines(rep)
+    if not config.disable_cuda_graph:  # --disable-cuda-graph: decode and prefill run eagerly
+        log += _graph_lines(rep)
     requested = config.max_running_requests or (
         SPEC_MAX_RUNNING_REQUESTS if rep.speculative is not None else None)
     if requested is not None and rep.max_running_requests < requested:
