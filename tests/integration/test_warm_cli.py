@@ -1,6 +1,7 @@
 """The warm CLI runner the CLI tests use (tests/fixtures/warm_cli.py) gives what a plain
 ``python -m servetune.cli`` subprocess gives: exit code, stdout and stderr, from the
-environment and working folder it is handed; past its timeout the command is killed."""
+environment, terminal width and working folder it is handed; past its timeout the command is
+killed."""
 
 from __future__ import annotations
 
@@ -47,8 +48,26 @@ def test_a_usage_error_reads_the_same(tmp_path):
 
 
 def test_a_timeout_kills_the_command(tmp_path):
-    env = dict(os.environ, SERVETUNE_LESSONS_DIR=str(tmp_path / "lessons"),
+    env = dict(os.environ, SERVETUNE_LESSONS_DIR=str(tmp_path / "lessons"), COLUMNS="200",
                SERVETUNE_EMBEDDING="hashing", SERVETUNE_SOURCE_CACHE=str(tmp_path / "none"))
     study = write(tmp_path, "tiny.yaml", tiny_study())
+    before = warm_cli.USED["warm"]
     with pytest.raises(subprocess.TimeoutExpired):
         warm_cli.run(["run", str(study)], cwd=tmp_path, env=env, timeout=1)
+    assert warm_cli.USED["warm"] == before + 1
+
+
+def test_another_terminal_width_takes_the_plain_path(tmp_path):
+    """The CLI's rich Consoles take their width from COLUMNS when they are made, at import
+    (a run's wrapped lines depend on it): the zygote imported at 200 columns, so a command at
+    another width runs as a plain subprocess; either way it reads as a fresh process."""
+    (tmp_path / "broken.yaml").write_text("name: [unclosed\n")
+    for columns, path in (("200", "warm"), ("60", "plain")):
+        env = dict(os.environ, SERVETUNE_LESSONS_DIR=str(tmp_path / "lessons"),
+                   COLUMNS=columns)
+        before = warm_cli.USED[path]
+        r = warm_cli.run(["run", "broken.yaml"], cwd=tmp_path, env=env, timeout=120)
+        assert warm_cli.USED[path] == before + 1
+        p = subprocess.run([sys.executable, "-m", "servetune.cli", "run", "broken.yaml"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert (r.returncode, r.stderr) == (p.returncode, p.stderr) and r.returncode == 2
