@@ -1,7 +1,9 @@
 """Interruption: a study SIGKILLed at random points and resumed with its run id finishes with the
 ledger of an uninterrupted run, loses no committed row and deploys nothing twice (a 3-point
-version of ``benchmarks/chaos_resume.py``); deployments a killed run left on a backend with
-persistent state (the local backend) are found by their labels and torn down on resume.
+version of ``benchmarks/chaos_resume.py``; it is the suite's test of resume after SIGKILL
+through the CLI: a kill in research, one mid-search, one in validation); deployments a killed
+run left on a backend with persistent state (the local backend) are found by their labels and
+torn down on resume.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ def test_three_kills_then_resume_equals_uninterrupted_run(tmp_path):
     assert r.completed and r.equal, r.diffs
     assert not any(k.lost or k.double for k in r.kills)
     assert r.final_rows == r.ref_rows > 5
+    # the resumed run went through validation to its winner, as the uninterrupted one did
+    assert "winner" in {row["status"] for row in cr.ledger_rows(tmp_path / "runs" / "chaos")}
 
 
 def test_compare_names_the_rows_that_differ():

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +38,19 @@ def study() -> dict[str, Any]:
     return s
 
 
-@pytest.fixture(scope="module", autouse=True)
-def clean_env() -> Iterator[None]:
+def _clean(mp: pytest.MonkeyPatch) -> None:
     """No Anthropic or brains settings of this machine leak into the CLI runs."""
-    with pytest.MonkeyPatch.context() as mp:
-        for k in list(os.environ):
-            if k.startswith("ANTHROPIC_") or k in ("SERVETUNE_BRAINS", "SERVETUNE_MODEL"):
-                mp.delenv(k)
-        yield
+    for k in list(os.environ):
+        if k.startswith("ANTHROPIC_") or k in ("SERVETUNE_BRAINS", "SERVETUNE_MODEL"):
+            mp.delenv(k)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """:func:`_clean` for each test. Function-scoped: a module-scoped autouse fixture would put
+    every test of the module in one xdist group (tests/conftest.py), on one worker, though
+    only the tests reading :func:`normal` share a run."""
+    _clean(monkeypatch)
 
 
 def claude_run(tmp: Path, run_id: str, *flags: str, tree: Path | None = None,
@@ -115,7 +119,9 @@ def no_secret(tmp: Path, run_dir: Path, *procs: Any) -> None:
 @pytest.fixture(scope="module")
 def normal(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("claude")
-    r, log = claude_run(tmp, "c1")
+    with pytest.MonkeyPatch.context() as mp:  # made before any test's clean_env
+        _clean(mp)
+        r, log = claude_run(tmp, "c1")
     return tmp, r, log
 
 

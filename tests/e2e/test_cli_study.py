@@ -1,15 +1,13 @@
 """End to end through the CLI, as a user runs it: a tiny study, lessons queries in new processes,
-resume after SIGKILL, run-id reuse, and one-line errors with exit code 2 for bad input."""
+run-id reuse, and one-line errors with exit code 2 for bad input. Resume after SIGKILL is
+tests/e2e/test_chaos_resume.py (three kills of ``servetune run``, each restarted with its run
+id, against an uninterrupted run)."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import sqlite3
 import subprocess
 import sys
-import time
 
 import pytest
 from fixtures.cli import ledger_rows, servetune, tiny_study, write
@@ -130,59 +128,6 @@ def test_missing_study_and_bad_yaml(tmp_path):
     (tmp_path / "bin.yaml").write_bytes(b"\xff\xfe\x00")
     r = invoke("run", str(tmp_path / "bin.yaml"), tmp=tmp_path)
     assert r.returncode == 2 and "not UTF-8" in r.stderr
-
-
-@pytest.mark.slow
-def test_sigkill_mid_study_then_resume(tmp_path):
-    # the tiny study: 19 ledger rows (rows 0-10 the search, then validation and the sweep);
-    # each trial takes long enough against a 20 ms poll to be killed at a chosen row count
-    study = write(tmp_path, "study.yaml", tiny_study())
-    env = dict(os.environ, SERVETUNE_LESSONS_DIR=str(tmp_path / "lessons"),
-               SERVETUNE_EMBEDDING="hashing")
-    cmd = [sys.executable, "-m", "servetune.cli", "run", str(study), "--run-id", "k1"]
-    ledger = tmp_path / "runs" / "k1" / "ledger.sqlite"
-    events = tmp_path / "runs" / "k1" / "events.jsonl"
-    finished_keys: set[str] = set()
-    before: list[tuple] = []
-    for threshold in (5, 9):  # two kills: early in the search and later in it
-        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
-        n_events = len(events.read_text().splitlines()) if events.exists() else 0
-        try:
-            deadline = time.time() + 120
-            while time.time() < deadline:
-                try:
-                    if ledger.exists() and len(ledger_rows(ledger)) >= threshold:
-                        break
-                except sqlite3.OperationalError:
-                    pass
-                assert proc.poll() is None, "the study finished before it could be killed"
-                time.sleep(0.02)
-            os.kill(proc.pid, signal.SIGKILL)
-        finally:
-            proc.wait(timeout=30)
-        rows = ledger_rows(ledger)
-        assert rows[:len(before)] == before  # nothing committed was changed or lost
-        redeployed = [json.loads(x).get("key") for x in events.read_text().splitlines()[n_events:]]
-        assert not set(redeployed) & finished_keys  # no finished trial deployed twice
-        before = rows
-        finished_keys = {k for _, k, status, _, _ in rows if status != "pruned"}
-    n_events = len(events.read_text().splitlines())
-    resumed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
-                             timeout=300)
-    assert resumed.returncode == 0, resumed.stderr
-    after = ledger_rows(ledger)
-    assert after[:len(before)] == before
-    redeployed = [json.loads(x).get("key") for x in events.read_text().splitlines()[n_events:]]
-    assert not set(redeployed) & finished_keys
-    # the resumed run reaches the same decisions as an uninterrupted one (own fresh store)
-    ref_env = dict(env, SERVETUNE_LESSONS_DIR=str(tmp_path / "lessons-ref"))
-    ref = subprocess.run([*cmd[:-1], "ref"], cwd=tmp_path, env=ref_env, capture_output=True,
-                         text=True, timeout=300)
-    assert ref.returncode == 0, ref.stderr
-    ref_rows = ledger_rows(tmp_path / "runs" / "ref" / "ledger.sqlite")
-    assert [(k, s) for _, k, s, _, _ in after] == [(k, s) for _, k, s, _, _ in ref_rows]
-    assert "winner" in {s for _, _, s, _, _ in after}
 
 
 @pytest.mark.slow

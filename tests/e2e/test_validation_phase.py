@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from fixtures import warm_cli
 from mcp import Client
 
 from domain.admission import adopt, cap_candidates, detect, time_series
@@ -208,10 +209,9 @@ def test_local_backend_without_a_gpu_reports_the_gate_not_applicable(tmp_path: P
     env = {k: v for k, v in os.environ.items() if k != "SERVETUNE_SGLANG_SOURCE"}
     env.update(SERVETUNE_LESSONS_DIR=str(tmp_path / "lessons"), COLUMNS="200",
                SERVETUNE_SOURCE_CACHE=str(tmp_path / "no-source"), PYTHONPATH=str(REPO))
-    r = subprocess.run([sys.executable, "-m", "servetune.cli", "run", "local.yaml", "--run-id",
-                        "l1", "--backend", "local", "--namespace", "local-gate",
-                        "--brains", "deterministic"], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=300)
+    r = warm_cli.run(["run", "local.yaml", "--run-id", "l1", "--backend", "local",
+                      "--namespace", "local-gate", "--brains", "deterministic"], cwd=tmp_path,
+                     env=env, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     report = (tmp_path / "runs" / "l1" / "report.md").read_text()
     head = report.splitlines()[:4]

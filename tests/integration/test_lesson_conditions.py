@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from fixtures import warm_cli
 from fixtures.lessons import seed_raw, temp_store
 from mcp import Client
 
@@ -229,8 +228,7 @@ def test_run_with_a_stored_universal_lesson_still_runs_configs(tmp_path):
     env = dict(os.environ, SERVETUNE_LESSONS_DIR=str(tmp_path / "lessons"), COLUMNS="200",
                SERVETUNE_SOURCE_CACHE=str(tmp_path / "no-source"))
     env.pop("SERVETUNE_SGLANG_SOURCE", None)
-    r = subprocess.run([sys.executable, "-m", "servetune.cli", "run", "s.yaml", "--run-id", "r1"],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    r = warm_cli.run(["run", "s.yaml", "--run-id", "r1"], cwd=tmp_path, env=env, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     db = sqlite3.connect(tmp_path / "runs" / "r1" / "ledger.sqlite")
     try:
@@ -239,8 +237,7 @@ def test_run_with_a_stored_universal_lesson_still_runs_configs(tmp_path):
         db.close()
     assert any(t["status"] != "pruned" for t in rows)
     assert all(bad not in t["lesson_ids"] and set_only not in t["lesson_ids"] for t in rows)
-    listed = subprocess.run([sys.executable, "-m", "servetune.cli", "lessons", "list"],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    listed = warm_cli.run(["lessons", "list"], cwd=tmp_path, env=env, timeout=120)
     assert listed.returncode == 0, listed.stderr
     assert bad in listed.stdout and "ignored" in listed.stdout
     assert set_only in listed.stdout and listed.stdout.count("ignored") >= 2
