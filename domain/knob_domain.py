@@ -218,7 +218,8 @@ def _plain_domain(field: str, ann: Any, info: Any, nullable: bool) -> FieldDomai
         return FieldDomain(field, nullable, choices=tuple(keys))
     if field in CHOICE_FIELDS:
         keys = sorted({str(c) for v in engine("sglang").versions
-                       for c in engine("sglang", v).flag_inventory()[field]["choices"] or []})
+                       for c in (engine("sglang", v).flag_inventory().get(field) or {})
+                       .get("choices") or []})  # a version without the flag adds none
         return FieldDomain(field, nullable, choices=tuple(keys))
     if get_origin(ann) is Literal:
         return FieldDomain(field, nullable, choices=get_args(ann))

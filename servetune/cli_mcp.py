@@ -263,8 +263,9 @@ def source_fetch(
         flags_file, _ = write_inventory(root, version, data_dir or user_data_dir())
     except ServetuneError as e:
         fail(str(e))
-    console.print(f"SGLang {version} source: {root}", highlight=False, markup=False)
-    console.print(f"flag inventory: {flags_file}", highlight=False, markup=False)
+    console.print(f"SGLang {version} source: {root}", highlight=False, markup=False,
+                  soft_wrap=True)  # a path is copied whole, never broken over lines
+    console.print(f"flag inventory: {flags_file}", highlight=False, markup=False, soft_wrap=True)
     note = engine("sglang", version).rules_note()
     if note:
         console.print(note, highlight=False, markup=False)

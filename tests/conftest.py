@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 
 from memory.store import LessonStore
+
+# SGLang versions fetched on this machine (~/.cache/servetune/engines) are no part of a test run:
+# every test and the servetune processes it starts see the shipped inventories only, and a test
+# that fetches a version writes it here, not into the user's cache.
+os.environ["SERVETUNE_ENGINE_DATA"] = tempfile.mkdtemp(prefix="servetune-test-engines-")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the marks into node ids

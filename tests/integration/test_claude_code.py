@@ -34,7 +34,8 @@ def isolated_env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SERVETUNE_")}
     env.update(SERVETUNE_STATE_DIR=str(tmp_path / "state"),
                SERVETUNE_LESSONS_DIR=str(tmp_path / "lessons"), SERVETUNE_EMBEDDING="hashing",
-               SERVETUNE_SOURCE_CACHE=str(tmp_path / "no-source-yet"))
+               SERVETUNE_SOURCE_CACHE=str(tmp_path / "no-source-yet"),
+               SERVETUNE_ENGINE_DATA=str(tmp_path / "engines"))
     return env
 
 
@@ -130,7 +131,10 @@ def test_source_fetch_unpacks_a_wheel_and_refuses_option_like_versions(tmp_path)
     wheel = tmp_path / "sglang-0.0.1-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as z:
         z.writestr("sglang/__init__.py", "")
-        z.writestr("sglang/srt/server_args.py", "class ServerArgs:\n    tp_size: int = 1\n")
+        z.writestr("sglang/srt/server_args.py",  # the least tree fetch builds an inventory of
+                   "class ServerArgs:\n    tp_size: int = 1\n\n"
+                   "def add_cli_args(parser):\n"
+                   "    parser.add_argument('--tp-size', type=int, default=1)\n")
     r = run_cli(tmp_path, "source", "fetch", "--version", "0.0.1", "--wheel", str(wheel))
     assert r.returncode == 0, r.stderr
     root = tmp_path / "no-source-yet" / "sglang-0.0.1"
