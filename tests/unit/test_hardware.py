@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.gpu_grid import GRID_GPUS
+from fixtures.gpu_grid import GRID_GPUS, GRID_MODELS
 
 from domain.config import ServingConfig
 from domain.errors import ConfigInvalid
@@ -242,3 +242,15 @@ def test_numbers_yaml_reads_as_strings_still_validate() -> None:
 def test_constructing_a_gpu_directly_checks_the_same_bounds() -> None:
     with pytest.raises(ValueError, match="hbm_gb"):
         GPU.model_validate({**gpu_spec(GPUS["L4"]), "hbm_gb": 10_000})
+
+
+def test_the_model_grid_covers_every_architecture_and_weight_format():
+    """GRID_MODELS (tests/fixtures/gpu_grid.py) holds one catalog model per architecture and
+    every checkpoint key the catalog ships, so grids over it miss no family."""
+    from domain.models import CATALOG, get_model
+
+    assert set(GRID_MODELS) <= set(CATALOG)
+    archs = {get_model(m).architecture for m in CATALOG}
+    assert {get_model(m).architecture for m in GRID_MODELS} == archs
+    keys = {k for m in CATALOG for k in get_model(m).checkpoints}
+    assert {k for m in GRID_MODELS for k in get_model(m).checkpoints} == keys

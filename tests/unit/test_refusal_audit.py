@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 from fixtures import guards
+from fixtures.gpu_grid import GRID_GPUS, GRID_MODELS
 from fixtures.pinned_source import pinned_tree  # noqa: F401
 
-import domain.hardware as hw
 from domain.config import ServingConfig
 from domain.engines import engine
 from domain.engines.sglang.failures import classify
@@ -44,7 +44,7 @@ from domain.fit import (
     resolve_kv_dtype,
     resolve_max_running_requests,
 )
-from domain.hardware import GPUS, get_gpu
+from domain.hardware import get_gpu
 from domain.models import CATALOG, get_model
 from domain.twin.startup import Startup, start
 
@@ -176,7 +176,7 @@ def test_argparse_refuses_an_attention_backend_outside_the_source_choices(pinned
     choices = guards.module_literal(pinned_tree, "sglang/srt/arg_groups/choices.py",
                                     "ATTENTION_BACKEND_CHOICES")
     bogus = ["fa2", "flash", "FA3", "trtllm", "sdpa", "xformers", "mla", "", "none", "auto"]
-    grid = [(v, g) for v in choices + bogus for g in GPUS]
+    grid = [(v, g) for v in choices + bogus for g in GRID_GPUS]
     n = check("argparse", ((v, v not in choices,
                             start(ServingConfig.model_construct(**{
                                 **cfg(gpu=g).model_dump(), "attention_backend": v})))
@@ -191,15 +191,15 @@ def test_argparse_refuses_an_attention_backend_outside_the_source_choices(pinned
 # ----------------------------------------------------------------------------- resolve
 def test_hicache_with_radix_disabled(pinned_tree):  # noqa: F811
     """``kv_cache_hook.py:394``: ``enable_hierarchical_cache and disable_radix_cache``.
-    Grid: both flags x every catalog model x GPU."""
-    grid = itertools.product([False, True], [False, True], CATALOG, GPUS)
+    Grid: both flags x the grid's models x GPUs (tests/fixtures/gpu_grid.py)."""
+    grid = itertools.product([False, True], [False, True], GRID_MODELS, GRID_GPUS)
     n = check("hicache_without_radix", (
         ((h, d, m, g), holds(pinned_tree, "hicache_without_radix",
                              {"cfg.enable_hierarchical_cache": h, "cfg.disable_radix_cache": d}),
          start(cfg(model=m, gpu=g, weights=lightest(m), enable_hierarchical_cache=h,
                    disable_radix_cache=d)))
         for h, d, m, g in grid))
-    assert n == 4 * len(CATALOG) * len(GPUS)
+    assert n == 4 * len(GRID_MODELS) * len(GRID_GPUS)
 
 
 def test_schedule_conservativeness_must_be_non_negative(pinned_tree):  # noqa: F811
@@ -369,13 +369,13 @@ def test_mla_backends_off_their_gpus(pinned_tree, with_sm80):  # noqa: F811
     (cutedsl_mla needs ``is_sm100``), post-process passes of argument resolution. The probes'
     SM majors are read from ``utils/common.py``; ``decode_attention_backend`` and
     ``prefill_attention_backend`` are not modelled (unset: bound None). Grid: 9 backends x 4
-    GPUs (with synthetic SM 8.0/8.6/8.9/12.0) x 7 models, both refusals."""
+    GPUs of the grid (SM 8.0 to 12.0) x the grid's models, both refusals."""
     blackwell = sm_majors(pinned_tree, "is_blackwell_supported")
     sm100 = sm_majors(pinned_tree, "is_sm100_supported")
     for key in ("backend_trtllm_mla_sm", "backend_cutedsl_sm"):
         rows = []
         for b, g, m in itertools.product(SPEC_BACKENDS + ["cutedsl_mla", "fa4"], with_sm80,
-                                         CATALOG):
+                                         GRID_MODELS):
             c = cfg(model=m, gpu=g, weights=lightest(m), attention_backend=b)
             backend = resolve_attention_backend(c, get_model(m), get_gpu(g))[0]
             sm = get_gpu(g).sm_major
@@ -393,13 +393,13 @@ def test_multi_node_device_ordinal(pinned_tree):  # noqa: F811
     its expression evaluated from the tree with ``_calculate_rank_ranges``' assignments:
     ``nnodes`` 1, ``pp_size`` 1, ``base_gpu_id`` 0, ``gpu_id_step`` 1, the servetune defaults).
     CUDA refuses an ordinal at or above the node's GPU count -- a device fact, bound from the
-    GPU catalog. Grid: tp_size 1..16 x 3 GPUs x 2 models."""
+    GPU catalog. Grid: tp_size 1..16 x the grid's GPUs x 2 models."""
     rel = "sglang/srt/entrypoints/engine.py"
     ranges = guards.function(pinned_tree, rel, "_calculate_rank_ranges")
     s = guard_of(pinned_tree, "multi_node_device_ordinal")
     assert isinstance(s.stmt, ast.Assign)
     rows = []
-    for tp, g, m in itertools.product(range(1, 17), GPUS, ["glm-5", "llama-3.1-8b"]):
+    for tp, g, m in itertools.product(range(1, 17), GRID_GPUS, ["glm-5", "llama-3.1-8b"]):
         env: dict[str, Any] = {"parallel.nnodes": 1, "parallel.pp_size": 1,
                                "parallel.tp_size": tp, "node_rank": 0}
         for st in ranges.body:  # the function's straight-line assignments, in order
@@ -449,14 +449,14 @@ def test_tensor_parallel_attention_asserts(pinned_tree, key, synthetic_heads):  
     tp_size`` branch included, evaluated with the model's config.json heads. ``attn_tp_size``
     is ``tp_size`` (no attention DP or context parallelism in the twin). Grid: tp_size 1..8 x
     every catalog model with this attention class (and its synthetic 48-head copies with 12
-    and 3 KV heads) x 3 GPUs. Qwen3-235B-A22B (4 KV heads) at TP8: 8 % 4 == 0, replicated --
+    and 3 KV heads) x the grid's GPUs. Qwen3-235B-A22B (4 KV heads) at TP8: 8 % 4 == 0, replicated --
     it starts."""
     cls = key.split(".", 1)[1]
     models = [m for m in synthetic_heads
               if TP_ATTENTION_CLASS[get_model(m).architecture] == cls]
     assert models
     rows = []
-    for tp, m, g in itertools.product(range(1, 9), models, GPUS):
+    for tp, m, g in itertools.product(range(1, 9), models, GRID_GPUS):
         model = get_model(m)
         env = {"self.total_num_heads": model.heads, "num_heads": model.heads,
                "self.total_num_kv_heads": model.kv_heads, "tp_size": tp, "attn_tp_size": tp,
@@ -486,21 +486,12 @@ def test_qwen3_235b_tp8_fp8_starts_with_replicated_kv_heads():
             assert st.fit.kv_bytes_per_token == heads * s.fit.kv_bytes_per_token
 
 
-# synthetic parts per compute capability (name, major, minor): A100 8.0, A10G 8.6, L40S 8.9,
-# RTX PRO 6000 Blackwell / RTX 5090 12.0 -- SGLang's probes read the major only
-SYNTHETIC_SMS = (("SM80", 8, 0), ("SM86", 8, 6), ("SM89", 8, 9), ("SM120", 12, 0))
-
-
 @pytest.fixture
-def with_sm80(monkeypatch):
-    """The GPU catalog plus synthetic SM 8.0, 8.6, 8.9 and 12.0 parts (H100 entries with the
-    compute capability changed): the catalog on main ships no Ampere, Ada or consumer
-    Blackwell GPU, and fa3's, trtllm_mha's and the MoE runners' rules differ there."""
-    for name, major, minor in SYNTHETIC_SMS:
-        monkeypatch.setitem(hw.GPUS, name, hw.GPUS["H100"].model_copy(
-            update={"name": name, "sm_major": major, "sm_minor": minor,
-                    "arch": f"sm{major}{minor}"}))
-    return list(hw.GPUS)
+def with_sm80():
+    """The grid's catalog GPUs (tests/fixtures/gpu_grid.py): one per compute capability the
+    catalog holds -- SM 8.0 (A100), 8.6 (A10G), 8.9 (L40S), 9.0, 10.0, 10.3 (B300) and 12.0
+    (RTX PRO 6000) -- where fa3's, trtllm_mha's and the MoE runners' rules differ."""
+    return list(GRID_GPUS)
 
 
 @pytest.mark.parametrize("key", ["backend_fa3_sm", "backend_trtllm_mla_model",
@@ -510,10 +501,10 @@ def test_attention_backend_refusals(pinned_tree, key, with_sm80):  # noqa: F811
     under ``not _is_musa``), ``:97``/``:121`` (trtllm_mla/cutedsl_mla need an MLA model),
     ``:280`` (trtllm_mha a non-MLA one). ``runner.use_mla_backend`` is the model's attention
     (MLA or DSA), ``get_device_capability()`` the GPU's (major, minor); MUSA is off. Grid: 9
-    backends x 7 GPUs (the catalog's and synthetic SM 8.0/8.6/8.9/12.0) x 7 models."""
+    backends x the grid's GPUs (SM 8.0 to 12.0) x the grid's models."""
     rows = []
     for b, g, m in itertools.product(SPEC_BACKENDS + ["cutedsl_mla", "fa4"], with_sm80,
-                                     CATALOG):
+                                     GRID_MODELS):
         model, gpu = get_model(m), get_gpu(g)
         c = cfg(model=m, gpu=g, weights=lightest(m), attention_backend=b)
         backend = resolve_attention_backend(c, model, gpu)[0]
@@ -530,8 +521,8 @@ def test_trtllm_mha_off_its_kernels_is_the_twins_stand_in(pinned_tree, with_sm80
     ``trtllm_mha_backend.py:258``, read from the tree: ``is_sm90 or is_sm120``) and SM100
     (trtllm-gen, the other branch; majors of the probes from ``utils/common.py``). No 0.5.23
     statement refuses it elsewhere: the twin's stand-in refuses a GQA model on any other SM
-    (after ``attention_registry.py:280`` has refused MLA models). Grid: 4 backends x 7 GPUs x
-    7 models."""
+    (after ``attention_registry.py:280`` has refused MLA models). Grid: 4 backends x the grid's
+    GPUs x models."""
     s = guard_of(pinned_tree, "backend_trtllm_mha_sm")
     assert ast.unparse(s.stmt.value) == "get_platform().is_sm90 or get_platform().is_sm120"
     kernels = {*sm_majors(pinned_tree, "is_sm90_supported"),
@@ -540,7 +531,7 @@ def test_trtllm_mha_off_its_kernels_is_the_twins_stand_in(pinned_tree, with_sm80
     assert kernels == {9, 10, 12}
     rows = []
     for b, g, m in itertools.product([None, "trtllm_mha", "flashinfer", "triton"], with_sm80,
-                                     CATALOG):
+                                     GRID_MODELS):
         model, gpu = get_model(m), get_gpu(g)
         c = cfg(model=m, gpu=g, weights=lightest(m), attention_backend=b)
         backend = resolve_attention_backend(c, model, gpu)[0]
@@ -556,7 +547,7 @@ def test_trtllm_gen_moe_runner_off_sm100_is_the_twins_stand_in(pinned_tree, with
     ``overrides.py:1513`` moves NVFP4 MoE off them on ``is_sm120 or is_sm110`` and logs why
     ("trtllm-gen MoE kernels are SM100-only", read from the tree). 0.5.23 has no refusing
     statement for an explicit one: the twin's stand-in refuses it on a MoE model off SM 10;
-    dense models build no MoE runner. Grid: 5 runners x 7 GPUs x 7 models."""
+    dense models build no MoE runner. Grid: 5 runners x the grid's GPUs x models."""
     s = guard_of(pinned_tree, "moe_trtllm_gen_sm")
     assert "get_platform().is_sm120 or get_platform().is_sm110" in ast.unparse(s.stmt.test)
     said = " ".join(str(n.value) for n in ast.walk(s.stmt) if isinstance(n, ast.Constant))
@@ -565,7 +556,7 @@ def test_trtllm_gen_moe_runner_off_sm100_is_the_twins_stand_in(pinned_tree, with
     trtllm_gen = ("flashinfer_trtllm", "flashinfer_trtllm_routed", "experimental_sgl_trtllm")
     rows = []
     for r, g, m in itertools.product([None, "auto", "flashinfer_cutlass", *trtllm_gen],
-                                     with_sm80, CATALOG):
+                                     with_sm80, GRID_MODELS):
         model, gpu = get_model(m), get_gpu(g)
         c = cfg(model=m, gpu=g, weights=lightest(m), moe_runner_backend=r)
         refused = r in trtllm_gen and model.n_routed_experts > 0 and gpu.sm_major not in sm100
@@ -582,7 +573,7 @@ def test_context_length_above_the_models(pinned_tree):  # noqa: F811
     ``max_position_embeddings`` (the twin's ``context_len``). Grid: 7 context lengths around
     each model's x 7 models."""
     rows = []
-    for m in CATALOG:
+    for m in GRID_MODELS:
         derived = get_model(m).context_len
         for v in (None, 2, 4096, derived - 1, derived, derived + 1, 2 * derived):
             env = {"context_length": v, "derived_context_len": derived, "is_in_ci()": False,
@@ -627,7 +618,7 @@ def test_auto_attention_backend_is_the_sources(pinned_tree, with_sm80):  # noqa:
     sm90 = sm_majors(pinned_tree, "is_sm90_supported")
     specs = [(None, None), ("NEXTN", None), ("NEXTN", 1), ("NEXTN", 2)]
     n, seen = 0, set()
-    for m, g, (algo, topk), page in itertools.product(CATALOG, with_sm80, specs, [None, 16]):
+    for m, g, (algo, topk), page in itertools.product(GRID_MODELS, with_sm80, specs, [None, 16]):
         model, gpu = get_model(m), get_gpu(g)
         if algo and not model.mtp_layers:
             continue
@@ -717,7 +708,7 @@ def test_no_draft_model_is_the_twins_stand_in(pinned_tree):  # noqa: F811
     s = guards.site(pinned_tree, _HOOK, 1138)
     listed = guards.evaluate(s.path[-1].comparators[0], {}, s)  # the `model_arch in [...]` list
     rows = []
-    for m, g in itertools.product(CATALOG, ["B200", "H200"]):
+    for m, g in itertools.product(GRID_MODELS, ["B200", "H200"]):
         arch = get_model(m).architecture
         if arch in listed and not get_model(m).mtp_layers:
             continue  # e.g. Kimi-K2 (DeepseekV3ForCausalLM, no NextN layer): the draft path is
@@ -733,7 +724,7 @@ def _fractions() -> list[float]:
 
 
 def _memory_grid() -> Iterable[tuple[str, str, int, float]]:
-    yield from itertools.product(CATALOG, GPUS, [1, 2, 4, 8], _fractions())
+    yield from itertools.product(GRID_MODELS, GRID_GPUS, [1, 2, 4, 8], _fractions())
 
 
 def test_oom_weights_is_cudas_verdict():
