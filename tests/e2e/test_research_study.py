@@ -61,9 +61,15 @@ def test_study_caps_stop_the_search_and_say_which(tmp_path):
     assert "## Research before launches" not in report  # no question allowed
     db = sqlite3.connect(tmp_path / "runs" / "c1" / "ledger.sqlite")
     bodies = [json.loads(b) for (b,) in db.execute(
-        "SELECT body FROM trials WHERE phase='search' AND status!='pruned' ORDER BY seq")]
+        "SELECT body FROM trials WHERE phase='search' ORDER BY seq")]
     db.close()
-    # GPUs x benchmark seconds: the cap was crossed by the last benchmark, not before
+    # a launch that crashed (fa3 on B200: no research allowed to drop it first) ran no
+    # benchmark and costs no GPU-hours; nor does a pruned candidate
+    assert all(b["saturation"] is None for b in bodies if b["status"] in ("crash", "pruned"))
+    # GPUs x benchmark seconds x runs of the search rows that ran a benchmark (as
+    # domain/usage.py:spent counts them): the cap was crossed by the last benchmark, not before
+    ran = [b for b in bodies if b["saturation"] is not None]
+    assert ran[-1]["seq"] == bodies[-1]["seq"]  # the search stopped right after that benchmark
     hours = [b["config"]["tp_size"] * b["config"]["replicas"] * b["saturation"]["duration_s"]
-             / 3600 for b in bodies]
+             / 3600 * max(1, len(b["objective_runs"])) for b in ran]
     assert sum(hours) >= 0.03 > sum(hours[:-1])
