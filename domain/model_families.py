@@ -48,9 +48,34 @@ UNSUPPORTED = {
 
 
 def _need(cfg: dict[str, Any], key: str, source: str) -> Any:
+    """``cfg[key]``, a whole number of at least 1 (every key read with it is a size or count).
+
+    Raises:
+        ConfigInvalid: one line: the key missing, or its value not a whole number >= 1.
+    """
     if key not in cfg or cfg[key] is None:
         raise ConfigInvalid([f"model config {source}: missing key {key!r}"])
-    return cfg[key]
+    v = cfg[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigInvalid([f"model config {source}: {key} = {v!r}: must be a whole number "
+                             ">= 1"])
+    return v
+
+
+def _check_heads(heads: int, kv_heads: Any, mla: bool, source: str) -> int:
+    """The KV head count: a whole number >= 1 that divides the query heads (GQA groups).
+
+    Raises:
+        ConfigInvalid: one line naming ``num_key_value_heads``.
+    """
+    if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads < 1:
+        raise ConfigInvalid([f"model config {source}: num_key_value_heads = {kv_heads!r}: must "
+                             "be a whole number >= 1"])
+    if not mla and heads % kv_heads:
+        raise ConfigInvalid([f"model config {source}: num_key_value_heads = {kv_heads} does "
+                             f"not divide num_attention_heads = {heads} (each KV head serves "
+                             "a whole group of query heads)"])
+    return kv_heads
 
 
 def _layer_kinds(cfg: dict[str, Any], layers: int, source: str) \
@@ -191,7 +216,7 @@ def arch_from_hf_config(name: str, cfg: dict[str, Any], source: str) -> ModelArc
         attention=attention,
         architecture=(top.get("architectures") or [""])[0],
         layers=layers, hidden=hidden, heads=heads,
-        kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        kv_heads=_check_heads(heads, cfg.get("num_key_value_heads") or heads, mla, source),
         head_dim=head_dim, qk_head_dim=int(qk),
         vocab=int(_need(cfg, "vocab_size", source)),
         context_len=int(_need(cfg, "max_position_embeddings", source)),

@@ -91,6 +91,25 @@ def test_missing_field_one_line(tmp_path: Path) -> None:
     assert len(e.value.violations) == 1 and "num_hidden_layers" in e.value.violations[0]
 
 
+@pytest.mark.parametrize("key, value, needle", [
+    ("num_hidden_layers", -4, "num_hidden_layers = -4: must be a whole number >= 1"),
+    ("num_attention_heads", 0, "num_attention_heads = 0: must be a whole number >= 1"),
+    ("num_hidden_layers", "16", "num_hidden_layers = '16': must be a whole number >= 1"),
+    ("hidden_size", 5120.5, "hidden_size = 5120.5: must be a whole number >= 1"),
+    ("num_key_value_heads", 7, "num_key_value_heads = 7 does not divide num_attention_heads = 64"),
+    ("num_key_value_heads", -8, "num_key_value_heads = -8: must be a whole number >= 1"),
+])
+def test_impossible_shapes_are_one_line(tmp_path: Path, key: str, value: object,
+                                        needle: str) -> None:
+    """A size or count that no model has (negative layers, no heads, a number written as a
+    string, KV heads that do not group the query heads) is refused by name, not sized."""
+    cfg = json.loads((MODELS_DIR / "Qwen--Qwen3-32B_config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, key: value}))
+    with pytest.raises(ConfigInvalid) as e:
+        model_from_path(tmp_path)
+    assert len(e.value.violations) == 1 and needle in e.value.violations[0], e.value.violations
+
+
 def test_find_checkpoint_knows_the_new_releases() -> None:
     from domain.models import find_checkpoint
 
