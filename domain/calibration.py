@@ -119,15 +119,23 @@ def efficiency(gpu: str, path: Path = CALIBRATION_PATH) -> Efficiency:
     """
     data = _load(path)
     eff = UNCALIBRATED.updated(data.get("default", {}))
-    return eff.updated(data.get("gpus", {}).get(gpu, {}))
+    return eff.updated(data.get("gpus", {}).get(gpu, {}) if _shipped(gpu) else {})
 
 
 def is_calibrated(gpu: str, path: Path = CALIBRATION_PATH) -> bool:
     """Whether ``benchmarks/twin_fidelity.py --fit`` wrote constants for ``gpu`` (its own block).
 
-    A GPU without a block runs with the ``default`` constants (:func:`efficiency`).
+    A GPU without a block runs with the ``default`` constants (:func:`efficiency`), and so does
+    a user's spec registered under a calibrated GPU's name (the fit holds for the shipped GPU).
     """
-    return gpu in _load(path).get("gpus", {})
+    return gpu in _load(path).get("gpus", {}) and _shipped(gpu)
+
+
+def _shipped(gpu: str) -> bool:
+    """Whether ``gpu`` runs the shipped catalog entry of that name (not a user's spec of it)."""
+    from domain.hardware import is_shipped_spec  # hardware's catalog loads only when asked
+
+    return is_shipped_spec(gpu)
 
 
 @dataclass(frozen=True, slots=True)

@@ -459,6 +459,18 @@ def register_gpu(gpu: GPU) -> GPU:
     return GPUS.register(gpu)
 
 
+def is_shipped_spec(name: str) -> bool:
+    """Whether ``name`` is a shipped catalog GPU that no user spec shadows with other numbers.
+
+    Constants fitted for a shipped GPU (``domain.calibration``) hold for that GPU only: a user
+    spec registered under its name (an SM 12 PCIe card called "B200") is uncalibrated.
+    """
+    canon = GPUS.resolve(name)
+    shipped = GPUS._shipped.get(canon) if canon else None
+    mine = _REGISTERED.get(canon) if canon else None
+    return shipped is not None and (mine is None or mine == shipped)
+
+
 def unregister_gpu(name: str) -> None:
     """Forget the GPU :func:`register_gpu` made known under ``name`` (tests clean up with it)."""
     GPUS.unregister(name)

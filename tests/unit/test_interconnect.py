@@ -171,3 +171,19 @@ def test_uncalibrated_gpus_quote_the_error_band_measured_on_calibrated_ones() ->
     assert line.startswith("uncalibrated (default twin constants; twin error on calibrated GPUs")
     assert "TPOT median 9 %, throughput median 13 % over 234 measured rows" in line
     assert calibration_line("B200").startswith("calibrated")
+
+
+def test_a_user_spec_named_like_a_calibrated_gpu_is_uncalibrated() -> None:
+    """B200's fitted constants hold for the shipped B200: a user's SM 12 PCIe card registered
+    under the name "B200" runs with the default constants and is reported uncalibrated."""
+    from domain.calibration import efficiency
+    from domain.hardware import GPUS, register_gpu, unregister_gpu
+
+    fitted = efficiency("B200")
+    register_gpu(GPUS[RTX_PRO_6000].model_copy(update={"name": "B200"}))
+    try:
+        assert not is_calibrated("B200") and calibration_line("B200").startswith("uncalibrated")
+        assert efficiency("B200") == efficiency(RTX_PRO_6000) != fitted
+    finally:
+        unregister_gpu("B200")
+    assert is_calibrated("B200") and efficiency("B200") == fitted
