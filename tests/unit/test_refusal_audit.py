@@ -449,8 +449,8 @@ def test_tensor_parallel_attention_asserts(pinned_tree, key, synthetic_heads):  
     tp_size`` branch included, evaluated with the model's config.json heads. ``attn_tp_size``
     is ``tp_size`` (no attention DP or context parallelism in the twin). Grid: tp_size 1..8 x
     every catalog model with this attention class (and its synthetic 48-head copies with 12
-    and 3 KV heads) x the grid's GPUs. Qwen3-235B-A22B (4 KV heads) at TP8: 8 % 4 == 0, replicated --
-    it starts."""
+    and 3 KV heads) x the grid's GPUs. Qwen3-235B-A22B (4 KV heads) at TP8: 8 % 4 == 0,
+    replicated -- it starts."""
     cls = key.split(".", 1)[1]
     models = [m for m in synthetic_heads
               if TP_ATTENTION_CLASS[get_model(m).architecture] == cls]
