@@ -37,6 +37,16 @@ ENGINES: dict[str, str] = {"sglang": "domain.engines.sglang"}
 _RELEASE = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
 
 
+def _cache_dir(env: Mapping[str, str] | None, override: str, leaf: str) -> Path:
+    """``$override``, else ``$XDG_CACHE_HOME/servetune/leaf``, else ``~/.cache/servetune/leaf``."""
+    env = os.environ if env is None else env
+    if env.get(override):
+        return Path(env[override]).expanduser()
+    base = Path(env["XDG_CACHE_HOME"]).expanduser() if env.get("XDG_CACHE_HOME") else \
+        Path.home() / ".cache"
+    return base / "servetune" / leaf
+
+
 def user_data_dir(env: Mapping[str, str] | None = None) -> Path:
     """Where ``servetune source fetch`` writes fetched engine versions' flag inventories.
 
@@ -44,12 +54,17 @@ def user_data_dir(env: Mapping[str, str] | None = None) -> Path:
     ``~/.cache/servetune/engines`` (it need not exist). Shipped inventories are read first
     (``domain/data/``), then this directory.
     """
-    env = os.environ if env is None else env
-    if env.get("SERVETUNE_ENGINE_DATA"):
-        return Path(env["SERVETUNE_ENGINE_DATA"]).expanduser()
-    base = Path(env["XDG_CACHE_HOME"]).expanduser() if env.get("XDG_CACHE_HOME") else \
-        Path.home() / ".cache"
-    return base / "servetune" / "engines"
+    return _cache_dir(env, "SERVETUNE_ENGINE_DATA", "engines")
+
+
+def source_cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where fetched SGLang trees are unpacked (``<dir>/sglang-X/``; need not exist).
+
+    ``$SERVETUNE_SOURCE_CACHE``, else ``$XDG_CACHE_HOME/servetune/sglang``, else
+    ``~/.cache/servetune/sglang``: the one rule ``servetune source fetch``
+    (``mcp_servers/source/fetch.py:default_cache_dir``) and the lesson carry check share.
+    """
+    return _cache_dir(env, "SERVETUNE_SOURCE_CACHE", "sglang")
 
 
 def version_key(version: str) -> tuple[int, ...]:

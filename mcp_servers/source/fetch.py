@@ -8,7 +8,6 @@ directory renamed into place, so a killed fetch never leaves a half tree behind.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import stat
@@ -50,12 +49,9 @@ def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
     Args:
         env: environment to read (default ``os.environ``; the CLI edge passes it).
     """
-    env = os.environ if env is None else env
-    if env.get("SERVETUNE_SOURCE_CACHE"):
-        return Path(env["SERVETUNE_SOURCE_CACHE"]).expanduser()
-    base = Path(env["XDG_CACHE_HOME"]).expanduser() if env.get("XDG_CACHE_HOME") else \
-        Path.home() / ".cache"
-    return base / "servetune" / "sglang"
+    from domain.engines import source_cache_dir
+
+    return source_cache_dir(env)
 
 
 def _unusable(what: str, path: Path, e: OSError, fix: str) -> SourceError:

@@ -295,10 +295,11 @@ def test_a_changed_guard_or_an_unverified_lesson_does_not_carry(tmp_path, monkey
 
 
 def test_the_lesson_tree_cache_is_the_source_fetch_cache(monkeypatch, tmp_path):
+    from domain.engines import source_cache_dir
     from mcp_servers.source.fetch import default_cache_dir
 
     for env in ({}, {"XDG_CACHE_HOME": str(tmp_path)}, {"SERVETUNE_SOURCE_CACHE": "/x/y"}):
-        assert carry.source_cache_dir(env) == default_cache_dir(env)
+        assert source_cache_dir(env) == default_cache_dir(env)
 
 
 def test_report_and_lessons_show_say_which_rules_and_versions_apply(engine_data, tmp_path,

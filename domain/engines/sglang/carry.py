@@ -9,32 +9,19 @@ branch) and the same exception, or the same ``assert`` test, compared as ``ast.u
 fetched (``servetune source fetch --version X``); without B's tree the lesson does not carry and
 :func:`carries` says why.
 
-The trees are found where ``servetune source fetch`` unpacks them (:func:`source_cache_dir`).
+The trees are found where ``servetune source fetch`` unpacks them
+(:func:`domain.engines.source_cache_dir`).
 """
 
 from __future__ import annotations
 
 import ast
-import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
+from domain.engines import source_cache_dir
 from domain.engines.sglang.versions import FETCH_COMMAND
-
-
-def source_cache_dir(env: Mapping[str, str] | None = None) -> Path:
-    """Where fetched SGLang trees are unpacked (``<dir>/sglang-X/``; need not exist).
-
-    ``$SERVETUNE_SOURCE_CACHE``, else ``$XDG_CACHE_HOME/servetune/sglang``, else
-    ``~/.cache/servetune/sglang`` (``mcp_servers/source/fetch.py:default_cache_dir`` uses it).
-    """
-    env = os.environ if env is None else env
-    if env.get("SERVETUNE_SOURCE_CACHE"):
-        return Path(env["SERVETUNE_SOURCE_CACHE"]).expanduser()
-    base = Path(env["XDG_CACHE_HOME"]).expanduser() if env.get("XDG_CACHE_HOME") else \
-        Path.home() / ".cache"
-    return base / "servetune" / "sglang"
 
 
 def tree_of(version: str) -> Path | None:
