@@ -380,7 +380,9 @@ def _lengths(row: Mapping[str, Any], stand_in_ok: bool) -> tuple[int, int, str |
     if mi is not None and mo is not None and not (fixed and isl and osl):
         return round(mi), round(mo), None
     if isl and osl:
-        return isl, osl, None
+        drawn = not fixed and ("random" in dataset or "sharegpt" in dataset)
+        return isl, osl, ("lengths drawn, their means not stated: the stated ISL/OSL run fixed"
+                          if drawn else None)
     if stand_in_ok and (not dataset or "not stated" in dataset):
         i, o = STAND_IN_LENGTHS
         return i, o, (f"ISL/OSL not stated: stand-in bench_serving default ShareGPT means "

@@ -130,6 +130,18 @@ def test_unexpressible_rows_get_their_exact_reason(change: dict[str, Any], reaso
     assert pp.map_row(_row(**change)) == pp.Skip("T1", "SGLang", reason)
 
 
+def test_lengths_are_the_measured_means_of_drawn_datasets() -> None:
+    """Random/ShareGPT lengths run at their measured means; fixed ones at ISL/OSL; marked."""
+    drawn = pp.map_row(_row())
+    fixed = pp.map_row(_row(workload={"isl": 1024, "osl": 2048, "dataset": "synthetic, fixed",
+                                      "measured_mean_input": 1, "measured_mean_output": 1}))
+    no_means = pp.map_row(_row(workload={"isl": 1000, "osl": 800, "dataset": "random"}))
+    assert (drawn.isl, drawn.osl, fixed.isl, fixed.osl, no_means.isl, no_means.osl) == \
+        (500, 504, 1024, 2048, 1000, 800)
+    assert no_means.notes == ("lengths drawn, their means not stated: the stated ISL/OSL run "
+                              "fixed",)
+
+
 def test_speculative_row_maps_to_eagle_314_at_mem_085() -> None:
     """A GLM-5-FP8 EAGLE launch command: algorithm, (steps, topk, draft tokens), memory."""
     sc = pp.map_row(_row(
