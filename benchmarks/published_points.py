@@ -73,9 +73,10 @@ STAND_IN_LENGTHS = (297, 192)
 # few batches deep, which 1,000 requests of any length the catalog GPUs hold are).
 OFFLINE_STAND_IN = 1000
 OFFLINE_MAX = 2000
-# Releases the catalog holds under another release of the same architecture (config.json
-# identical in shapes): Llama-3.3-70B-Instruct is Llama-3.1-70B's architecture (hidden 8192,
-# 80 layers, 64 heads / 8 KV heads, vocab 128256; meta-llama/Llama-3.3-70B-Instruct config.json).
+# Releases the catalog holds under another release of the same architecture: Llama-3.3-70B has
+# Llama-3.1-70B's shapes (hidden 8192, FFN 28672, 80 layers, 64 / 8 KV heads, vocab 128256, RoPE
+# theta 5e5, 131072 positions: the model card of meta-llama/Llama-3.3-70B-Instruct against
+# data/models/meta-llama--Meta-Llama-3.1-70B_config.json).
 SAME_ARCHITECTURE = {"llama-3.3-70b-instruct": "Llama-3.1-70B-Instruct"}
 # Quantization words -> the catalog's weights keys (first word found in the text wins).
 QUANT_WORDS = (("nvfp4", "nvfp4"), ("mxfp4", "mxfp4"), ("w4a16", "w4a16"), ("fp4", "nvfp4"),
