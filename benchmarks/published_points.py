@@ -37,6 +37,8 @@ How a row maps (first failing step is the skip reason; structural reasons are al
 
 from __future__ import annotations
 
+import builtins
+import io
 import json
 import math
 import re
@@ -150,6 +152,8 @@ class _Unmappable(Exception):
 
 # ---------------------------------------------------------------------------- fit guard
 _FITTING = 0
+_SEEN: set[Path] = set()  # every file read_points read (resolved), refused inside a fit
+_NAME = re.compile(r"published[-_]points.*\.json$")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -157,15 +161,40 @@ class PublishedReadDuringFit(RuntimeError):
     """A published-points file was to be read while a fit runs (fits use measured rows only)."""
 
 
+def _published_path(file: Any) -> bool:
+    """Whether ``file`` (an ``open`` argument) names a published-points file."""
+    if not isinstance(file, (str, Path)):
+        return False  # a file descriptor
+    path = Path(file)
+    return bool(_NAME.search(path.name)) or path.resolve() in _SEEN
+
+
 @contextmanager
 def fitting() -> Iterator[None]:
-    """While inside, :func:`read_points` raises :class:`PublishedReadDuringFit`."""
+    """While inside, reading a published-points file raises :class:`PublishedReadDuringFit`.
+
+    :func:`read_points` refuses, and so does ``open`` (``builtins.open`` and ``io.open``, which
+    ``pathlib`` uses) of a file named ``published-points*.json`` or read by :func:`read_points`
+    before.
+    """
     global _FITTING
+    real_open = io.open
+
+    def guarded(file: Any, *args: Any, **kwargs: Any) -> Any:
+        if _published_path(file):
+            raise PublishedReadDuringFit(f"{file}: published points are never read during a fit")
+        return real_open(file, *args, **kwargs)
+
+    outer = _FITTING == 0
     _FITTING += 1
+    if outer:
+        builtins.open = io.open = guarded
     try:
         yield
     finally:
         _FITTING -= 1
+        if outer:
+            builtins.open = io.open = real_open
 
 
 def no_published_reads(fn: F) -> F:
@@ -186,8 +215,9 @@ def read_points(path: Path) -> list[dict[str, Any]]:
     """
     if _FITTING:
         raise PublishedReadDuringFit(f"{path}: published points are never read during a fit")
+    _SEEN.add(Path(path).resolve())
     try:
-        points = json.loads(path.read_text())["points"]
+        points = json.loads(Path(path).read_text())["points"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SystemExit(f"--published {path}: not a published-points file ({e})") from None
     if not isinstance(points, list):

@@ -206,6 +206,23 @@ def test_fits_never_read_published_points() -> None:
     assert pp.read_points(SHARED)  # outside a fit it reads
 
 
+def test_opening_a_published_file_inside_a_fit_raises(tmp_path: Path) -> None:
+    """Inside a fit, open() and Path.read_text() of a published file raise; other files open."""
+    renamed = tmp_path / "other-name.json"
+    renamed.write_text(SHARED.read_text())
+    pp.read_points(renamed)  # a file read as published points is one, whatever its name
+    other = tmp_path / "rows.csv"
+    other.write_text("a,b\n")
+    with pp.fitting():
+        for path in (SHARED, renamed):
+            with pytest.raises(pp.PublishedReadDuringFit):
+                path.read_text()
+            with pytest.raises(pp.PublishedReadDuringFit):
+                open(path)  # noqa: SIM115
+        assert other.read_text() == "a,b\n"
+    assert json.loads(SHARED.read_text())["points"]  # restored after the fit
+
+
 def test_published_only_needs_no_wheel(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     """--published-only never looks for the measured rows' wheel; --published FILE is honoured."""
