@@ -35,10 +35,15 @@ under the fitted constants between rounds. The result is written to
 ``domain/data/twin-calibration.json`` with its data source, and every row is evaluated again with
 the full engine. Baseline printed beside it: the uncalibrated starting constants.
 
-Then the published points (``../shared/reference/published-points.json``, never used for fitting)
-that one SGLang-like server with TP on a catalog model can express are evaluated.
+Then every row of the published points (``--published FILE``, default
+``../shared/reference/published-points.json``; never used for fitting: ``fit_gpu`` and
+``record_schedule`` run under ``published_points.fitting``, inside which reading one raises) is
+mapped from its own fields to a twin scenario or a skip reason (``benchmarks/published_points.py``)
+and scored: one line per row and metric, median and mean error per metric over the SGLang rows,
+other engines beside. ``--published-only`` scores just those (no wheel, about a second).
 
     .venv/bin/python benchmarks/twin_fidelity.py [--wheel PATH] [--fit] [--max-per-group N]
+        [--published FILE] [--published-only]
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import published_points as pp
 
 import domain.costmodel as costmodel
 import domain.twin.cluster as cluster
@@ -491,6 +497,7 @@ def _decode_times(c: StepCostModel, decodes: np.ndarray) -> np.ndarray:
     return out
 
 
+@pp.no_published_reads  # fits read measured rows only (published_points.fitting)
 def record_schedule(row: Row, eff: Efficiency) -> Schedule | None:
     """Run ``row``'s staggered closed loop under ``eff`` and log its steps."""
     try:
@@ -564,6 +571,7 @@ def with_priors(eff: Efficiency) -> Efficiency:
     return eff.updated({n: max(getattr(eff, n), PRIOR_FLOOR.get(n, 0.0)) for n in FIT_NAMES})
 
 
+@pp.no_published_reads  # fits read measured rows only (published_points.fitting)
 def fit_gpu(schedules: Sequence[Schedule], start: Efficiency, prior: Efficiency,
             names: Sequence[str] = FIT_NAMES, prior_weight: float = PRIOR_WEIGHT,
             iterations: int = 30) -> tuple[Efficiency, float, float]:
@@ -616,84 +624,49 @@ def fit_gpu(schedules: Sequence[Schedule], start: Efficiency, prior: Efficiency,
 
 
 # ---------------------------------------------------------------------------- published points
-@dataclass(frozen=True)
-class Point:
-    """One published point the twin can express, and how it is simulated."""
+def predict_published(sc: pp.Scenario) -> pp.Prediction:
+    """Twin prediction of one published scenario (``benchmarks/published_points.py``).
 
-    id: str
-    config: ServingConfig
-    conc: int
-    isl: int
-    osl: int
-    thr_gpu: float
-    tpot_ms: float | None
-    note: str
-    ttft_ms: float | None = None
+    Closed loop (``sc.conc`` clients per replica): the staggered loop of one replica
+    (:func:`staggered_loop`; replicas share the load evenly); offline: ``sc.requests`` queued at
+    t = 0 (``cluster.simulate_open_loop``), throughput = output tokens / makespan. The config is
+    run as the row states it (no fallback memory fraction, unlike the measured rows).
 
-
-def published_points(path: Path) -> tuple[list[Point], list[str]]:
-    """The points of ``path`` the twin can express (single SGLang server, TP, catalog model)."""
-    data = {p["id"]: p for p in json.loads(path.read_text())["points"]}
-    pts: list[Point] = []
-    skipped: list[str] = []
-
-    def metric(pid: str, key: str) -> float | None:
-        m = data[pid]["metrics"].get(key)
-        return float(m["value"]) if m else None
-
-    if "P08" in data:
-        thr = metric("P08", "output_tok_s_per_gpu")
-        pts.append(Point("P08", ServingConfig(model="qwen3-235b-a22b", gpu="B200", tp_size=8,
-                                              weights="bf16"),
-                         100, 500, 504, thr or 0.0, metric("P08", "tpot_ms_mean"),
-                         "random lengths (uniform up to 1000/1000) run at their measured means "
-                         "500/504; Instruct-2507 shares the base shapes",
-                         metric("P08", "ttft_ms_mean")))
-    if "P11" in data:
-        out = metric("P11", "output_tok_s") or 0.0
-        pts.append(Point("P11", ServingConfig(model="deepseek-r1", gpu="B200", tp_size=8,
-                                              weights="fp8"),
-                         64, 3981, 530, out / 8, metric("P11", "tpot_ms_mean"),
-                         "random lengths run at their measured means 3981/530",
-                         metric("P11", "ttft_ms_mean")))
-    if "P15" in data:
-        try:
-            spec = ServingConfig(model="glm-5", gpu="H200", tp_size=8, weights="fp8",
-                                 mem_fraction_static=0.85, speculative_algorithm="EAGLE",
-                                 speculative_num_steps=3, speculative_eagle_topk=1,
-                                 speculative_num_draft_tokens=4)
-            out = metric("P15", "output_tok_s") or 0.0
-            pts.append(Point("P15", spec, 1, 610, 422, out / 8, metric("P15", "tpot_ms_mean"),
-                             "EAGLE (3,1,4) at concurrency 1; measured means 610/422",
-                             metric("P15", "ttft_ms_mean")))
-        except (ValueError, TypeError) as e:
-            skipped.append(f"P15: speculative decoding not expressible yet ({e})")
-    if "P22" in data:
-        thr = metric("P22", "output_tok_s_per_gpu") or 0.0
-        pts.append(Point("P22", ServingConfig(model="llama-3.1-70b", gpu="H200", tp_size=2,
-                                              weights="fp8"),
-                         0, 8192, 1024, thr, None,
-                         "TensorRT-LLM, not SGLang; Llama-3.3-70B run as Llama-3.1-70B (same "
-                         "shapes); offline: 1,500 requests queued at t=0"))
-    for pid in sorted(data):
-        if pid not in {p.id for p in pts} and not any(s.startswith(pid) for s in skipped):
-            skipped.append(f"{pid}: not one SGLang TP server on a catalog model/GPU "
-                           f"({data[pid]['model'][:40]}, {data[pid]['gpu'][:30]})")
-    return pts, skipped
-
-
-def predict_point(p: Point) -> Pred:
-    """Twin prediction of one published point with the committed constants."""
-    if p.conc:
-        return predict_row(p.config, p.conc, p.isl, p.osl)
-    report = fit(p.config)
-    n = 1500
-    records, _ = cluster.simulate_open_loop(p.config, report, [(0.0, p.isl, p.osl)] * n)
-    ok = [r for r in records if r.error is None]
+    Returns:
+        Metric (:data:`published_points.METRICS`) -> value, or the twin's error.
+    """
+    try:
+        report = fit(sc.config)
+    except (DoesNotFit, ConfigInvalid) as e:
+        return f"{type(e).__name__}: {str(e)[:160]}"
+    if sc.conc is not None:
+        steady, _, _ = staggered_loop(sc.config, report, sc.conc, sc.isl, sc.osl)
+        if not steady:
+            return "no request completed in the steady-state window"
+        p = _summary(steady, sc.conc, sc.osl, sc.config.tp_size)
+        return {"tok/s/GPU": p.thr_gpu, "TPOT ms": p.tpot_ms, "TTFT ms": p.ttft_ms}
+    records, _ = cluster.simulate_open_loop(sc.config, report,
+                                            [(0.0, sc.isl, sc.osl)] * sc.requests)
+    ok = [r for r in records if r.error is None and not math.isnan(r.finish_s)]
+    if not ok:
+        return "no request completed"
     span = max(r.finish_s for r in ok)
     tpot = float(np.mean([(r.e2e_s - r.ttft_s) / max(1, r.output_tokens - 1) for r in ok]))
-    return Pred(ttft_ms=float(np.mean([r.ttft_s for r in ok])) * 1e3, tpot_ms=tpot * 1e3,
-                thr_gpu=sum(r.output_tokens for r in ok) / span / p.config.gpus)
+    return {"tok/s/GPU": sum(r.output_tokens for r in ok) / span / sc.config.gpus,
+            "TPOT ms": tpot * 1e3, "TTFT ms": float(np.mean([r.ttft_s for r in ok])) * 1e3}
+
+
+def published_report(path: Path, table: dict[str, Efficiency],
+                     baseline: dict[str, Efficiency] | None = None) -> list[str]:
+    """The published-points lines of ``path`` under constants ``table`` (and ``baseline``)."""
+    mapped = pp.load(path)
+    with constants(table):
+        ev = pp.evaluate(mapped, predict_published)
+    base = None
+    if baseline is not None:
+        with constants(baseline):
+            base = pp.evaluate(mapped, predict_published)
+    return pp.report(ev, base)
 
 
 # ---------------------------------------------------------------------------- main
@@ -715,6 +688,19 @@ def write_calibration(fitted: dict[str, Efficiency], source: dict[str, Any],
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
+def _print_published(path: Path | None, table: dict[str, Efficiency],
+                     baseline: dict[str, Efficiency], label: str) -> None:
+    """Print the published points' scores (``path`` None: :data:`PUBLISHED` if it exists)."""
+    path = path if path is not None else (PUBLISHED if PUBLISHED.is_file() else None)
+    if path is None:
+        print(f"\nno published points at {PUBLISHED} (give --published FILE)")
+        return
+    print(f"\npublished points ({path.name}; never used for fitting), {label} constants; "
+          "error = |predicted / measured - 1|:")
+    for line in _timed("published", lambda: published_report(path, table, baseline)):
+        print(line)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Evaluate (and with --fit, calibrate) the twin; print the error tables."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -722,8 +708,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--fit", action="store_true", help="fit and write the calibration JSON")
     ap.add_argument("--max-per-group", type=int, default=40,
                     help="rows per GPU/model/weights group (spread evenly; default 40)")
-    ap.add_argument("--published", type=Path, default=PUBLISHED)
+    ap.add_argument("--published", type=Path, default=None,
+                    help="published-points file (shared schema) to score; default: "
+                         f"{PUBLISHED.relative_to(ROOT.parent)} beside the checkout")
+    ap.add_argument("--published-only", action="store_true",
+                    help="score only the published points (no wheel, no measured rows)")
     args = ap.parse_args(argv)
+    if args.published is not None and not args.published.is_file():
+        raise SystemExit(f"--published {args.published}: no such file")
+    if args.published_only:
+        committed = {g: efficiency(g) for g in SYSTEMS.values()}
+        _print_published(args.published, committed, {g: UNCALIBRATED for g in SYSTEMS.values()},
+                         "committed")
+        return
 
     wheel = find_wheel(args.wheel)
     rows_all, dropped = load_rows(wheel)
@@ -798,34 +795,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print_tables("TPOT and output throughput per GPU, absolute % error (median / mean) per "
                  "GPU/model; TPOT ratio = median predicted/measured", tables)
 
-    if args.published.is_file():
-        pts, skipped = published_points(args.published)
-        print(f"\npublished points ({args.published.name}; not used for fitting), committed "
-              f"constants{' (just fitted)' if args.fit else ''}:")
-        errs, base_errs = [], []
-        for p in pts:
-            with constants(fitted if args.fit else committed):
-                pred = predict_point(p)
-            with constants(baseline):
-                base = predict_point(p)
-            if pred.error:
-                print(f"  {p.id}: twin error {pred.error}")
-                continue
-            e = ape(pred.thr_gpu, p.thr_gpu)
-            errs.append(e)
-            base_errs.append(ape(base.thr_gpu, p.thr_gpu))
-            tp = (f"TPOT {pred.tpot_ms:.1f} vs {p.tpot_ms:.1f} ms "
-                  f"({ape(pred.tpot_ms, p.tpot_ms):.0f}%)" if p.tpot_ms else "TPOT n/a")
-            ttft = (f", TTFT {pred.ttft_ms:.0f} vs {p.ttft_ms:.0f} ms" if p.ttft_ms else "")
-            print(f"  {p.id}: tok/s/GPU {pred.thr_gpu:.1f} vs {p.thr_gpu:.1f} ({e:.0f}%; "
-                  f"uncalibrated {base.thr_gpu:.1f}, {base_errs[-1]:.0f}%), {tp}{ttft} "
-                  f"-- {p.note}")
-        for s in skipped:
-            print(f"  skipped {s}")
-        if errs:
-            print(f"  median abs error of tok/s/GPU over {len(errs)} points: "
-                  f"{float(np.median(errs)):.1f}% (uncalibrated: "
-                  f"{float(np.median(base_errs)):.1f}%)")
+    _print_published(args.published, fitted if args.fit else committed, baseline,
+                     "just fitted" if args.fit else "committed")
 
 
 if __name__ == "__main__":
