@@ -25,9 +25,9 @@ estimators reference, section 6):
   (``benchmarks/spec_kernels.py``). At decode batches the weight read still binds; at verify
   batches (``batch x draft tokens``) the tile term makes the MoE layer compute-bound earlier.
 - Speculative verify (:meth:`StepCostModel.verify_time`): the linear layers at ``batch x draft
-  tokens``; attention per query token (DSA: each draft token gathers its own top-k latents and
-  the lightning indexer scores and selects per query token; MLA/GQA: KV read once per sequence
-  plus the attention FLOPs of every extra query token). Draft (:meth:`draft_time`): ``steps - 1``
+  tokens``; attention per query token (DSA: SGLang runs each draft token as its own decode row,
+  so top-k gathers and the lightning indexer's scan are paid per draft token; MLA/GQA: KV read
+  once per sequence plus the attention FLOPs of every extra query token). Draft (:meth:`draft_time`): ``steps - 1``
   draft decode forwards at ``batch x topk`` plus one draft-extend forward over the verified
   window (SGLang ``eagle_worker_v2.py``).
 - A fixed kernel-chain latency per layer and op class (dense, MoE, MLA, DSA).
@@ -279,16 +279,18 @@ class StepCostModel:
 
         ``queries == 1`` is exactly :meth:`_kv_read` (decode). Beyond one query token:
 
-        - DSA: every query token gathers its own top-k latents (FlashMLA sparse attention runs
-          per query row), so the latent term is ``queries x`` the decode one; the lightning
-          indexer scores all ``context`` keys and selects top-k per query row while the index
-          keys are read once per sequence, so its term is ``(1 - r + r x queries)`` times the
-          decode one, ``r = spec_index_query_share``. Source: the aiconfigurator 0.12.0 wheel's
-          SGLang kernel tables ``glm5_dsa_attn_module_perf`` (B200, batch 256, 1,024 cached
-          tokens: 0.133 ms at 1 query token per sequence, 0.448 ms at 4, 0.946 ms at 8) and
-          ``glm5_mqa_logits_module_perf`` + ``glm5_topk_module_perf``
-          (``benchmarks/spec_kernels.py``); the per-query index pairs are ``queries x context``
-          as in the DeepSeek-V3.2 report's indexer.
+        - DSA: SGLang expands every draft token into its own decode row
+          (``layers/attention/nsa_backend.py: NativeSparseAttnBackend.init_forward_metadata``,
+          target_verify / draft_extend: ``max_seqlen_q = 1``, the page table
+          ``repeat_interleave``'d per draft token, DeepGEMM's paged MQA-logits schedule over
+          the expanded seqlens), so each row gathers its own top-k latents (the latent term is
+          ``queries x`` the decode one) and the lightning indexer scores and selects over the
+          full context per row: ``(1 - r + r x queries)`` times the decode index term,
+          ``r = spec_index_query_share`` (1.0 for that expansion). The aiconfigurator 0.12.0
+          wheel's kernel tables agree on the latents (``glm5_dsa_attn_module_perf``, B200,
+          batch 256, 1,024 cached tokens: 0.133 ms at 1 query token per sequence, 0.448 ms at
+          4, 0.946 ms at 8); their batched ragged indexer reads keys once (r 0.22,
+          ``benchmarks/spec_kernels.py``).
         - MLA/GQA: the KV of a sequence is read once for all its query tokens (one kernel over
           ``queries`` rows, FlashInfer/FlashMLA); each extra query token adds its attention
           FLOPs, ``4 x heads x qk_head_dim`` per (query, key) pair per layer (FlashAttention's
