@@ -27,9 +27,9 @@ estimators reference, section 6):
 - Speculative verify (:meth:`StepCostModel.verify_time`): the linear layers at ``batch x draft
   tokens``; attention per query token (DSA: SGLang runs each draft token as its own decode row,
   so top-k gathers and the lightning indexer's scan are paid per draft token; MLA/GQA: KV read
-  once per sequence plus the attention FLOPs of every extra query token). Draft (:meth:`draft_time`): ``steps - 1``
-  draft decode forwards at ``batch x topk`` plus one draft-extend forward over the verified
-  window (SGLang ``eagle_worker_v2.py``).
+  once per sequence plus the attention FLOPs of every extra query token). Draft
+  (:meth:`draft_time`): ``steps - 1`` draft decode forwards at ``batch x topk`` plus one
+  draft-extend forward over the verified window (SGLang ``eagle_worker_v2.py``).
 - A fixed kernel-chain latency per layer and op class (dense, MoE, MLA, DSA).
 - Decode/verify steps: GPU time overlapped with the scheduler's CPU time (a fixed part plus a
   part per running request), i.e. ``max(gpu, cpu)`` -- SGLang's overlap scheduler; decode batches
