@@ -103,6 +103,8 @@ class StepCostModel:
     kv_bytes_per_token_gpu: float = 0.0
     host_link: float = PCIE5_X16_BYTES_PER_S
     expert_params: float = 0.0        # parameters of one routed expert (its GEMM FLOPs / 2)
+    # decode-kernel attention FLOPs per (query, key) pair per layer, all heads (0: 4 x attn_dim)
+    decode_pair_flops: float = 0.0
     # the GPU whose interconnect prices the all-reduces (None: the plain ring over ``link``)
     gpu: GPU | None = field(default=None, compare=False)
     # memo of the batch-size-only terms (pure functions of their arguments): the twin calls
@@ -292,9 +294,12 @@ class StepCostModel:
           4, 0.946 ms at 8); their batched ragged indexer reads keys once (r 0.22,
           ``benchmarks/spec_kernels.py``).
         - MLA/GQA: the KV of a sequence is read once for all its query tokens (one kernel over
-          ``queries`` rows, FlashInfer/FlashMLA); each extra query token adds its attention
-          FLOPs, ``4 x heads x qk_head_dim`` per (query, key) pair per layer (FlashAttention's
-          count, as in :meth:`prefill_time`) at ``eta_attn`` of the bf16 peak.
+          ``queries`` rows: FlashMLA / FlashInfer with ``seq_len_q > 1``); each extra query
+          token adds its attention FLOPs, ``decode_pair_flops`` per (query, key) pair per layer
+          at ``eta_attn`` of the bf16 peak: for MLA the absorbed form, ``2 x heads x (2 x
+          kv_lora_rank + qk_rope_head_dim)`` (scores over the 576-wide latent, values over the
+          512-wide one; DeepSeek-V2 paper, sec. 2.1.3, weight absorption), for GQA
+          ``4 x heads x head_dim`` (FlashAttention's count, as in :meth:`prefill_time`).
         """
         base = self._kv_read(batch, context_sum, layers)
         extra = max(0, queries - 1)
@@ -306,7 +311,8 @@ class StepCostModel:
             index = base - latent
             r = self.eff.spec_index_query_share
             return queries * latent + index * (1 - r + r * queries)
-        flops = 4 * layers * self.attn_dim * extra * context_sum
+        pair = self.decode_pair_flops or 4.0 * self.attn_dim
+        flops = layers * pair * extra * context_sum
         return base + flops / (self.t * self.eff.eta_attn * self.f_bf16)
 
     def verify_time(self, batch: int, draft_tokens: int, context_sum: int) -> float:
@@ -453,4 +459,6 @@ def build_cost_model(config: ServingConfig, report: FitReport) -> StepCostModel:
         draft_flops_per_token=draft_flops, draft_moe=bool(model.n_routed_experts),
         kv_bytes_per_token_gpu=report.kv_bytes_per_token, host_link=host_link, gpu=gpu,
         expert_params=float(model.expert_params if model.n_routed_experts else 0),
+        decode_pair_flops=(2.0 * model.heads * (2 * model.kv_lora_rank + model.qk_rope_head_dim)
+                           if model.attention in ("mla", "dsa") else 0.0),
     )
