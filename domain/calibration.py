@@ -30,6 +30,13 @@ Op classes:
   batch scheduler") runs it while the GPU executes the previous batch, so a decode step takes
   max(GPU time, CPU time). ``prefill_overhead_s`` is the fixed extra time of a prefill step;
   ``eager_extra_s`` the extra cost of a decode batch above the CUDA-graph max (eager launch).
+- ``moe_gemm_half_tokens``: tokens per touched expert at which an MoE grouped GEMM reaches
+  half its compute efficiency (the M-tile padding of small expert GEMMs), fitted on the wheel's
+  measured SGLang MoE kernel table by ``benchmarks/spec_kernels.py`` (not by the step fit).
+- ``spec_index_query_share``: the share of the DSA lightning indexer's decode time (one query
+  token per sequence) paid again for every extra query token of a speculative verify step: 1.0,
+  SGLang runs each draft token as its own decode row (``nsa_backend.py``); 0.22 would be a
+  kernel that reads the index keys once per sequence (``benchmarks/spec_kernels.py``).
 - ``allreduce_latency_s``: the fixed latency of the plain ring all-reduce of a cost model built
   without a GPU (order of us). A model built for a GPU prices all-reduces with
   :mod:`domain.interconnect` instead (latencies fitted per topology on the wheel's tables).
@@ -66,6 +73,18 @@ class Efficiency:
     prefill_overhead_s: float = 2.5e-3
     eager_extra_s: float = 6.0e-3
     allreduce_latency_s: float = 6e-6
+    # tokens per touched expert at which an MoE grouped GEMM reaches half its compute efficiency
+    # (eta_compute_moe x m / (m + h)); median of the five SGLang 0.5.14 moe_perf fits of
+    # benchmarks/spec_kernels.py (B200 nvfp4/fp8 TP4/TP8: 100, 62, 75, 54; H200 fp8 TP8: 28)
+    moe_gemm_half_tokens: float = 62.0
+    # share of the DSA indexer's one-query-token decode time paid again per extra query token of
+    # a verify or draft-extend step: 1.0 because SGLang expands each draft token into its own
+    # decode row (layers/attention/nsa_backend.py init_forward_metadata, target_verify and
+    # draft_extend branches: max_seqlen_q 1, page table repeat_interleave'd per draft token, the
+    # paged MQA-logits schedule over the expanded seqlens), so every row scans its full context;
+    # a batched kernel reading keys once would pay 0.22 (the wheel's ragged-kernel tables,
+    # benchmarks/spec_kernels.py)
+    spec_index_query_share: float = 1.0
 
     def updated(self, values: dict[str, float]) -> Efficiency:
         """A copy with ``values`` replacing fields of the same name.
@@ -83,6 +102,10 @@ class Efficiency:
                 raise ValueError(f"{k} = {v} is not a share of peak in (0, 1.5]")
             if k.endswith("_s") and v < 0:
                 raise ValueError(f"{k} = {v} s is negative")
+            if k.endswith("_share") and not 0 <= v <= 1:
+                raise ValueError(f"{k} = {v} is not a share in [0, 1]")
+            if k.endswith("_tokens") and v < 0:
+                raise ValueError(f"{k} = {v} tokens is negative")
         return replace(self, **{k: float(v) for k, v in values.items()})
 
     def as_dict(self) -> dict[str, float]:
