@@ -39,15 +39,17 @@ Op classes:
   78-layer GLM-5 that is 6.2 ms per eager step, the flat 6 ms the twin charged before. Fitted by
   ``benchmarks/twin_fidelity.py --fit`` where measured rows run above the graph max (H200
   Llama-3.1-8B at 352-512 clients; none on B200 or H100, which keep the prior).
-- ``waiting_request_overhead_s``: CPU time per waiting request of a scheduling pass that scans
-  the waiting queue. SGLang 0.5.23 computes the queue's priority on every pass that can admit
-  (``managers/scheduler.py:4129`` ``calc_priority``), and that matches every waiting request's
-  prompt against the radix tree even under FCFS (``managers/schedule_policy.py:221-229``
-  ``match_kv_cache`` per request) -- a Python walk of the tree per request; a pass is skipped
-  while the running batch is full (``scheduler.py:4098-4126``: no free slot, or the last pass
-  ran out of KV; cleared when a request leaves). Prior 10 us per waiting request (a few
-  radix-node lookups at the ~20 us per running request of ``request_overhead_s``' prior); not
-  fitted: the measured rows are closed loops whose clients do not queue beyond the slots.
+- ``waiting_request_overhead_s``: CPU time per waiting request a scheduling pass matches
+  against the radix tree. SGLang 0.5.23 computes the queue's priority on every pass that can
+  admit (``managers/scheduler.py:4129`` ``calc_priority``): under LPM a ``match_kv_cache`` per
+  waiting request while the queue holds at most 128 (FCFS above), under FCFS with the default
+  radix cache a recency refresh of the first 128 waiting prefixes every 32nd pass
+  (``managers/schedule_policy.py:213-314``) -- a Python walk of the tree per request; a pass is
+  skipped while the running batch is full (``scheduler.py:4098-4126``: no free slot, or the
+  last pass ran out of KV; cleared when a request leaves). Prior 10 us per request matched (a
+  prompt's token list concatenated and walked page by page, at the ~20 us per running request
+  of ``request_overhead_s``' prior); not fitted: the measured rows are closed loops whose
+  clients do not queue beyond the slots.
 - ``allreduce_latency_s``: the fixed latency of the plain ring all-reduce of a cost model built
   without a GPU (order of us). A model built for a GPU prices all-reduces with
   :mod:`domain.interconnect` instead (latencies fitted per topology on the wheel's tables).

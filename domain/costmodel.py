@@ -216,12 +216,13 @@ class StepCostModel:
         e = self.eff
         return e.step_overhead_s + batch * e.request_overhead_s
 
-    def scan_time(self, waiting: int) -> float:
-        """Scheduler CPU seconds of one admission pass over ``waiting`` queued requests.
+    def scan_time(self, waiting: float) -> float:
+        """Scheduler CPU seconds of one admission pass that matches ``waiting`` queued requests.
 
-        ``waiting x waiting_request_overhead_s``: SGLang 0.5.23 matches every waiting request
-        against the radix tree on each pass that may admit (``managers/scheduler.py:4129``,
-        ``managers/schedule_policy.py:221-229``).
+        ``waiting x waiting_request_overhead_s``: SGLang 0.5.23 computes the queue's priority on
+        each pass that may admit (``managers/scheduler.py:4129``), matching waiting requests
+        against the radix tree (``managers/schedule_policy.py:213-302``; how many: the engine's
+        ``TwinEngine._scanned``).
         """
         return waiting * self.eff.waiting_request_overhead_s
 

@@ -71,6 +71,9 @@ NEW_TOKEN_RATIO_DECAY_STEPS = 600
 RETRACT_DECODE_STEPS = 20
 MAX_PREFILL_TOKENS = 16384  # --max-prefill-tokens default (sglang-knobs reference 1.3)
 LPM_MAX_WAITING = 128       # schedule_policy.py: lpm falls back to fcfs above this queue length
+# schedule_policy.py:137-139 (0.5.23): a pass under FCFS refreshes the LRU recency of at most
+# WAITING_QUEUE_PREFIX_MATCH_MAX (= LPM_MAX_WAITING) waiting prefixes, every 32nd pass
+WAITING_PREFIX_REFRESH_INTERVAL = 32
 _EPS = 1e-9
 
 
@@ -302,6 +305,16 @@ class TwinEngine:
     def busy(self) -> bool:
         """Whether a submitted request is not finished (there is work to simulate)."""
         return bool(self._pending or self._waiting or self._running or self._chunked)
+
+    @property
+    def new_token_ratio(self) -> float:
+        """The scheduler's current new-token ratio (SGLang's ``sglang:new_token_ratio`` gauge).
+
+        The share of their remaining output the running requests reserve in admission: starts
+        at ``INIT_NEW_TOKEN_RATIO x schedule_conservativeness``, decays per decode step to the
+        minimum, is re-estimated on retraction and reset when the engine idles.
+        """
+        return self._ratio
 
     def progress(self, idx: int, since: int = 0) -> RequestProgress:
         """Token times request ``idx`` has so far, from output token number ``since`` on.
@@ -566,6 +579,23 @@ class TwinEngine:
             nd, nh = min(nd, keep), keep - min(nd, keep)
         return nd, nh
 
+    def _scanned(self, waiting: int) -> float:
+        """Waiting requests one admission pass matches against the radix tree (on average).
+
+        SGLang 0.5.23 ``managers/schedule_policy.py:213-302`` ``calc_priority``: LPM matches
+        every waiting request (``_compute_prefix_matches``) while the queue holds at most 128,
+        and falls back to FCFS above (``_determine_active_policy``, 304-314). FCFS matches none
+        with the default radix cache (``supports_fast_match_prefix`` is False,
+        ``mem_cache/base_prefix_cache.py:449``) and only refreshes the recency of the first 128
+        waiting prefixes every 32nd pass (``_touch_waiting_prefixes``, 282-302): 128 / 32 = 4
+        per pass on average. No radix cache: no match at all.
+        """
+        if self.cache is None:
+            return 0.0
+        if self.lim.schedule_policy == "lpm" and waiting <= LPM_MAX_WAITING:
+            return float(waiting)
+        return min(waiting, LPM_MAX_WAITING) / WAITING_PREFIX_REFRESH_INTERVAL
+
     def _lpm_order(self) -> None:
         w = self._waiting
         if not self._lpm_dirty or len(w) > LPM_MAX_WAITING or len(w) < 2:
@@ -583,10 +613,10 @@ class TwinEngine:
         no request slot is left, 4118-4126 and 4230-4234, or when the queue's head did not fit
         the KV, 4276-4284; cleared when a request leaves the batch or the batch is empty,
         3951-3968, 4094-4096, 4544-4545) -- so a KV-bound or slot-bound server does not retry
-        admission on every decode step. A pass that runs scans the whole waiting queue
-        (``calc_priority``, 4129: a radix match per waiting request); its CPU time
-        ``waiting_request_overhead_s x queue length`` is kept in ``self._scan_s`` for the step
-        it forms (or the decode step that follows).
+        admission on every decode step. A pass that runs computes the queue's priority
+        (``calc_priority``, 4129: radix matches of waiting requests, :meth:`_scanned`); its CPU
+        time ``waiting_request_overhead_s x`` requests matched is kept in ``self._scan_s`` for
+        the step it forms (or the decode step that follows).
         """
         lim, waiting, cache = self.lim, self._waiting, self.cache
         chunks: list[tuple[_Req, int]] = []
@@ -601,7 +631,7 @@ class TwinEngine:
         if chunked is None and n_slots >= lim.max_running_requests:
             self._full = True
             return chunks, 0
-        self._scan_s = self.cost.scan_time(len(waiting))
+        self._scan_s = self.cost.scan_time(self._scanned(len(waiting)))
         if chunked is not None:
             c = min(chunked.target - chunked.prefilled, left)
             chunks.append((chunked, c))
@@ -748,7 +778,8 @@ class TwinEngine:
         while self._free() < n * per_req and len(running) > 1:
             k_now = len(self._T)
             C = self._C
-            victim = min(running.values(),
+            # the last of equals in batch order: SGLang sorts stably, descending, and pops the end
+            victim = min(reversed(running.values()),
                          key=lambda x: (x.seg_gen + C[k_now] - C[x.seg_start], -x.input))
             decoded = self._leave_running(victim)
             gained = int(decoded + _EPS)
