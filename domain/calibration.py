@@ -28,8 +28,7 @@ Op classes:
   scheduler (batch preparation, sampling result processing, output streaming: a Python loop over
   the running requests). SGLang's overlap scheduler (on by default since v0.4, "zero-overhead
   batch scheduler") runs it while the GPU executes the previous batch, so a decode step takes
-  max(GPU time, CPU time). ``prefill_overhead_s`` is the fixed extra time of a prefill step;
-  ``eager_extra_s`` the extra cost of a decode batch above the CUDA-graph max (eager launch).
+  max(GPU time, CPU time). ``prefill_overhead_s`` is the fixed extra time of a prefill step.
 - ``moe_gemm_half_tokens``: tokens per touched expert at which an MoE grouped GEMM reaches
   half its compute efficiency (the M-tile padding of small expert GEMMs), fitted on the wheel's
   measured SGLang MoE kernel table by ``benchmarks/spec_kernels.py`` (not by the step fit).
@@ -37,6 +36,31 @@ Op classes:
   token per sequence) paid again for every extra query token of a speculative verify step: 1.0,
   SGLang runs each draft token as its own decode row (``nsa_backend.py``); 0.22 would be a
   kernel that reads the index keys once per sequence (``benchmarks/spec_kernels.py``).
+- ``eager_layer_s``: the extra cost per layer of a decode (or verify) step whose batch is above
+  ``cuda_graph_max_bs_decode``: SGLang replays a captured graph only up to the largest captured
+  batch (``model_executor/runner/decode_cuda_graph_runner.py:845`` ``can_run_graph``; larger
+  batches run the model eagerly), so every kernel of every layer is dispatched from Python one
+  at a time and the GPU waits on the launches. Prior 170 us per layer, from the measured rows:
+  a one-parameter least-squares fit of log TPOT on the 8 H200 Llama-3.1-8B rows above the graph
+  max (352-512 clients, SGLang 0.5.6.post2) with the other committed H200 constants gives 170 us
+  (RMS error 3.6 %; median predicted/measured TPOT 0.87 at 1 us, 0.98 at 150 us, 1.07 at 250 us):
+  5.4 ms per step on 32 layers, the flat 6 ms the twin charged before. Physically ~20 kernels
+  per layer (norms, projections, rope, attention, all-reduces, router and expert GEMMs) at
+  ~8.5 us of eager PyTorch dispatch each (the launch itself is a few us -- aiconfigurator
+  charges 3 us per memory-bound op, estimators reference sec. 6 -- plus the Python op dispatch
+  around it). ``benchmarks/twin_fidelity.py --fit`` fits it with the rest where measured rows
+  run above the graph max (H200 only; H100 starts from H200's fit, B200 keeps the prior).
+- ``waiting_request_overhead_s``: CPU time per waiting request a scheduling pass matches
+  against the radix tree. SGLang 0.5.23 computes the queue's priority on every pass that can
+  admit (``managers/scheduler.py:4129`` ``calc_priority``): under LPM a ``match_kv_cache`` per
+  waiting request while the queue holds at most 128 (FCFS above), under FCFS with the default
+  radix cache a recency refresh of the first 128 waiting prefixes every 32nd pass
+  (``managers/schedule_policy.py:213-314``) -- a Python walk of the tree per request; a pass is
+  skipped while the running batch is full (``scheduler.py:4098-4126``: no free slot, or the
+  last pass ran out of KV; cleared when a request leaves). Prior 10 us per request matched (a
+  prompt's token list concatenated and walked page by page, at the ~20 us per running request
+  of ``request_overhead_s``' prior); not fitted: the measured rows are closed loops whose
+  clients do not queue beyond the slots.
 - ``allreduce_latency_s``: the fixed latency of the plain ring all-reduce of a cost model built
   without a GPU (order of us). A model built for a GPU prices all-reduces with
   :mod:`domain.interconnect` instead (latencies fitted per topology on the wheel's tables).
@@ -71,8 +95,11 @@ class Efficiency:
     step_overhead_s: float = 1.5e-3
     request_overhead_s: float = 0.0
     prefill_overhead_s: float = 2.5e-3
-    eager_extra_s: float = 6.0e-3
     allreduce_latency_s: float = 6e-6
+    # per layer of a decode step above cuda_graph_max_bs_decode (eager launches; prior above)
+    eager_layer_s: float = 1.7e-4
+    # CPU per waiting request of a scheduling pass that scans the queue (prior above)
+    waiting_request_overhead_s: float = 1.0e-5
     # tokens per touched expert at which an MoE grouped GEMM reaches half its compute efficiency
     # (eta_compute_moe x m / (m + h)); median of the five SGLang 0.5.14 moe_perf fits of
     # benchmarks/spec_kernels.py (B200 nvfp4/fp8 TP4/TP8: 100, 62, 75, 54; H200 fp8 TP8: 28)
