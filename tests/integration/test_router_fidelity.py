@@ -1,0 +1,239 @@
+"""The twin's router against the pinned sglang-router 0.3.2 in front of twin servers.
+
+Two ``servetune twin serve --record`` servers (subprocesses on 127.0.0.1) sit behind the real
+router (``python -m sglang_router.launch_router --policy cache_aware``, a subprocess stopped by
+its PID). Request sequences go through the router and through the twin's
+:class:`~domain.twin.cluster.Router` with the same prompts and the same in-flight counts;
+each request's worker is read back from the servers' ``/twin/timing`` rows, where every
+request of a sequence has its own prompt length. The twin's replica i is the router's i-th
+worker in ``GET /workers`` (the order its ties fall in). Sequences (the issue's three):
+
+- 64 unique synthetic prompts (the bench's :class:`SyntheticPrompts`) sent one at a time, each
+  kept in flight (its first token read) before the next is sent;
+- 8 prefix groups x 16 (:class:`BlockPrompts`: three shared blocks of 16 words, then one of
+  the request's own), one at a time, kept in flight, group after group;
+- 32 synthetic prompts sent at once (the router sees them in an order of its own, so per-worker
+  counts are compared).
+
+At least 95 % of the assignments must agree. Skipped only when ``sglang_router`` is not
+importable (install the ``router`` extra).
+"""
+
+from __future__ import annotations
+
+import http.client
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from domain.twin.cluster import Router
+from domain.twin.prefix_cache import PathIndex
+from mcp_servers.bench.prompts import BlockPrompts, SyntheticPrompts, completion_body
+
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("sglang_router") is None,
+                       reason="sglang_router is not importable: pip install -e '.[router]'"),
+    pytest.mark.xdist_group("router_fidelity"),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = dict(model="llama-3.1-8b", gpu="H100", tp_size=1, weights="bf16", replicas=1)
+WORKERS = 2
+OSL = 4000  # output tokens: every request stays in flight until the sequence is sent
+AGREE = 0.95
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _twin(tmp: Path, i: int) -> tuple[subprocess.Popen[bytes], Path]:
+    cfg = tmp / "config.json"
+    cfg.write_text(json.dumps(CONFIG))
+    port_file = tmp / f"port{i}"
+    with open(tmp / f"twin{i}.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "servetune.cli", "twin", "serve",
+                                 "--config", str(cfg), "--host", "127.0.0.1", "--port", "0",
+                                 "--port-file", str(port_file), "--record"],
+                                stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    return proc, port_file
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, list[str]]]:
+    """(router port, worker URLs in the router's order)."""
+    tmp = tmp_path_factory.mktemp("router")
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        files = []
+        for i in range(WORKERS):
+            proc, port_file = _twin(tmp, i)
+            procs.append(proc)
+            files.append(port_file)
+        deadline = time.monotonic() + 60
+        while not all(f.exists() for f in files):
+            assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, \
+                "twin server did not start"
+            time.sleep(0.05)
+        urls = [f"http://127.0.0.1:{int(f.read_text())}" for f in files]
+        port = _free_port()
+        with open(tmp / "router.log", "wb") as log:
+            router = subprocess.Popen(
+                [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                 "--port", str(port), "--worker-urls", *urls, "--policy", "cache_aware",
+                 "--log-level", "warn"], stdout=log, stderr=subprocess.STDOUT)
+        procs.append(router)
+        base = f"http://127.0.0.1:{port}"
+        order: list[str] = []
+        while len(order) < WORKERS:
+            assert router.poll() is None and time.monotonic() < deadline, \
+                (tmp / "router.log").read_text()[-2000:]
+            try:
+                ws = httpx.get(f"{base}/workers", timeout=2).json()["workers"]
+                order = [w["url"] for w in ws if w["is_healthy"]]
+            except (httpx.HTTPError, ValueError, KeyError):
+                pass
+            time.sleep(0.1)
+        for u in order:  # clear the health checks' rows
+            httpx.get(f"{u}/twin/timing", timeout=5)
+        yield port, order
+    finally:
+        for p in reversed(procs):
+            _stop(p)
+
+
+def _send(port: int, bodies: list[bytes], hold: bool) -> None:
+    """Send ``bodies`` to the router; ``hold``: one at a time, each in flight (its first chunk
+    read, the rest read on) before the next; else all at once. The streams are cut at the end
+    (the servers abort the requests)."""
+    conns: list[http.client.HTTPConnection] = []
+    lock = threading.Lock()
+
+    def one(body: bytes, started: threading.Event) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        with lock:
+            conns.append(conn)
+        try:
+            conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+            r = conn.getresponse()
+            r.readline()
+            started.set()
+            while r.read(4096):
+                pass
+        except (OSError, http.client.HTTPException):
+            pass  # cut by the caller
+        finally:
+            started.set()
+
+    threads = []
+    for b in bodies:
+        ev = threading.Event()
+        t = threading.Thread(target=one, args=(b, ev), daemon=True)
+        t.start()
+        threads.append((t, ev))
+        if hold:
+            assert ev.wait(30)
+    for _, ev in threads:
+        assert ev.wait(30)
+    time.sleep(0.2)
+    with lock:
+        for conn in conns:
+            if conn.sock is not None:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+    for t, _ in threads:
+        t.join(30)
+
+
+def _where(order: list[str], n: int) -> dict[int, int]:
+    """Prompt length -> router worker index, from the servers' timing rows (n requests)."""
+    got: dict[int, int] = {}
+    deadline = time.monotonic() + 30
+    while len(got) < n and time.monotonic() < deadline:
+        for i, u in enumerate(order):
+            for row in httpx.get(f"{u}/twin/timing", timeout=5).json()["requests"]:
+                got[int(row["prompt_tokens"])] = i
+        time.sleep(0.05)
+    return got
+
+
+def _agreement(real: list[int], twin: list[int]) -> float:
+    return sum(a == b for a, b in zip(real, twin, strict=True)) / len(real)
+
+
+def test_unique_prompts_one_at_a_time_go_where_the_real_router_sends_them(fleet):
+    port, order = fleet
+    n = 64
+    # prompt i has 64 + i tokens (its id in the timing rows); its own tag, a shared body
+    prompts = [SyntheticPrompts("m", 64 + i, OSL, seed=1) for i in range(n)]
+    _send(port, [p.body(i) for i, p in enumerate(prompts)], hold=True)
+    got = _where(order, n)
+    real = [got.get(64 + i, -1) for i in range(n)]
+    router, loads, twin = Router("cache_aware", WORKERS), [0] * WORKERS, []
+    for i in range(n):  # every earlier request is still in flight
+        w = router.pick((), 0, 64 + i, loads)
+        loads[w] += 1
+        twin.append(w)
+    print(f"unique prompts one at a time: {_agreement(real, twin):.1%} agree")
+    assert _agreement(real, twin) >= AGREE, (real, twin)
+
+
+def test_prefix_groups_stick_to_the_worker_the_real_router_picks(fleet):
+    port, order = fleet
+    groups, per, block = 8, 16, 16
+    blocks, index = BlockPrompts(seed=2), PathIndex()
+    router, loads = Router("cache_aware", WORKERS), [0] * WORKERS
+    bodies, twin, lengths = [], [], []
+    for g in range(groups):
+        for k in range(per):
+            hashes = [1000 + g, 2000 + g, 3000 + g, 10_000 + per * g + k]
+            isl = 64 + per * g + k  # unique; the three shared blocks are > 0.3 of it
+            text = blocks.prompt(hashes, block, isl, per * g + k)
+            bodies.append(completion_body("m", text, OSL))
+            lengths.append(isl)
+            w = router.pick(index.path(hashes), block, isl, loads)
+            loads[w] += 1
+            twin.append(w)
+    _send(port, bodies, hold=True)
+    got = _where(order, len(bodies))
+    real = [got.get(isl, -1) for isl in lengths]
+    print(f"8 prefix groups x 16: {_agreement(real, twin):.1%} agree")
+    assert _agreement(real, twin) >= AGREE, (real, twin)
+    assert len(set(twin[:per])) == 1  # a group stays on its worker (cache hits)
+
+
+def test_concurrent_prompts_split_as_the_real_router_splits_them(fleet):
+    port, order = fleet
+    n = 32
+    prompts = [SyntheticPrompts("m", 64 + i, OSL, seed=3) for i in range(n)]
+    _send(port, [p.body(i) for i, p in enumerate(prompts)], hold=False)
+    got = _where(order, n)
+    real = [sum(1 for w in got.values() if w == i) for i in range(WORKERS)]
+    router, loads = Router("cache_aware", WORKERS), [0] * WORKERS
+    for i in range(n):  # the router counts each request in flight as it routes it
+        loads[router.pick((), 0, 64 + i, loads)] += 1
+    matched = sum(min(a, b) for a, b in zip(real, loads, strict=True)) / n
+    print(f"32 concurrent: {matched:.1%} of per-worker counts agree ({real} vs {loads})")
+    assert matched >= AGREE, (real, loads)

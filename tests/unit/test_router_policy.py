@@ -1,0 +1,70 @@
+"""The twin's router policies decide as sglang-router 0.3.2 does (hand-computable cases)."""
+
+from __future__ import annotations
+
+import pytest
+
+from domain.config import ServingConfig
+from domain.twin.cluster import Router
+from domain.twin.prefix_cache import PathIndex
+
+
+def test_cache_aware_without_a_match_goes_to_the_least_loaded_first_worker() -> None:
+    r = Router("cache_aware", 3)
+    assert r.pick((), 0, 100, [0, 0, 0]) == 0  # a tie: the first worker
+    assert r.pick((), 0, 100, [1, 0, 0]) == 1
+    assert r.pick((), 0, 100, [2, 1, 1]) == 1
+    assert r.pick((), 0, 100, [1, 2, 0]) == 2
+
+
+def test_cache_aware_follows_the_longest_prefix_above_the_threshold() -> None:
+    idx, r = PathIndex(), Router("cache_aware", 2)
+    shared = [7, 8, 9]
+    assert r.pick(idx.path([*shared, 1]), 16, 64, [0, 0]) == 0
+    # 3 of 4 blocks (48 / 64 = 0.75 > 0.3) were sent to worker 0: it wins although busier
+    assert r.pick(idx.path([*shared, 2]), 16, 64, [10, 0]) == 0
+    # one block of 64 tokens (0.25 <= 0.3): least loaded
+    assert r.pick(idx.path([7, 3, 4, 5]), 16, 64, [10, 0]) == 1
+    # imbalanced: 80 - 10 > 64 and 80 > 1.5 x 10: least loaded despite the match
+    assert r.pick(idx.path([*shared, 6]), 16, 64, [80, 10]) == 1
+    # that text lives on worker 1 (its deepest node), the shared blocks on both now
+    assert r.pick(idx.path([*shared, 6]), 16, 64, [0, 0]) == 1
+    assert r.pick(idx.path([*shared, 99]), 16, 64, [0, 0]) == 0  # a tie: the lowest index
+
+
+def test_router_thresholds_are_the_config_knobs() -> None:
+    idx = PathIndex()
+    cfg = ServingConfig(model="glm-5", gpu="B200", tp_size=4, weights="nvfp4", replicas=2,
+                        router_policy="cache_aware", router_cache_threshold=0.8,
+                        router_balance_abs_threshold=4, router_balance_rel_threshold=2.0)
+    r = Router.for_config(cfg)
+    assert r.pick(idx.path([1, 2, 3, 4]), 16, 64, [0, 0]) == 0
+    assert r.pick(idx.path([1, 2, 3, 5]), 16, 64, [1, 0]) == 1  # 0.75 <= 0.8: least loaded
+    assert r.pick(idx.path([1, 2, 3, 4]), 16, 64, [3, 1]) == 0  # full match wins (1.0 > 0.8)
+    assert r.pick(idx.path([1, 2, 3, 4]), 16, 64, [11, 6]) == 0  # 5 > 4 but 11 <= 2 x 6
+    assert r.pick(idx.path([1, 2, 3, 4]), 16, 64, [11, 5]) == 1  # imbalanced
+    assert cfg.router_args(["http://a", "http://b"]) == [
+        "--worker-urls", "http://a", "http://b", "--policy", "cache_aware",
+        "--cache-threshold", "0.8", "--balance-abs-threshold", "4",
+        "--balance-rel-threshold", "2"]
+    kube = cfg.model_copy(update={"router_policy": "kube_service"})
+    assert kube.router_args(["http://a"]) is None
+    assert ServingConfig(model="glm-5", gpu="B200", tp_size=4, weights="nvfp4").config_id() \
+        == ServingConfig(model="glm-5", gpu="B200", tp_size=4, weights="nvfp4",
+                         router_cache_threshold=0.3).config_id()
+
+
+@pytest.mark.parametrize(("policy", "shares"), [
+    ("cache_aware", [3, 3, 2, 2]), ("round_robin", [3, 3, 2, 2])])
+def test_closed_loop_clients_are_balanced_by_load_aware_routing(policy: str,
+                                                                shares: list[int]) -> None:
+    assert Router(policy, 4).client_shares(10, 1024) == shares
+
+
+def test_kube_service_pins_each_connection_to_a_seeded_random_pod() -> None:
+    a = Router("kube_service", 4, seed=1).client_shares(1000, 1024)
+    assert a == Router("kube_service", 4, seed=1).client_shares(1000, 1024)
+    assert a != Router("kube_service", 4, seed=2).client_shares(1000, 1024)
+    assert sum(a) == 1000 and all(200 < n < 300 for n in a)  # binomial: 250 +- 14
+    assert len({Router("kube_service", 2, seed=s).client_shares(16, 1)[0]
+                for s in range(20)}) > 2  # spread, not a fixed split
