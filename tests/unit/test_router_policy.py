@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from domain.config import ServingConfig
+from domain.errors import ConfigInvalid
+from domain.knobs import apply_knob
 from domain.twin.cluster import Router
 from domain.twin.prefix_cache import PathIndex
 
@@ -68,3 +70,13 @@ def test_kube_service_pins_each_connection_to_a_seeded_random_pod() -> None:
     assert sum(a) == 1000 and all(200 < n < 300 for n in a)  # binomial: 250 +- 14
     assert len({Router("kube_service", 2, seed=s).client_shares(16, 1)[0]
                 for s in range(20)}) > 2  # spread, not a fixed split
+
+
+def test_router_knobs_are_study_knobs() -> None:
+    base = ServingConfig(model="glm-5", gpu="B200", tp_size=4, weights="nvfp4", replicas=2)
+    assert apply_knob(base, "router_policy", "kube_service", 8).router_policy == "kube_service"
+    assert apply_knob(base, "router_cache_threshold", 0.5, 8).router_cache_threshold == 0.5
+    assert apply_knob(base, "router_balance_abs_threshold", 8, 8) \
+        .router_balance_abs_threshold == 8
+    with pytest.raises(ConfigInvalid, match="router_balance_rel_threshold"):
+        apply_knob(base, "router_balance_rel_threshold", 0.5, 8)  # below 1: never imbalanced
