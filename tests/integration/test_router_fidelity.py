@@ -51,7 +51,8 @@ pytestmark = [
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = dict(model="llama-3.1-8b", gpu="H100", tp_size=1, weights="bf16", replicas=1)
 WORKERS = 2
-OSL = 4000  # output tokens: every request stays in flight until the sequence is sent
+OSL = 8000  # output tokens: every request stays in flight until the sequence is sent
+SPEEDUP = 5  # the twin servers' virtual seconds per wall second (first tokens come sooner)
 AGREE = 0.95
 
 
@@ -78,7 +79,8 @@ def _twin(tmp: Path, i: int) -> tuple[subprocess.Popen[bytes], Path]:
     with open(tmp / f"twin{i}.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "servetune.cli", "twin", "serve",
                                  "--config", str(cfg), "--host", "127.0.0.1", "--port", "0",
-                                 "--port-file", str(port_file), "--record"],
+                                 "--port-file", str(port_file), "--record",
+                                 "--speedup", str(SPEEDUP)],
                                 stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     return proc, port_file
 
