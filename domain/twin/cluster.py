@@ -42,19 +42,21 @@ reference section 6.2):
 Replicas that interact through the router are simulated in lockstep: before each arrival every
 replica advances to the arrival time, so the router sees their load as the real one would.
 
-A closed-loop saturation run places its clients through the router
-(:meth:`Router.client_shares`) and then simulates each replica with its clients. That is exact
-for ``kube_service`` (a connection is pinned) and for ``cache_aware`` on synthetic prompts:
-each new request goes to the least-loaded worker, and in a closed loop a worker's in-flight
-count drops by one only when one of its requests finishes, so the replacement returns to a
-worker at the fleet minimum and the in-flight counts stay the balanced split of the first wave
-at all times (which worker holds a remainder client may change on exact ties; replicas are
-identical). ``round_robin`` and ``power_of_two`` keep their first-wave split (round robin's
-rotation then drifts with finish order; equal replicas keep it even on average).
+A closed-loop saturation (and sweep) run goes through the router. ``round_robin`` and
+``power_of_two`` route every request as it is sent, the replicas advanced together
+(:func:`_closed_loop_routed`). ``kube_service`` and ``cache_aware`` place the clients once
+(:meth:`Router.client_shares`) and simulate each replica with its own, which is exact: a
+Service connection is pinned, and cache_aware sends each synthetic request to the
+least-loaded worker while a worker's in-flight count drops by one only when one of its
+requests finishes, so the replacement returns to a worker at the fleet minimum and the counts
+stay the balanced split of the first wave (which worker holds a remainder client may change
+on exact ties; replicas are identical). ``tests/unit/test_router_policy.py`` checks both
+against a reference that routes every request with live counts.
 """
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -83,6 +85,8 @@ BALANCE_ABS_THRESHOLD = 64
 BALANCE_REL_THRESHOLD = 1.5
 ROUTER_SEED = 0
 POLICIES = ("round_robin", "power_of_two", "cache_aware", "kube_service")
+# Policies whose closed loop is simulated request by request (the others pin their clients)
+ROUTED_CLOSED_LOOP = ("round_robin", "power_of_two")
 # Progress callbacks of the simulations: (done, total), called from the simulating thread.
 SimProgress = Callable[[int, int], None]
 PROGRESS_EVERY = 1000  # requests routed between two open-loop progress calls
@@ -324,6 +328,9 @@ def simulate_closed_loop(config: ServingConfig, report: FitReport, concurrency: 
     """
     if concurrency < 1:
         raise ValueError("concurrency must be >= 1")
+    if config.router_policy in ROUTED_CLOSED_LOOP and config.replicas > 1:
+        return _closed_loop_routed(config, report, concurrency, duration_s, isl, osl,
+                                   max_requests, progress, budget, router_seed)
     cost = build_cost_model(config, report)
     lim = engine_limits(config, report)
     R = config.replicas
@@ -339,6 +346,64 @@ def simulate_closed_loop(config: ServingConfig, report: FitReport, concurrency: 
         recs = eng.run(closed_loop=(share, duration_s, isl, osl), max_requests=cap)
         records += recs
         stats.append(_stats(i, len(recs), eng.stats))
+        if progress is not None:
+            progress(i + 1, R)
+    return records, stats
+
+
+def _closed_loop_routed(config: ServingConfig, report: FitReport, concurrency: int,
+                        duration_s: float, isl: int, osl: int, max_requests: int,
+                        progress: SimProgress | None, budget: ComputeBudget | None,
+                        router_seed: int) -> tuple[list[RequestRecord], list[ReplicaStats]]:
+    """:func:`simulate_closed_loop` with every request routed as it is sent.
+
+    The replicas advance together in windows of about one decode step; the requests that
+    ended by a window's end are taken in order of their end, each lowers its replica's in-flight
+    count, and its client's next request (until ``duration_s`` or ``max_requests``) is routed
+    with the counts of that moment and arrives at that end time (or at the replica's latest
+    arrival, if later: a replica takes arrivals in order). A request routed to a replica that
+    is mid-iteration waits for the iteration's end, as on a real server.
+    """
+    cost = build_cost_model(config, report)
+    lim = engine_limits(config, report)
+    R = config.replicas
+    engines = [TwinEngine(cost, lim, budget=budget) for _ in range(R)]
+    router = Router.for_config(config, router_seed)
+    loads, sent, seen = [0] * R, [0] * R, [0] * R
+    last_arrival = [0.0] * R
+    for _ in range(concurrency):
+        i = router.pick((), 0, isl, loads)
+        loads[i] += 1
+        sent[i] += 1
+        engines[i].submit(0.0, isl, osl)
+    issued = concurrency
+    per = max(1, concurrency // R)
+    dt = max(1e-4, cost.decode_time(per, int(per * (isl + osl / 2))))
+    t = 0.0
+    ended: list[tuple[float, int]] = []  # a heap of (end s, replica) not yet taken
+    while ended or any(e.busy for e in engines):
+        t += dt
+        for i, e in enumerate(engines):
+            e.advance(t)
+            new = e.ended_since(seen[i])
+            seen[i] += len(new)
+            for _, at in new:
+                heapq.heappush(ended, (at, i))
+        while ended and ended[0][0] <= t:  # an iteration may end past t: taken next window
+            at, i = heapq.heappop(ended)
+            loads[i] -= 1
+            if at < duration_s and (not max_requests or issued < max_requests):
+                j = router.pick((), 0, isl, loads)
+                loads[j] += 1
+                sent[j] += 1
+                issued += 1
+                last_arrival[j] = max(at, last_arrival[j])
+                engines[j].submit(last_arrival[j], isl, osl)
+    records: list[RequestRecord] = []
+    stats = []
+    for i, e in enumerate(engines):
+        records += e.records()
+        stats.append(_stats(i, sent[i], e.stats))
         if progress is not None:
             progress(i + 1, R)
     return records, stats
