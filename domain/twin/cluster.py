@@ -3,12 +3,14 @@
 Router policies (sglang-router 0.3.2, the smg code base of its wheel; servetune's sglang-knobs
 reference section 6.2):
 
-- ``round_robin``: request i goes to replica i mod R. Replicas then do not interact, so each
-  is simulated on its own share.
+- ``round_robin``: request i goes to replica i mod R (an open-loop replay's replicas then do
+  not interact, so each is simulated on its own share).
 - ``power_of_two``: sample two distinct replicas (seeded), send to the one with fewer in-flight
   requests (the router's own count: routed minus finished).
-- ``cache_aware`` (``sgl-model-gateway/src/policies/cache_aware.rs`` ``select_worker`` and
-  ``select_worker_min_load``; ``tree.rs`` ``prefix_match``): one approximate radix tree of the
+- ``cache_aware`` (sglang repository ``sgl-model-gateway/src/policies/cache_aware.rs``
+  ``select_worker`` / ``select_worker_min_load``, whose debug events the 0.3.2 wheel names at
+  cache_aware.rs:297-336, and ``tree.rs`` ``insert`` / ``prefix_match``; the behaviour below is
+  checked against the wheel by ``tests/integration/test_router_fidelity.py``): one radix tree of the
   request *text* (characters) per model, shared by the workers, each node tagged with the
   workers it was sent to. Load = the router's in-flight count per worker. If the fleet is
   imbalanced -- ``max - min > balance_abs_threshold`` (64) and ``max > balance_rel_threshold x
@@ -30,7 +32,7 @@ reference section 6.2):
   the shared body, so the text it shares with any earlier prompt is at most those tag words:
   under 0.3 of the prompt above ~10 tokens, and the twin gives it no match: it goes to the
   least-loaded worker (join-shortest-queue). This is why the real router sent 32 synthetic
-  prompts sent one after the other all to one worker (all loads 0 each time).
+  prompts, each finished before the next was sent, all to one worker (every load 0).
   Trees are trimmed only to 2^26 nodes (``--max-tree-size``), which a twin run never reaches.
 - ``kube_service``: no router; the Kubernetes Service's kube-proxy (iptables mode) sends each
   new *connection* to a random ready endpoint (kubernetes.io/docs/reference/networking/
