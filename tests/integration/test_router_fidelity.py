@@ -1,6 +1,6 @@
 """The twin's router against the pinned sglang-router 0.3.2 in front of twin servers.
 
-Two ``servetune twin serve --record`` servers (subprocesses on 127.0.0.1) sit behind the real
+Three ``servetune twin serve --record`` servers (subprocesses on 127.0.0.1) sit behind the real
 router (``python -m sglang_router.launch_router --policy cache_aware``, a subprocess stopped by
 its PID). Request sequences go through the router and through the twin's
 :class:`~domain.twin.cluster.Router` with the same prompts and the same in-flight counts;
@@ -50,7 +50,7 @@ pytestmark = [
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = dict(model="llama-3.1-8b", gpu="H100", tp_size=1, weights="bf16", replicas=1)
-WORKERS = 2
+WORKERS = 3
 OSL = 8000  # output tokens: every request stays in flight until the sequence is sent
 SPEEDUP = 5  # the twin servers' virtual seconds per wall second (first tokens come sooner)
 AGREE = 0.95
@@ -278,10 +278,11 @@ def test_concurrent_prompts_split_as_the_real_router_splits_them(fleet):
 
 def test_an_imbalanced_fleet_sends_a_prefix_group_to_the_least_loaded_worker(fleet):
     """One prefix group of 24 behind a router with ``--balance-abs-threshold 8``: the group
-    sticks to its worker until it holds 9 more requests than the other, then requests go to
-    the least-loaded one. Past that point the real tree may pick either worker on a node both
-    now hold (a DashMap order, and character matches inside the last block the twin does not
-    see), so the bound is lower than the issue's three sequences'."""
+    sticks to its worker until it holds 9 more requests than the least loaded, then requests
+    go to the least-loaded one (measured: 100 % agree with 3 workers, 91.7 % with 2). Past
+    that point the real tree may pick either worker on a node both now hold (a DashMap
+    order, and character matches inside the last block the twin does not see), so the bound
+    is lower than the issue's three sequences'."""
     _, _, tmp, urls = fleet
     router, port, order = _router(tmp, urls, time.monotonic() + 30,
                                   "--balance-abs-threshold", "8")
