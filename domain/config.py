@@ -36,7 +36,12 @@ V1_FIELDS = ("schedule_conservativeness", "speculative_algorithm", "speculative_
              "disable_radix_cache", "enable_hierarchical_cache", "hicache_ratio",
              "mm_attention_backend")
 # Fields that are not engine flags (their values never reach the argv as themselves).
-_NOT_FLAGS = ("engine", "engine_version", "model", "gpu", "weights", "replicas", "router_policy")
+# Router knobs (sglang-router 0.3.2 flags --cache-threshold, --balance-abs-threshold,
+# --balance-rel-threshold; issue 20); config_id() leaves them out at their default, as V1_FIELDS.
+ROUTER_FIELDS = ("router_cache_threshold", "router_balance_abs_threshold",
+                 "router_balance_rel_threshold")
+_NOT_FLAGS = ("engine", "engine_version", "model", "gpu", "weights", "replicas", "router_policy",
+              *ROUTER_FIELDS)
 _FLAG_DEFAULTS: tuple[tuple[str, Any], ...] | None = None  # (field, default) of the others
 # String fields whose values are the choices of the engine version's flag inventory.
 CHOICE_FIELDS = ("attention_backend", "mm_attention_backend", "moe_runner_backend",
@@ -105,9 +110,21 @@ class ServingConfig(BaseModel):
         None, allow_inf_nan=False, description="--schedule-conservativeness: scales the "
         "admission's estimate of future decode tokens; None = engine default 1.0 (a negative "
         "value is refused by the engine at startup, not here)")
-    router_policy: Literal["round_robin", "power_of_two", "cache_aware"] = Field(
+    router_policy: Literal["round_robin", "power_of_two", "cache_aware", "kube_service"] = Field(
         "round_robin", description="how the router (sglang-router 0.3.2 --policy) spreads "
-        "requests over replicas; not a server flag")
+        "requests over replicas; kube_service = no router, the Kubernetes Service (kube-proxy "
+        "picks a random endpoint per new connection); not a server flag")
+    router_cache_threshold: float = Field(
+        0.3, ge=0.0, le=1.0, description="sglang-router --cache-threshold (cache_aware): "
+        "matched prompt characters / prompt characters above which a request goes to the "
+        "worker with the longest match (default 0.3, sglang-router 0.3.2 router_args.py)")
+    router_balance_abs_threshold: int = Field(
+        64, ge=0, le=1_000_000, description="sglang-router --balance-abs-threshold "
+        "(cache_aware): the fleet is imbalanced when max - min in-flight requests exceeds it "
+        "(and the rel test holds); then the least-loaded worker gets the request (default 64)")
+    router_balance_rel_threshold: float = Field(
+        1.5, ge=1.0, le=1000.0, description="sglang-router --balance-rel-threshold "
+        "(cache_aware): imbalanced also needs max > rel x min in-flight requests (default 1.5)")
     # Speculative decoding (sglang-knobs reference 1.10 and 2.6). Combinations SGLang 0.5.23
     # rejects (a partial triple, ...) are accepted here and refused by the twin's startup with
     # the engine's own message, as the real server would.
@@ -230,12 +247,13 @@ class ServingConfig(BaseModel):
     def config_id(self) -> str:
         """Stable 12-hex-digit id of this config (sha256 of its canonical JSON).
 
-        Fields added in twin v1 (``V1_FIELDS``) and by issue 19 (``V19_FIELDS``) enter the JSON
+        Fields added in twin v1 (``V1_FIELDS``), by issue 19 (``V19_FIELDS``) and the router
+        knobs (``ROUTER_FIELDS``) enter the JSON
         only when set, so every config that leaves them at their default keeps the id it had
         before (ledgers stay resumable).
         """
         data = self.model_dump(mode="json")
-        for name in (*V1_FIELDS, *V19_FIELDS):
+        for name in (*V1_FIELDS, *V19_FIELDS, *ROUTER_FIELDS):
             if data[name] == ServingConfig.model_fields[name].default:
                 del data[name]
         blob = json.dumps(data, sort_keys=True).encode()
@@ -254,3 +272,24 @@ class ServingConfig(BaseModel):
 
         return shlex.join(engine_for(self).argv(self))
 
+
+    def router_args(self, worker_urls: list[str]) -> list[str] | None:
+        """The sglang-router 0.3.2 arguments for this config's router, or None without one.
+
+        ``python -m sglang_router.launch_router`` takes ``--worker-urls``, ``--policy`` and, for
+        ``cache_aware``, ``--cache-threshold``, ``--balance-abs-threshold`` and
+        ``--balance-rel-threshold`` (sglang-knobs reference 6.3; ``launch_router --help`` of
+        the 0.3.2 wheel). None for ``kube_service``: no router runs, the Kubernetes Service
+        spreads connections itself.
+
+        Args:
+            worker_urls: the replicas' base URLs, in order.
+        """
+        if self.router_policy == "kube_service":
+            return None
+        args = ["--worker-urls", *worker_urls, "--policy", self.router_policy]
+        if self.router_policy == "cache_aware":
+            args += ["--cache-threshold", f"{self.router_cache_threshold:g}",
+                     "--balance-abs-threshold", str(self.router_balance_abs_threshold),
+                     "--balance-rel-threshold", f"{self.router_balance_rel_threshold:g}"]
+        return args

@@ -41,7 +41,9 @@ from domain.provenance import Provenance, evidence_lines, now_iso
 Ground = Callable[[Diagnosis, Sequence[str]], tuple[Diagnosis, GuardFacts | None]]
 
 # ServingConfig fields a log's server_args cannot state (servetune's own, or the scope's)
-_NOT_LOGGED = ("engine", "engine_version", "model", "gpu", "weights", "replicas", "router_policy")
+_NOT_LOGGED = ("engine", "engine_version", "model", "gpu", "weights", "replicas", "router_policy",
+               "router_cache_threshold", "router_balance_abs_threshold",
+               "router_balance_rel_threshold")
 JSON_KEYS = ("class", "phase", "evidence", "source", "flags", "retry", "fix", "lesson")
 
 

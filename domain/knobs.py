@@ -82,7 +82,15 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     _k("enable_single_batch_overlap", "single-batch overlap (true/false); not modelled",
        "enable_single_batch_overlap", False),
     _k("router_policy", "how the router spreads requests over replicas (round_robin, "
-       "power_of_two, cache_aware); a router flag, not a server flag", None, False),
+       "power_of_two, cache_aware, kube_service = the Kubernetes Service, no router); a "
+       "router flag, not a server flag", None, False),
+    _k("router_cache_threshold", "cache_aware router: prefix-match share (characters) above "
+       "which the longest-matching worker wins (--cache-threshold, default 0.3)", None, False),
+    _k("router_balance_abs_threshold", "cache_aware router: in-flight spread (max - min) "
+       "above which, with the rel test, the least-loaded worker wins "
+       "(--balance-abs-threshold, default 64)", None, False),
+    _k("router_balance_rel_threshold", "cache_aware router: max > rel x min in-flight also "
+       "needed for load balancing (--balance-rel-threshold, default 1.5)", None, False),
 )}
 # ServingConfig fields the ``speculative`` knob sets together, so no partial triple survives a
 # change of bundle.

@@ -183,12 +183,14 @@ def render_sglang(config: ServingConfig, name: str, namespace: str, labels: dict
     objs: list[dict[str, Any]] = []
     if opts.dra:
         objs.append(ctx.claim_template())
+    # kube_service is the Service itself spreading connections: no router Deployment
+    use_router = opts.router and config.router_args([]) is not None
     if nodes > 1:
         objs.append(ctx.leader_worker_set(nodes))
         lws = f"{name}-engine"  # pod DNS: lws pkg/utils/pod/pod_utils.go (Shared subdomain)
         workers = [f"http://{lws}-{i}.{lws}.{namespace}:{opts.port}"
                    for i in range(config.replicas)]
-    elif opts.router:
+    elif use_router:
         for i in range(config.replicas):
             objs.append(ctx.deployment(f"{name}-r{i}", 1, {"servetune.io/replica": str(i)}))
         workers = [service_url(f"{name}-r{i}", namespace, opts.port)
@@ -196,7 +198,7 @@ def render_sglang(config: ServingConfig, name: str, namespace: str, labels: dict
     else:
         objs.append(ctx.deployment(name, config.replicas, {}))
         workers = []
-    if opts.router:
+    if use_router:
         objs.append(ctx.router(workers))
         if nodes == 1:
             objs += [ctx.service(f"{name}-r{i}", {"servetune.io/replica": str(i)})
@@ -314,7 +316,7 @@ class _Ctx:
     def router(self, workers: list[str]) -> dict[str, Any]:
         o = self.opts
         labels = self.pod_labels("router", {})
-        args = ["--worker-urls", *workers, "--policy", self.config.router_policy,
+        args = [*(self.config.router_args(workers) or []),
                 "--host", "0.0.0.0", "--port", str(o.port),
                 "--prometheus-port", str(ROUTER_METRICS_PORT),
                 # the router's own wait for healthy workers (default 1800 s, sglang-knobs 6)

@@ -81,6 +81,7 @@ class _Stream:
     last_due: float = math.nan  # ... and for the last token released so far
     first_write: float = math.nan  # the first token's chunk handed to the server
     last_write: float = math.nan
+    prompt_tokens: int = 0  # the request's prompt, tokens (--record rows)
 
 
 class TwinService:
@@ -188,7 +189,7 @@ class TwinService:
         hashes = block_hashes(req.tokens, self.twin.block)
         v = self.virtual_now() if arrival is None else arrival
         rid = self.twin.submit(v, n_in, req.max_tokens, hashes)
-        st = _Stream(rid, req.max_tokens, recv=recv)
+        st = _Stream(rid, req.max_tokens, recv=recv, prompt_tokens=n_in)
         self._streams[rid] = st
         self._kick()
         return st
@@ -200,6 +201,7 @@ class TwinService:
             self._timing.append({"recv": st.recv, "first_due": st.first_due,
                                  "last_due": st.last_due, "first": st.first_write,
                                  "last": st.last_write, "tokens": st.due,
+                                 "prompt_tokens": st.prompt_tokens,
                                  "finished": st.finished and st.error is None})
         if not st.finished:
             self.twin.abort(st.rid)
@@ -337,7 +339,8 @@ class TwinService:
         Each: ``recv`` (the handler began), ``first_due``/``last_due`` (the twin's times of the
         first and last token), ``first``/``last`` (their chunks handed to the server), all
         ``time.perf_counter()`` seconds (CLOCK_MONOTONIC, comparable across processes on
-        Linux; null when it did not happen), ``tokens`` sent and ``finished`` (no error).
+        Linux; null when it did not happen), ``tokens`` sent, ``prompt_tokens`` (the prompt's
+        length, tokens) and ``finished`` (no error).
         The list is cleared by the call.
         """
         rows, self._timing = self._timing, []

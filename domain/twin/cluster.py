@@ -1,29 +1,64 @@
 """Replicas behind a router: spread a workload over the replicas of a config and simulate them.
 
-Router policies (sglang-router 0.3.2 / smg 1.13.0 semantics, servetune's sglang-knobs reference
-section 6.2; ``sgl-router/src/policies/cache_aware.rs``):
+Router policies (sglang-router 0.3.2, the smg code base of its wheel; servetune's sglang-knobs
+reference section 6.2):
 
-- ``round_robin``: request i goes to replica i mod R (also the in-server DP controller's
-  ``load_balance_method`` when it resolves from ``auto``). Replicas then do not interact, so each
-  is simulated on its own share.
+- ``round_robin``: request i goes to replica i mod R (an open-loop replay's replicas then do
+  not interact, so each is simulated on its own share).
 - ``power_of_two``: sample two distinct replicas (seeded), send to the one with fewer in-flight
   requests (the router's own count: routed minus finished).
-- ``cache_aware``: the router keeps an approximate prefix tree per replica of everything it sent
-  there. If the fleet is imbalanced -- ``max_load - min_load > balance_abs_threshold`` (64) and
-  ``max_load > balance_rel_threshold x min_load`` (1.5) -- it sends to the least-loaded replica;
-  otherwise to the replica with the longest prefix match when matched / request tokens exceeds
-  ``cache_threshold`` (0.3), else to the replica with the smallest tree. The real router matches
-  request characters; the twin matches prefix blocks (the traces carry block hashes, not text).
-  Its trees are trimmed only to 2^26 nodes (``--max-tree-size``), which a twin run never reaches.
+- ``cache_aware`` (sglang repository ``sgl-model-gateway/src/policies/cache_aware.rs``
+  ``select_worker`` / ``select_worker_min_load``, whose debug events the 0.3.2 wheel names at
+  cache_aware.rs:297-336, and ``tree.rs`` ``insert`` / ``prefix_match``; the behaviour below is
+  checked against the wheel by ``tests/integration/test_router_fidelity.py``): one radix tree of the
+  request *text* (characters) per model, shared by the workers, each node tagged with the
+  workers it was sent to. Load = the router's in-flight count per worker. If the fleet is
+  imbalanced -- ``max - min > balance_abs_threshold`` (64) and ``max > balance_rel_threshold x
+  min`` (1.5) -- the request goes to the least-loaded worker. Otherwise the tree walk finds the
+  longest prefix of the text any worker was sent; if matched / text characters exceeds
+  ``cache_threshold`` (0.3) the request goes to a worker on the deepest node reached, else to
+  the least-loaded worker (not the smallest tree as in the older ``sgl-router``). Every pick
+  inserts the text under the chosen worker. Ties among equally loaded workers go to the first
+  in the router's worker list (``min_by_key`` keeps the first minimum); the twin's replica 0 is
+  that first worker (``GET /workers`` lists the real router's order, which is its registration
+  order, not the command line's). Ties on the deepest node go to the first tenant of a DashMap
+  (an arbitrary order); the twin takes the lowest index.
+
+  The text is what the bench sends (``mcp_servers/bench/prompts.py``): a replay's prompt is
+  one word block per hash id, so the characters two prompts share are their common leading
+  blocks (plus at most part of one word) and the twin matches on blocks, the ratio in tokens
+  (words are drawn independently per block, so characters per token average out). A synthetic
+  prompt starts with its own request tag (``tag_words`` words, 3 for the 300-word list) before
+  the shared body, so the text it shares with any earlier prompt is at most those tag words:
+  under 0.3 of the prompt above ~10 tokens, and the twin gives it no match: it goes to the
+  least-loaded worker (join-shortest-queue). This is why the real router sent 32 synthetic
+  prompts, each finished before the next was sent, all to one worker (every load 0).
+  Trees are trimmed only to 2^26 nodes (``--max-tree-size``), which a twin run never reaches.
+- ``kube_service``: no router; the Kubernetes Service's kube-proxy (iptables mode) sends each
+  new *connection* to a random ready endpoint (kubernetes.io/docs/reference/networking/
+  virtual-ips/ "iptables proxy mode": "chooses a backend at random"), and an HTTP keep-alive
+  client keeps its connection, so each client sticks to one pod. A closed loop's client c goes
+  to a seeded random replica for the whole run; an open-loop replay's requests (a pool of
+  reused connections, each request on whichever is free) each go to a seeded random replica.
 
 Replicas that interact through the router are simulated in lockstep: before each arrival every
 replica advances to the arrival time, so the router sees their load as the real one would.
-A closed-loop saturation run gives each replica ``concurrency / R`` clients (the remainder spread
-one by one) whatever the policy: synthetic prompts share no prefix and clients are balanced.
+
+A closed-loop saturation (and sweep) run goes through the router. ``round_robin`` and
+``power_of_two`` route every request as it is sent, the replicas advanced together
+(:func:`_closed_loop_routed`). ``kube_service`` and ``cache_aware`` place the clients once
+(:meth:`Router.client_shares`) and simulate each replica with its own, which is exact: a
+Service connection is pinned, and cache_aware sends each synthetic request to the
+least-loaded worker while a worker's in-flight count drops by one only when one of its
+requests finishes, so the replacement returns to a worker at the fleet minimum and the counts
+stay the balanced split of the first wave (which worker holds a remainder client may change
+on exact ties; replicas are identical). ``tests/unit/test_router_policy.py`` checks both
+against a reference that routes every request with live counts.
 """
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -51,6 +86,9 @@ CACHE_THRESHOLD = 0.3
 BALANCE_ABS_THRESHOLD = 64
 BALANCE_REL_THRESHOLD = 1.5
 ROUTER_SEED = 0
+POLICIES = ("round_robin", "power_of_two", "cache_aware", "kube_service")
+# Policies whose closed loop is simulated request by request (the others pin their clients)
+ROUTED_CLOSED_LOOP = ("round_robin", "power_of_two")
 # Progress callbacks of the simulations: (done, total), called from the simulating thread.
 SimProgress = Callable[[int, int], None]
 PROGRESS_EVERY = 1000  # requests routed between two open-loop progress calls
@@ -107,62 +145,104 @@ def _stats(i: int, n: int, s: EngineStats) -> ReplicaStats:
 
 
 class Router:
-    """Chooses a replica per request (see the module docstring for the policies)."""
+    """Chooses a replica per request (see the module docstring for the policies).
 
-    def __init__(self, policy: str, replicas: int) -> None:
+    Args:
+        policy: the config's ``router_policy``.
+        replicas: workers behind the router (>= 1).
+        cache_threshold: ``--cache-threshold`` (cache_aware).
+        balance_abs_threshold: ``--balance-abs-threshold`` (cache_aware), requests.
+        balance_rel_threshold: ``--balance-rel-threshold`` (cache_aware).
+        seed: seed of power_of_two's samples and kube_service's endpoint choices.
+    """
+
+    def __init__(self, policy: str, replicas: int, cache_threshold: float = CACHE_THRESHOLD,
+                 balance_abs_threshold: int = BALANCE_ABS_THRESHOLD,
+                 balance_rel_threshold: float = BALANCE_REL_THRESHOLD,
+                 seed: int = ROUTER_SEED) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown router policy {policy!r}")
         self.policy, self.R = policy, replicas
+        self.cache_threshold = cache_threshold
+        self.abs_threshold, self.rel_threshold = balance_abs_threshold, balance_rel_threshold
         self._rr = 0
-        self._rng = random.Random(ROUTER_SEED)
-        self._trees: list[set[int]] = [set() for _ in range(replicas)]
-        self._tree_tokens = [0] * replicas
+        self._rng = random.Random(seed)
+        # cache_aware: prefix node id -> workers it was sent to (insertion order)
+        self._tenants: dict[int, list[int]] = {}
+
+    @classmethod
+    def for_config(cls, config: ServingConfig, seed: int = ROUTER_SEED) -> Router:
+        """The router of ``config`` (policy, replicas and the three thresholds)."""
+        return cls(config.router_policy, config.replicas, config.router_cache_threshold,
+                   config.router_balance_abs_threshold, config.router_balance_rel_threshold,
+                   seed)
 
     @property
     def needs_load(self) -> bool:
         """Whether decisions depend on replica load (then replicas run in lockstep)."""
-        return self.policy != "round_robin"
+        return self.policy in ("power_of_two", "cache_aware")
 
     def pick(self, path: Sequence[int], block: int, input_tokens: int,
              loads: Sequence[int]) -> int:
-        """Replica index for a request with prefix ``path`` given in-flight ``loads``."""
+        """Replica index for one request.
+
+        Args:
+            path: prefix node ids of its blocks (:meth:`PathIndex.path`); empty for a prompt
+                that shares no text above the threshold with others (synthetic prompts).
+            block: tokens per block of ``path``.
+            input_tokens: prompt tokens (the denominator of the match ratio).
+            loads: in-flight requests per replica as the router counts them.
+        """
         R = self.R
         if R == 1:
-            choice = 0
-        elif self.policy == "round_robin":
+            return 0
+        if self.policy == "round_robin":
             choice = self._rr % R
             self._rr += 1
+        elif self.policy == "kube_service":
+            choice = self._rng.randrange(R)
         elif self.policy == "power_of_two":
             a, b = self._rng.sample(range(R), 2)
             choice = a if loads[a] <= loads[b] else b
-        elif self.policy == "cache_aware":
-            choice = self._cache_aware(path, block, input_tokens, loads)
         else:
-            raise ValueError(f"unknown router policy {self.policy!r}")
-        if self.policy == "cache_aware" and path:
-            tree = self._trees[choice]
+            choice = self._cache_aware(path, block, input_tokens, loads)
             for nid in path:
-                if nid not in tree:
-                    tree.add(nid)
-                    self._tree_tokens[choice] += block
+                ten = self._tenants.setdefault(nid, [])
+                if choice not in ten:
+                    ten.append(choice)
         return choice
 
     def _cache_aware(self, path: Sequence[int], block: int, input_tokens: int,
                      loads: Sequence[int]) -> int:
         lo, hi = min(loads), max(loads)
-        if hi - lo > BALANCE_ABS_THRESHOLD and hi > BALANCE_REL_THRESHOLD * lo:
-            return loads.index(lo)
-        best, best_match = 0, -1
-        for i, tree in enumerate(self._trees):
-            m = 0
-            for nid in path:
-                if nid not in tree:
-                    break
-                m += 1
-            if m > best_match:
-                best, best_match = i, m
-        if best_match > 0 and min(best_match * block, input_tokens) / input_tokens \
-                > CACHE_THRESHOLD:
-            return best
-        return min(range(self.R), key=lambda i: self._tree_tokens[i])
+        least = loads.index(lo)  # the first minimum, as Rust's min_by_key
+        if hi - lo > self.abs_threshold and hi > self.rel_threshold * lo:
+            return least
+        matched, owners = 0, None
+        for nid in path:  # the walk down the shared tree: the deepest node sent before
+            ten = self._tenants.get(nid)
+            if not ten:
+                break
+            matched, owners = matched + 1, ten
+        if owners and input_tokens > 0 and \
+                min(matched * block, input_tokens) / input_tokens > self.cache_threshold:
+            return min(owners)
+        return least
+
+    def client_shares(self, concurrency: int, input_tokens: int) -> list[int]:
+        """Closed-loop clients per replica: the first wave of ``concurrency`` requests routed.
+
+        Each client's first request is routed with the in-flight counts of those before it
+        (synthetic prompts: no shared prefix); ``kube_service`` pins each client's connection
+        to a random replica. See the module docstring for why the split holds for the run.
+        """
+        shares = [0] * self.R
+        if self.policy == "round_robin":
+            return [concurrency // self.R + (1 if i < concurrency % self.R else 0)
+                    for i in range(self.R)]
+        for _ in range(concurrency):
+            shares[self.pick((), 0, input_tokens, shares)] += 1
+        return shares
 
 
 def simulate_open_loop(config: ServingConfig, report: FitReport,
@@ -192,7 +272,7 @@ def simulate_open_loop(config: ServingConfig, report: FitReport,
     R = config.replicas
     index = PathIndex()
     engines = [TwinEngine(cost, lim, new_cache(lim, index), budget) for _ in range(R)]
-    router = Router(config.router_policy, R)
+    router = Router.for_config(config)
     where: list[tuple[int, int]] = []
     sent = [0] * R
     total = len(requests) + R
@@ -227,9 +307,9 @@ def simulate_open_loop(config: ServingConfig, report: FitReport,
 def simulate_closed_loop(config: ServingConfig, report: FitReport, concurrency: int,
                          duration_s: float, isl: int, osl: int, max_requests: int = 0,
                          progress: SimProgress | None = None,
-                         budget: ComputeBudget | None = None,
+                         budget: ComputeBudget | None = None, router_seed: int = ROUTER_SEED,
                          ) -> tuple[list[RequestRecord], list[ReplicaStats]]:
-    """Closed-loop saturation: ``concurrency`` clients spread over the replicas.
+    """Closed-loop saturation: ``concurrency`` clients placed by the router over the replicas.
 
     Args:
         config: the serving configuration.
@@ -242,6 +322,7 @@ def simulate_closed_loop(config: ServingConfig, report: FitReport, concurrency: 
             gets its share.
         progress: called as ``progress(replicas done, replicas)`` after each replica.
         budget: compute budget checked while simulating (None: unbounded).
+        router_seed: seed of the router's random choices (kube_service's endpoints).
 
     Raises:
         ValueError: if concurrency < 1.
@@ -249,13 +330,17 @@ def simulate_closed_loop(config: ServingConfig, report: FitReport, concurrency: 
     """
     if concurrency < 1:
         raise ValueError("concurrency must be >= 1")
+    if config.router_policy in ROUTED_CLOSED_LOOP and config.replicas > 1:
+        return _closed_loop_routed(config, report, concurrency, duration_s, isl, osl,
+                                   max_requests, progress, budget, router_seed)
     cost = build_cost_model(config, report)
     lim = engine_limits(config, report)
     R = config.replicas
     records: list[RequestRecord] = []
     stats = []
+    shares = Router.for_config(config, router_seed).client_shares(concurrency, isl)
     for i in range(R):
-        share = concurrency // R + (1 if i < concurrency % R else 0)
+        share = shares[i]
         if share == 0:
             continue
         eng = TwinEngine(cost, lim, budget=budget)
@@ -263,6 +348,64 @@ def simulate_closed_loop(config: ServingConfig, report: FitReport, concurrency: 
         recs = eng.run(closed_loop=(share, duration_s, isl, osl), max_requests=cap)
         records += recs
         stats.append(_stats(i, len(recs), eng.stats))
+        if progress is not None:
+            progress(i + 1, R)
+    return records, stats
+
+
+def _closed_loop_routed(config: ServingConfig, report: FitReport, concurrency: int,
+                        duration_s: float, isl: int, osl: int, max_requests: int,
+                        progress: SimProgress | None, budget: ComputeBudget | None,
+                        router_seed: int) -> tuple[list[RequestRecord], list[ReplicaStats]]:
+    """:func:`simulate_closed_loop` with every request routed as it is sent.
+
+    The replicas advance together in windows of about one decode step; the requests that
+    ended by a window's end are taken in order of their end, each lowers its replica's in-flight
+    count, and its client's next request (until ``duration_s`` or ``max_requests``) is routed
+    with the counts of that moment and arrives at that end time (or at the replica's latest
+    arrival, if later: a replica takes arrivals in order). A request routed to a replica that
+    is mid-iteration waits for the iteration's end, as on a real server.
+    """
+    cost = build_cost_model(config, report)
+    lim = engine_limits(config, report)
+    R = config.replicas
+    engines = [TwinEngine(cost, lim, budget=budget) for _ in range(R)]
+    router = Router.for_config(config, router_seed)
+    loads, sent, seen = [0] * R, [0] * R, [0] * R
+    last_arrival = [0.0] * R
+    for _ in range(concurrency):
+        i = router.pick((), 0, isl, loads)
+        loads[i] += 1
+        sent[i] += 1
+        engines[i].submit(0.0, isl, osl)
+    issued = concurrency
+    per = max(1, concurrency // R)
+    dt = max(1e-4, cost.decode_time(per, int(per * (isl + osl / 2))))
+    t = 0.0
+    ended: list[tuple[float, int]] = []  # a heap of (end s, replica) not yet taken
+    while ended or any(e.busy for e in engines):
+        t += dt
+        for i, e in enumerate(engines):
+            e.advance(t)
+            new = e.ended_since(seen[i])
+            seen[i] += len(new)
+            for _, at in new:
+                heapq.heappush(ended, (at, i))
+        while ended and ended[0][0] <= t:  # an iteration may end past t: taken next window
+            at, i = heapq.heappop(ended)
+            loads[i] -= 1
+            if at < duration_s and (not max_requests or issued < max_requests):
+                j = router.pick((), 0, isl, loads)
+                loads[j] += 1
+                sent[j] += 1
+                issued += 1
+                last_arrival[j] = max(at, last_arrival[j])
+                engines[j].submit(last_arrival[j], isl, osl)
+    records: list[RequestRecord] = []
+    stats = []
+    for i, e in enumerate(engines):
+        records += e.records()
+        stats.append(_stats(i, sent[i], e.stats))
         if progress is not None:
             progress(i + 1, R)
     return records, stats
@@ -299,8 +442,9 @@ def estimate_closed_loop(config: ServingConfig, report: FitReport, concurrency: 
     lim = engine_limits(config, report)
     R = config.replicas
     total = SimCost(0, 0, 0)
+    shares = Router.for_config(config).client_shares(concurrency, isl)
     for i in range(R):
-        share = concurrency // R + (1 if i < concurrency % R else 0)
+        share = shares[i]
         if share == 0:
             continue
         if isl + osl > lim.context_len or isl + 1 > lim.kv_tokens:

@@ -283,6 +283,7 @@ class TwinEngine:
         self._closed: tuple[float, int, int] | None = None
         self._max_requests = 0  # closed loop: stop issuing after this many (0 = no cap)
         self._finish_times: list[float] = []
+        self._finish_order: list[int] = []  # request indices in the order they ended
         self._lpm_dirty = True
         self._uses_spec = False
 
@@ -398,6 +399,14 @@ class TwinEngine:
     def finished_by(self, t: float) -> int:
         """Requests (of those submitted) that finished or failed at or before ``t``."""
         return bisect.bisect_right(self._finish_times, t)  # the list is kept sorted
+
+    def ended_since(self, n: int) -> list[tuple[int, float]]:
+        """The requests that ended (finished or failed) after the first ``n`` to end.
+
+        Returns:
+            (request index, end time s) pairs in the order they ended.
+        """
+        return list(zip(self._finish_order[n:], self._finish_times[n:], strict=True))
 
     def run(self, arrivals: Sequence[tuple[float, int, int]] = (), *,
             closed_loop: tuple[int, float, int, int] | None = None,
@@ -808,6 +817,7 @@ class TwinEngine:
     def _finish(self, r: _Req, t: float) -> None:
         r.finish = t
         self._finish_times.append(t)
+        self._finish_order.append(r.idx)
         closed = self._closed
         if closed is not None and t < closed[0] and (
                 not self._max_requests or len(self._reqs) < self._max_requests):
@@ -820,6 +830,7 @@ class TwinEngine:
         r.error, r.finish = message, t
         last = self._finish_times[-1] if self._finish_times else t
         self._finish_times.append(max(t, last))  # kept sorted for finished_by()
+        self._finish_order.append(r.idx)
 
     # ------------------------------------------------------------------ results
     def records(self) -> list[RequestRecord]:

@@ -151,7 +151,7 @@ class RealtimeTwin:
         self.index = PathIndex()
         self.engines = [TwinEngine(cost, self.limits, new_cache(self.limits, self.index))
                         for _ in range(config.replicas)]
-        self.router = Router(config.router_policy, config.replicas)
+        self.router = Router.for_config(config)
         self._sent = [0] * config.replicas
         self._generated = [0] * config.replicas
         self._live: dict[int, _Live] = {}

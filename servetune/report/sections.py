@@ -13,6 +13,7 @@ from typing import Any
 
 from agents.analyst import ceiling_point
 from domain.calibration import calibration_line
+from domain.config import ServingConfig
 from domain.metrics import GRAPH_CEILING_ITL_RATIO, graph_ceiling
 from domain.pareto import dominated_by, pareto_front
 from domain.study import SLO, Study
@@ -169,10 +170,8 @@ def _result(study: Study, trials: list[Trial]) -> list[str]:
                 *_not_modelled(winner),
                 f"- Serve the {winner.config.replicas} replica(s), each on its own "
                 f"{winner.config.tp_size} GPUs (add `--base-gpu-id {winner.config.tp_size}` and "
-                "`--port 30001` for the second one on the node, and so on), behind the "
-                f"{winner.config.router_policy.replace('_', '-')} router: `python -m "
-                "sglang_router.launch_router --worker-urls http://HOST:30000 "
-                f"http://HOST:30001 ... --policy {winner.config.router_policy}`.", ""]
+                "`--port 30001` for the second one on the node, and so on), "
+                + _router_line(winner.config), ""]
         return out
     out += [f"No finalist met the SLO (TTFT p99 <= {slo:,.0f} ms on the replay).", ""]
     best = _best_finalist(validated)
@@ -440,3 +439,13 @@ def _ceiling_section(trials: list[Trial]) -> list[str]:
 
 
 GRAPH_RATIO_TEXT = f"{GRAPH_CEILING_ITL_RATIO:g}x"
+
+
+def _router_line(config: ServingConfig) -> str:
+    """How the winner's replicas are fronted: the router command, or the Kubernetes Service."""
+    args = config.router_args(["http://HOST:30000", "http://HOST:30001", "..."])
+    if args is None:
+        return ("behind a Kubernetes Service (kube-proxy spreads connections over the pods, "
+                "no router).")
+    return (f"behind the {config.router_policy.replace('_', '-')} router: `python -m "
+            f"sglang_router.launch_router {' '.join(args)}`.")

@@ -338,6 +338,22 @@ def test_router_reaches_every_replica_by_a_stable_name():
     assert objs[4]["spec"]["selector"]["servetune.io/replica"] == "0"
 
 
+def test_router_thresholds_reach_the_router_and_kube_service_is_the_service_alone():
+    opts = SglangOptions(router=True)
+    tuned = cfg(replicas=2, router_policy="cache_aware", router_cache_threshold=0.5,
+                router_balance_abs_threshold=16)
+    router = by_kind(render_sglang(tuned, "trial-7", NS, LABELS, opts=opts), "Deployment")[-1]
+    args = router["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--cache-threshold") + 1] == "0.5"
+    assert args[args.index("--balance-abs-threshold") + 1] == "16"
+    assert args[args.index("--balance-rel-threshold") + 1] == "1.5"
+    kube = render_sglang(cfg(replicas=2, router_policy="kube_service"), "trial-7", NS, LABELS,
+                         opts=opts)
+    # one Deployment of 2 pods behind the Service; no router
+    assert [o["metadata"]["name"] for o in kube] == ["trial-7", "trial-7"]
+    assert by_kind(kube, "Deployment")[0]["spec"]["replicas"] == 2
+
+
 def test_router_over_multi_node_replicas_uses_leader_dns():
     router = by_kind(render("lws-router-dra"), "Deployment")[0]
     args = router["spec"]["template"]["spec"]["containers"][0]["args"]
