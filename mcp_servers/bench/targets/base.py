@@ -94,6 +94,14 @@ class BenchTarget(ABC):
         self.svc = svc
         self.deployment, self.endpoint, self.urls = deployment, endpoint, urls
         self.config, self.gpus = config, gpus
+        # the router in front of the replicas (DeploymentStatus.router): load goes there, the
+        # engines' metrics and model id are still read from ``urls``
+        self.router: str | None = None
+
+    @property
+    def load_urls(self) -> list[str]:
+        """Where the requests go: the router when the deployment has one, else the replicas."""
+        return [self.router] if self.router else self.urls
 
     @property
     def label(self) -> str:
@@ -102,9 +110,10 @@ class BenchTarget(ABC):
 
     @property
     def where(self) -> str:
-        """The first replica's URL and how many more there are."""
+        """The first replica's URL and how many more there are (and the router in front)."""
         n = len(self.urls)
-        return f"{self.urls[0]}" + (f" (+{n - 1} more replicas)" if n > 1 else "")
+        replicas = f"{self.urls[0]}" + (f" (+{n - 1} more replicas)" if n > 1 else "")
+        return f"router {self.router} in front of {replicas}" if self.router else replicas
 
     # -- what differs per target -------------------------------------------------------------
 

@@ -156,8 +156,10 @@ class HttpTarget(BenchTarget):
         """This target, or the same servers loaded by aiperf."""
         if runner == "aiperf":
             from mcp_servers.bench.targets.aiperf import AiperfTarget
-            return AiperfTarget(self.svc, self.deployment, self.endpoint, self.urls,
-                                self.config, self.gpus)
+            t = AiperfTarget(self.svc, self.deployment, self.endpoint, self.urls,
+                             self.config, self.gpus)
+            t.router = self.router
+            return t
         return self
 
     def bench_id(self, kind: str, args: dict[str, Any]) -> str:
@@ -186,7 +188,8 @@ class HttpTarget(BenchTarget):
     def http_runner(self) -> HttpRunner:
         """The built-in runner over this target's URLs."""
         svc = self.svc
-        return HttpRunner(self.urls, request_timeout_s=svc.request_timeout_s, client=svc.client)
+        return HttpRunner(self.load_urls, request_timeout_s=svc.request_timeout_s,
+                          client=svc.client)
 
     # -- the load generator (AiperfTarget overrides these) -------------------------------------
 
