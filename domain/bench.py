@@ -76,8 +76,11 @@ class BenchResult(BaseModel):
     config_id: str | None = None
     workload: WorkloadInfo
     summary: MetricsSummary
-    replicas: list[ReplicaStats] = Field(default_factory=list,
-                                         description="twin engine counters (empty for http)")
+    replicas: list[ReplicaStats] = Field(default_factory=list, description=(
+        "what the twin saw, per replica (empty for http): requests routed to it, requests in "
+        "flight (mean over busy time, max), retractions and the tokens they prefill again, "
+        "eager decode steps above cuda_graph_max_bs_decode and their share, all-reduce share "
+        "of decode time, cache hits"))
     records_path: str
     first_error: str | None = Field(None, description="message of the first failed request")
     wall_s: float | None = Field(None, description="http: wall seconds of the run incl. drain")

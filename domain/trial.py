@@ -15,6 +15,7 @@ from domain.lesson import Lesson
 from domain.metrics import GraphCeiling, MetricsSummary
 from domain.quality import QualityGate
 from domain.redact import RedactedStr, redact_any
+from domain.twin.cluster import ReplicaStats
 
 # "failed": an agent (Claude brain) gave an invalid output twice or ran out of budget; the trial
 # used a slot of the trial budget but measured nothing that can win.
@@ -97,6 +98,13 @@ class Trial(BaseModel):
         "domain/interconnect.py; mean over replicas; None: a backend without engine counters)")
     cache_hit_rate: float | None = Field(
         None, description="prompt tokens served from the prefix cache on the trace replay")
+    saturation_replicas: list[ReplicaStats] = Field(
+        default_factory=list, description="what the twin saw on the saturation run, per "
+        "replica: requests routed to it, requests in flight (mean, max), retractions and the "
+        "tokens they recompute, eager decode steps, all-reduce share (empty: a backend without "
+        "engine counters)")
+    replay_replicas: list[ReplicaStats] = Field(
+        default_factory=list, description="the same counters of the trace replay (validate)")
     admission: OverAdmission | None = Field(
         None, description="validate: the over-admission verdict read from the replay's own "
         "time series (queue, TTFT, throughput per bin) and the admission caps it suggests")

@@ -431,7 +431,8 @@ async def decide(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
         saturation=bench.summary, records_path=bench.records_path,
         decode_roofline_share=replica_mean(bench.replicas, "decode_roofline_share"),
         decode_allreduce_share=replica_mean(bench.replicas, "decode_allreduce_share"),
-        objective_runs=objectives, objective_blocks=bench.block_tok_s_per_gpu)
+        saturation_replicas=bench.replicas, objective_runs=objectives,
+        objective_blocks=bench.block_tok_s_per_gpu)
     pos = search_position(ctx.ledger, ctx.study)
     gate = None
     if bench.valid and bench.summary.completed and not s.is_baseline \

@@ -115,6 +115,8 @@ async def validate(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
             objective=src.objective, saturation=src.saturation, replay=summary,
             decode_roofline_share=src.decode_roofline_share,
             decode_allreduce_share=src.decode_allreduce_share,
+            saturation_replicas=src.saturation_replicas,
+            replay_replicas=rep.replicas if rep else [],
             cache_hit_rate=replica_mean(rep.replicas, "cache_hit_rate") if rep else None,
             records_path=rep.records_path if rep else None, llm_usage=llm_usage(
                 deployer=deployer), manifest=manifest_for(src.config, ctx.backend_kind),
@@ -195,6 +197,7 @@ async def frontier(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
                         parent_seq=parent, reason=f"concurrency {c}", saturation=b.summary,
                         objective=b.summary.output_tok_s_per_gpu, records_path=b.records_path,
                         decode_allreduce_share=replica_mean(b.replicas, "decode_allreduce_share"),
+                        saturation_replicas=b.replicas,
                         manifest=manifest_for(config, ctx.backend_kind), retries=retried,
                         wall_s=time.time() - t0))
                     if not b.valid and rule(bench_failure_class(

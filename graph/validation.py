@@ -162,7 +162,8 @@ async def _measure_variant(ctx: StudyContext, parent: Trial, cfg: ServingConfig,
         objective=sat.summary.output_tok_s_per_gpu if sat is not None else None,
         saturation=sat.summary if sat is not None else None, replay=rep.summary,
         cache_hit_rate=replica_mean(rep.replicas, "cache_hit_rate"),
-        records_path=rep.records_path, admission=found))
+        saturation_replicas=sat.replicas if sat is not None else [],
+        replay_replicas=rep.replicas, records_path=rep.records_path, admission=found))
 
 
 # ---------------------------------------------------------------- quality gate

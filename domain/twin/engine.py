@@ -182,6 +182,39 @@ class EngineStats:
     host_loaded_tokens: int = 0
     evicted_tokens: int = 0
     spec_tokens: float = 0.0
+    # decode steps whose batch exceeded cuda_graph_max_bs_decode (run eagerly, no CUDA graph)
+    eager_decode_steps: int = 0
+    # tokens the retracted requests must prefill again (prompt + generated so far, per retraction)
+    retracted_tokens: int = 0
+    # sum over scheduler steps (prefill and decode) of the waiting-queue length, requests
+    waiting_sum: int = 0
+    # request-seconds in flight (running + waiting + prefilling) over the busy steps
+    inflight_s: float = 0.0
+    # most requests in flight at one step
+    max_inflight: int = 0
+
+    @property
+    def eager_step_share(self) -> float:
+        """Eager decode steps / decode steps (0 when nothing decoded)."""
+        return self.eager_decode_steps / self.decode_steps if self.decode_steps else 0.0
+
+    @property
+    def mean_inflight(self) -> float:
+        """Requests in flight, time-weighted over the busy steps (0 when it never ran a step)."""
+        return self.inflight_s / self.busy_s if self.busy_s else 0.0
+
+    @property
+    def mean_waiting(self) -> float:
+        """Waiting-queue length per scheduler step (0 when it never ran a step)."""
+        steps = self.prefill_steps + self.decode_steps
+        return self.waiting_sum / steps if steps else 0.0
+
+    def count_load(self, inflight: int, waiting: int, dt: float) -> None:
+        """Count one scheduler step of ``dt`` s with ``inflight`` and ``waiting`` requests."""
+        self.waiting_sum += waiting
+        self.inflight_s += inflight * dt
+        if inflight > self.max_inflight:
+            self.max_inflight = inflight
 
     @property
     def mean_decode_batch(self) -> float:
@@ -238,6 +271,8 @@ class TwinEngine:
         self.cost, self.lim = cost, limits
         self.compute_budget = budget
         self.stats = EngineStats()
+        # decode batches above it run eagerly (a duck-typed test cost model may not have it)
+        self._graph_max: float = getattr(cost, "graph_max_bs", math.inf)
         self.cache = cache if cache is not None else new_cache(limits)
         self.now = 0.0
         self._reqs: list[_Req] = []
@@ -487,6 +522,9 @@ class TwinEngine:
             C.append(C[-1] + acc)
             st.decode_steps += 1
             st.decode_batch_sum += n
+            if n > self._graph_max:
+                st.eager_decode_steps += 1
+            st.count_load(n + len(self._waiting), len(self._waiting), dt)
             st.spec_tokens += n * acc
             if n > st.max_running:
                 st.max_running = n
@@ -615,6 +653,8 @@ class TwinEngine:
         now = self.now
         self.stats.prefill_steps += 1
         self.stats.busy_s += dt
+        self.stats.count_load(len(self._running) + len(self._waiting) + len(chunks),
+                              len(self._waiting), dt)
         for r, c in chunks:
             r.prefilled += c
             r.private += c
@@ -690,6 +730,7 @@ class TwinEngine:
             victim.generated = victim.seg_gen + gained
             victim.epoch += 1
             victim.target, victim.prefilled = victim.input + victim.generated, 0
+            self.stats.retracted_tokens += victim.target
             self._waiting.appendleft(victim)
             self._lpm_dirty = True
             self.stats.retractions += 1
