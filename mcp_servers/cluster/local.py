@@ -104,6 +104,7 @@ from mcp_servers.cluster.router import (
     ROUTER_MODES,
     RouterMode,
     fronted,
+    plain,
     require_router,
     router_argv,
 )
@@ -569,7 +570,7 @@ class LocalProcessBackend:
             OSError: the router program could not be started.
         """
         folder = self._store.folder(name)
-        argv = router_argv(config, workers, self.host, ports[0], ports[1])
+        argv = router_argv(config, workers, self.host, ports[0], ports[1], self.ready_timeout_s)
         token = secrets.token_hex(16)
         with open(folder / ROUTER_LOG, "wb") as out:
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
@@ -682,7 +683,7 @@ class LocalProcessBackend:
             rec.events.append(Event(
                 t=now, type="Warning", reason="Failed", object=rec.name,
                 message=f"router (pid {rt.pid}) exited with code {rt.exit_code} during "
-                f"{stage}: {self._last_line(rec.name, rt)}"))
+                f"{stage}: {plain(self._last_line(rec.name, rt))}"))
         elif ready and rt.ready_at is None:
             rt.ready_at = now
             rec.events.append(Event(
@@ -709,14 +710,14 @@ class LocalProcessBackend:
         elif rt is not None and rt.exited_at is not None:
             phase, exit_code = "Failed", rt.exit_code
             stage = "startup" if rt.ready_at is None else "serving"
-            message = f"router: {self._last_line(rec.name, rt)}"
+            message = f"router: {plain(self._last_line(rec.name, rt))}"
         elif rec.gave_up_at is not None:
             waiting = next((r for r in rec.replicas if r.ready_at is None), rt)
             assert waiting is not None  # gave up: a replica or the router was not ready
             who = "router" if waiting is rt else f"replica {waiting.index}"
             phase, stage = "Failed", "startup"
             message = (f"{who} not ready after {rec.ready_timeout_s:g} s; "
-                       f"last log line: {self._last_line(rec.name, waiting)}")
+                       f"last log line: {plain(self._last_line(rec.name, waiting))}")
         elif len(live_ready) == len(rec.replicas) and (rt is None or rt.ready_at is not None):
             phase = "Ready"
             startup_s = max(r.ready_at or 0.0 for r in [*live_ready, *([rt] if rt else [])]) \
@@ -726,7 +727,7 @@ class LocalProcessBackend:
             phase = "Pending"
             waiting = next((r for r in rec.replicas if r.ready_at is None), rt)
             assert waiting is not None
-            message = self._last_line(rec.name, waiting)
+            message = plain(self._last_line(rec.name, waiting))
         return DeploymentStatus(
             name=rec.name, namespace=self.namespace, phase=phase, replicas=len(rec.replicas),
             ready_replicas=len(live_ready), config=rec.config, labels=rec.labels,
@@ -747,7 +748,7 @@ class LocalProcessBackend:
         rec = self._get(name)
         if replica == -1 and rec.router is not None:
             out, _ = logfile.lines(self._log_path(name, rec.router), rec.router.marks)
-            return out
+            return [LogLine(t=ln.t, text=plain(ln.text)) for ln in out]
         if replica is not None:
             if not 0 <= replica < len(rec.replicas):
                 router = "; -1 is its router" if rec.router is not None else ""

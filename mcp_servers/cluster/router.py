@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import re
 import sys
 from typing import Literal
 
@@ -53,6 +54,8 @@ ROUTER_POLICIES = ("round_robin", "power_of_two", "cache_aware")
 THRESHOLD_FLAGS = (("router_cache_threshold", "--cache-threshold"),
                    ("router_balance_abs_threshold", "--balance-abs-threshold"),
                    ("router_balance_rel_threshold", "--balance-rel-threshold"))
+# The router's log is colored (tracing's ANSI escapes, NO_COLOR is not honoured by 0.3.2)
+ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 INSTALL_HINT = (f"install the pinned router: pip install 'servetune[router]' (or pip install "
                 f"{ROUTER_PACKAGE}=={ROUTER_VERSION}), or leave out --router (router='none'): the "
                 "bench then spreads requests over the replicas itself")
@@ -90,14 +93,22 @@ def require_router() -> str:
     return v
 
 
+def plain(text: str) -> str:
+    """``text`` without the router log's ANSI color escapes."""
+    return ANSI_RE.sub("", text)
+
+
 def fronted(config: ServingConfig) -> bool:
     """Whether a deployment of ``config`` gets the router: 2+ replicas and a router policy."""
     return config.replicas > 1 and config.router_policy in ROUTER_POLICIES
 
 
 def router_argv(config: ServingConfig, workers: list[str], host: str, port: int,
-                metrics_port: int) -> list[str]:
+                metrics_port: int, startup_timeout_s: float = 600.0) -> list[str]:
     """The router's argv in front of ``workers`` (base URLs), see the module docstring.
+
+    ``startup_timeout_s`` bounds the router's own wait for healthy workers
+    (``--worker-startup-timeout-secs``, default 1800 s in 0.3.2): the backend's ready timeout.
 
     Raises:
         BackendError: the config's policy is not one the router has (``kube_service``).
@@ -108,7 +119,8 @@ def router_argv(config: ServingConfig, workers: list[str], host: str, port: int,
     argv = [sys.executable, "-m", ROUTER_MODULE, "--worker-urls", *workers,
             "--policy", config.router_policy, "--host", host, "--port", str(port),
             "--prometheus-host", host, "--prometheus-port", str(metrics_port),
-            "--log-level", "warn"]
+            "--log-level", "warn",
+            "--worker-startup-timeout-secs", str(max(1, round(startup_timeout_s)))]
     for field, flag in THRESHOLD_FLAGS:
         value = getattr(config, field, None)
         if value is not None:

@@ -10,8 +10,11 @@ Skipped when sglang-router 0.3.2 is not installed (the ``router`` extra).
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -74,6 +77,20 @@ async def test_the_real_router_fronts_the_replicas_and_goes_with_the_deployment(
         one = backend.deploy("one", config(replicas=1), {}, wait_s=30)
         assert one.phase == "Ready" and one.router is None
         pid = rt.pid
+        # a router that dies while serving fails its deployment, saying so
+        crash = backend.deploy("crash", config(), {}, wait_s=30)
+        assert crash.phase == "Ready"
+        crashed = backend._get("crash").router
+        assert crashed is not None
+        os.kill(crashed.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while (st2 := backend.status("crash")).phase == "Ready" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (st2.phase, st2.failed_stage, st2.exit_code) == ("Failed", "serving",
+                                                                -signal.SIGKILL)
+        assert st2.message.startswith("router: ") and "\x1b" not in st2.message
+        assert any(e.reason == "Failed" and e.message.startswith(f"router (pid {crashed.pid})")
+                   for e in backend.events("crash"))
     finally:
         for d in backend.list():
             if d.phase != "Terminated":
@@ -108,3 +125,22 @@ def test_router_argv_maps_policy_and_thresholds():
         "http://127.0.0.1:1", "http://127.0.0.1:2"]
     assert not router_mod.fronted(config(replicas=1))
     assert router_mod.fronted(config(replicas=2))
+
+
+def test_cli_router_flags_are_checked(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from servetune.cli import _cluster_backend, app
+    from servetune.settings import Settings
+
+    for argv, message in [(["mcp", "cluster", "--router"], "--router is an option of "
+                           "--backend local and --backend kubernetes"),
+                          (["run", "--router"], "give it with --backend local or kubernetes")]:
+        r = CliRunner().invoke(app, argv)
+        assert r.exit_code == 2 and message in " ".join(r.output.split()), r.output
+    monkeypatch.setattr(router_mod, "installed_version", lambda: None)
+    import typer
+
+    with pytest.raises(typer.Exit):  # fail(): exit 2 with the install command
+        _cluster_backend("local", "servetune", None, None, 8, Settings(state_dir=tmp_path),
+                         router=True)
