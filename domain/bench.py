@@ -104,6 +104,11 @@ class BenchResult(BaseModel):
         "what simulates the target: 'twin' for a twin deployment (virtual time) and for an "
         "endpoint that identified itself as the twin server (x-servetune-simulated header); "
         "None for a real engine. A simulated run's numbers are the twin's, not a GPU's"))
+    replica_requests: list[int] | None = Field(None, description=(
+        "http: requests each replica's server finished during the run (the difference of its "
+        "sglang:num_requests_total around the run), in endpoint order: how the router or the "
+        "client spread the load; None on the twin (see replicas) or when a server exposes no "
+        "such counter"))
     block_tok_s_per_gpu: list[float] = Field(default_factory=list, description=(
         "saturation runs: output tok/s/GPU of equal time slices of the run (their mean is the "
         "summary's): the acceptance gate's samples when a candidate ran once"))

@@ -105,6 +105,10 @@ class Trial(BaseModel):
         "engine counters)")
     replay_replicas: list[ReplicaStats] = Field(
         default_factory=list, description="the same counters of the trace replay (validate)")
+    replica_requests: dict[str, list[int]] = Field(
+        default_factory=dict, description="real servers: requests each replica finished, by "
+        "run (saturation, replay), from the servers' own counters (BenchResult."
+        "replica_requests): how the router spread the load")
     admission: OverAdmission | None = Field(
         None, description="validate: the over-admission verdict read from the replay's own "
         "time series (queue, TTFT, throughput per bin) and the admission caps it suggests")
@@ -147,3 +151,8 @@ class Trial(BaseModel):
     def launched(self) -> bool:
         """True if the trial deployed something (pruned trials never launch)."""
         return self.status != "pruned"
+
+
+def per_run(**runs: list[int] | None) -> dict[str, list[int]]:
+    """``Trial.replica_requests`` of the runs that read their servers' counters (None: not)."""
+    return {k: v for k, v in runs.items() if v is not None}

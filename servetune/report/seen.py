@@ -1,7 +1,8 @@
 """The report's "What the twin saw" section: per-replica engine counters of each trial's runs.
 
 One line per run (a trial's saturation run, a finalist's replay) whose backend reported engine
-counters (the twin; real servers report none): requests routed to each replica, requests in
+counters (the twin; of real servers, only the requests each replica finished, from its
+``sglang:num_requests_total``, which shows how the router spread the load): requests routed to each replica, requests in
 flight (time-weighted mean over the busy steps, and the most at one step), retractions and the
 tokens they prefill again, the share of decode steps run eagerly above
 ``cuda_graph_max_bs_decode``, and the share of decode time in TP all-reduces. The counters are
@@ -52,6 +53,11 @@ def seen_section(trials: list[Trial]) -> list[str]:
                             ("replay", t.replay_replicas)):
             if stats:
                 rows.append(f"- #{t.seq} {t.phase} {_changed(t)}, {what}: {seen_line(stats)}")
+            elif t.replica_requests.get(what):
+                counts = t.replica_requests[what]
+                rows.append(f"- #{t.seq} {t.phase} {_changed(t)}, {what}: {len(counts)} "
+                            f"server(s) finished {' / '.join(f'{n:,}' for n in counts)} "
+                            "requests (their own counters; no engine internals over HTTP)")
     if not rows:
         return out + ["No run reported engine counters (real servers expose none of these "
                       "per replica; the twin does).", ""]

@@ -73,6 +73,7 @@ async def test_the_real_router_fronts_the_replicas_and_goes_with_the_deployment(
         n = [served(u) for u in st.endpoints]
         assert res.summary.completed == sum(n) > 4  # every request reached a replica once
         assert abs(n[0] - n[1]) <= 2, n  # round_robin (two clients): an even split
+        assert res.replica_requests == n  # the bench read the same counters around the run
         # one replica: no router (nothing to route)
         one = backend.deploy("one", config(replicas=1), {}, wait_s=30)
         assert one.phase == "Ready" and one.router is None

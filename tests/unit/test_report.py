@@ -373,5 +373,10 @@ def test_what_the_twin_saw_lists_each_runs_replicas(tmp_path: Path, study: Study
             "60.4 / 12.0, max 256 / 40; retractions 3 / 0 (3,000 tokens recomputed); eager "
             "decode steps 25% / 0%; all-reduce 8% / 8% of decode time") in seen
     assert "#2" not in seen  # no engine counters: no line
+    http = trial(3, "search", "discard", CPS, "chunked_prefill_size=4096", objective=900.0,
+                 saturation=summary(900.0, 40.0), replica_requests={"saturation": [1200, 34]})
+    seen = section(render(tmp_path / "h", study, [*trials, http], []), "What the twin saw")
+    assert ("- #3 search chunked_prefill_size=4096, saturation: 2 server(s) finished 1,200 / 34 "
+            "requests") in seen
     empty = section(render(tmp_path / "e", study, trials[1:], []), "What the twin saw")
     assert "No run reported engine counters" in empty
