@@ -97,10 +97,8 @@ from mcp_servers.cluster.backend import (
 )
 from mcp_servers.cluster.procs import TOKEN_ENV, free_ports, proc_stat, running, stop_groups
 from mcp_servers.cluster.router import (
-    LOG_NAME as ROUTER_LOG,
-)
-from mcp_servers.cluster.router import (
     READINESS_PATH,
+    ROUTER_LOG,
     ROUTER_MODES,
     RouterMode,
     fronted,

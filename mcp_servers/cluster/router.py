@@ -47,7 +47,7 @@ ROUTER_PACKAGE = "sglang-router"
 ROUTER_VERSION = "0.3.2"  # the pinned release (pyproject extra ``router``)
 ROUTER_MODULE = "sglang_router.launch_router"
 READINESS_PATH = "/readiness"  # sglang-router 0.3.2 (sglang-knobs.md 6.4)
-LOG_NAME = "router.log"
+ROUTER_LOG = "router.log"
 # The router's own policies (sglang-router 0.3.2 --policy choices) the config's names map to.
 ROUTER_POLICIES = ("round_robin", "power_of_two", "cache_aware")
 # Config field -> router flag, passed only when the config has the field set (router knobs).

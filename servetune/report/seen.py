@@ -2,13 +2,13 @@
 
 One line per run (a trial's saturation run, a finalist's replay) whose backend reported engine
 counters (the twin; of real servers, only the requests each replica finished, from its
-``sglang:num_requests_total``, which shows how the router spread the load): requests routed to each replica, requests in
-flight (time-weighted mean over the busy steps, and the most at one step), retractions and the
-tokens they prefill again, the share of decode steps run eagerly above
-``cuda_graph_max_bs_decode``, and the share of decode time in TP all-reduces. The counters are
-:class:`~domain.twin.cluster.ReplicaStats` as the bench returned them; an uneven request split or
-in-flight load shows the router at work, eager steps and retractions show where large-batch
-costs enter.
+``sglang:num_requests_total``, which shows how the router spread the load): requests routed to
+each replica, requests in flight (time-weighted mean over the busy steps, and the most at one
+step), retractions and the tokens they prefill again, the share of decode steps run eagerly
+above ``cuda_graph_max_bs_decode``, and the share of decode time in TP all-reduces. The counters
+are :class:`~domain.twin.cluster.ReplicaStats` as the bench returned them; an uneven request
+split or in-flight load shows the router at work, eager steps and retractions show where
+large-batch costs enter.
 """
 
 from __future__ import annotations
