@@ -100,8 +100,9 @@ def routing_notice(cluster: Any) -> None:
         from mcp_servers.cluster.router import ROUTER_PACKAGE, ROUTER_VERSION
 
         console.print(f"routing: {ROUTER_PACKAGE} {ROUTER_VERSION} (the config's router_policy) "
-                      "in front of every trial of 2+ replicas; its log is router.log beside "
-                      "the replicas' logs", highlight=False, soft_wrap=True)
+                      "in front of every trial of 2+ replicas (kube_service, the Kubernetes "
+                      "Service baseline, is the bench's own per-request spreading); its log is "
+                      "router.log beside the replicas' logs", highlight=False, soft_wrap=True)
     else:
         console.print("routing: no router on the local backend: the bench spreads a trial's "
                       "requests over its replicas round-robin (--router puts the pinned "

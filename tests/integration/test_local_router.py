@@ -145,3 +145,18 @@ def test_cli_router_flags_are_checked(tmp_path, monkeypatch):
     with pytest.raises(typer.Exit):  # fail(): exit 2 with the install command
         _cluster_backend("local", "servetune", None, None, 8, Settings(state_dir=tmp_path),
                          router=True)
+
+
+def test_the_run_header_says_who_routes(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    from servetune import cli_run_print
+
+    out = Console(record=True, width=200)
+    monkeypatch.setattr(cli_run_print, "console", out)
+    cli_run_print.routing_notice(LocalProcessBackend("router-test", tmp_path, command=STUB))
+    cli_run_print.routing_notice(make_backend("twin"))  # says nothing: the twin routes itself
+    text = " ".join(out.export_text().split())
+    assert text == ("routing: no router on the local backend: the bench spreads a trial's "
+                    "requests over its replicas round-robin (--router puts the pinned "
+                    "sglang-router in front)")
