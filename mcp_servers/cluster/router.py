@@ -10,8 +10,10 @@ the replicas::
         --balance-rel-threshold R]
 
 ``POLICY`` is the config's ``router_policy`` (the router's own names: ``round_robin``,
-``power_of_two``, ``cache_aware``); the three thresholds are passed when the config has the
-router knobs ``router_cache_threshold``, ``router_balance_abs_threshold`` and
+``power_of_two``, ``cache_aware``); the routing arguments are the config's own rendering
+(``ServingConfig.router_args``, which the Kubernetes router Deployment uses too) when it has
+one, else the three thresholds are passed when the config has the router knobs
+``router_cache_threshold``, ``router_balance_abs_threshold`` and
 ``router_balance_rel_threshold`` set (unset: the router's defaults 0.3, 64 and 1.5,
 sglang-knobs.md section 6). ``kube_service`` (the Kubernetes Service baseline) and a single
 replica get no router: the bench client spreads requests over the replicas itself (one
@@ -116,13 +118,15 @@ def router_argv(config: ServingConfig, workers: list[str], host: str, port: int,
     if config.router_policy not in ROUTER_POLICIES:
         raise BackendError(f"router_policy {config.router_policy!r} is not a policy of "
                            f"{ROUTER_PACKAGE} (it has {', '.join(ROUTER_POLICIES)})")
-    argv = [sys.executable, "-m", ROUTER_MODULE, "--worker-urls", *workers,
-            "--policy", config.router_policy, "--host", host, "--port", str(port),
+    shared = getattr(config, "router_args", None)  # the config's own rendering, when it has one
+    routing = shared(workers) if shared is not None else None
+    if routing is None:
+        routing = ["--worker-urls", *workers, "--policy", config.router_policy]
+        for field, flag in THRESHOLD_FLAGS:
+            value = getattr(config, field, None)
+            if value is not None:
+                routing += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    return [sys.executable, "-m", ROUTER_MODULE, *routing, "--host", host, "--port", str(port),
             "--prometheus-host", host, "--prometheus-port", str(metrics_port),
             "--log-level", "warn",
             "--worker-startup-timeout-secs", str(max(1, round(startup_timeout_s)))]
-    for field, flag in THRESHOLD_FLAGS:
-        value = getattr(config, field, None)
-        if value is not None:
-            argv += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
-    return argv
