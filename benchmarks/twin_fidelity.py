@@ -99,7 +99,7 @@ ROW_FILTER = ("backend == sglang and mode == agg and system in {h100_sxm, h200_s
 FIT_NAMES = ("eta_mem", "eta_kv", "eta_kv_mla", "eta_compute", "eta_compute_moe", "eta_attn",
              "eta_dsa_index", "layer_latency_s", "moe_layer_latency_s", "mla_layer_latency_s",
              "dsa_layer_latency_s", "step_overhead_s", "request_overhead_s",
-             "prefill_overhead_s")
+             "prefill_overhead_s", "eager_layer_s")
 # A latency starting at 0 starts from (and is pulled towards) a physical prior instead: a few
 # kernels at aiconfigurator's 3 us per memory-bound op, ~10 us per layer and op class; ~20 us of
 # Python scheduler work per running request and step.
@@ -123,7 +123,10 @@ BOUNDS = {"eta_mem": (0.3, 1.0), "eta_kv": (0.05, 1.0), "eta_kv_mla": (0.05, 1.0
           "layer_latency_s": (1e-6, 3e-4), "moe_layer_latency_s": (1e-6, 3e-4),
           "mla_layer_latency_s": (1e-6, 3e-4), "dsa_layer_latency_s": (1e-6, 3e-4),
           "step_overhead_s": (1e-4, 5e-3), "request_overhead_s": (1e-6, 2e-4),
-          "prefill_overhead_s": (1e-4, 0.1)}
+          "prefill_overhead_s": (1e-4, 0.1),
+          # eager launch per layer above the graph max: 1 us (a few kernels fused) to 500 us
+          # (~50 kernels at ~10 us of Python dispatch each)
+          "eager_layer_s": (1e-6, 5e-4)}
 PRIOR_WEIGHT = 0.2
 TTFT_WEIGHT = 0.1  # TTFT depends on how the client desynchronizes; TPOT carries the fit
 FIT_ROUNDS = 2
@@ -551,7 +554,17 @@ def identifiable(rows: Sequence[Row]) -> tuple[str, ...]:
         skip |= {"eta_dsa_index", "dsa_layer_latency_s"}
     if not moe:
         skip |= {"eta_compute_moe", "moe_layer_latency_s"}
+    if not any(r.conc > _graph_max_bs(r) for r in rows):  # no row runs a decode batch eagerly
+        skip.add("eager_layer_s")
     return tuple(n for n in FIT_NAMES if n not in skip)
+
+
+def _graph_max_bs(row: Row) -> int:
+    """The resolved ``cuda_graph_max_bs_decode`` of ``row``'s config (huge if it cannot fit)."""
+    try:
+        return fit(row.config).cuda_graph_max_bs_decode
+    except (ConfigInvalid, DoesNotFit):
+        return 1 << 30
 
 
 def _soft_l1(r: np.ndarray, scale: float = 0.3) -> np.ndarray:

@@ -156,6 +156,15 @@ class LinearCost:
     def decode_allreduce_time(self, batch, draft_tokens=0, draft_steps=0, draft_topk=1):
         return 0.005
 
+    def scan_time(self, waiting):  # no scheduler CPU, no eager steps
+        return 0.0
+
+    def cpu_time(self, batch):
+        return 0.0
+
+    def eager(self, batch):
+        return False
+
 
 def test_three_request_scenario_ttft_by_hand():
     lim = EngineLimits(kv_tokens=100_000, max_running_requests=16, chunked_prefill_size=1000,
@@ -177,7 +186,7 @@ def test_what_the_engine_saw_in_the_three_request_scenario_by_hand():
     # In flight per step (running + waiting + prefilling): A+B waiting 2 (B waits), 2, 2, 2
     # (A running, C prefilling), 1; durations 20, 19, 20, 11, 20 ms.
     cost = LinearCost()
-    cost.graph_max_bs = 1  # type: ignore[attr-defined]
+    cost.eager = lambda batch: batch > 1  # CUDA graphs up to batch 1 (no eager cost here)
     lim = EngineLimits(kv_tokens=100_000, max_running_requests=16, chunked_prefill_size=1000,
                        context_len=10_000)
     eng = TwinEngine(cost, lim)
