@@ -721,6 +721,9 @@ class LocalProcessBackend:
             startup_s = max(r.ready_at or 0.0 for r in [*live_ready, *([rt] if rt else [])]) \
                 - rec.created_at
             message = self._last_line(rec.name, rec.replicas[0])
+            if rt is not None:  # the router's gRPC probe leaves a warning in the replicas' logs
+                message = (f"sglang-router ({rec.config.router_policy}) at {rt.url} in front of "
+                           f"{len(rec.replicas)} replicas; replica 0's last log line: {message}")
         else:
             phase = "Pending"
             waiting = next((r for r in rec.replicas if r.ready_at is None), rt)

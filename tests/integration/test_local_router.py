@@ -55,6 +55,8 @@ async def test_the_real_router_fronts_the_replicas_and_goes_with_the_deployment(
     try:
         st = backend.deploy("two", config(router_policy="round_robin"), {}, wait_s=30)
         assert st.phase == "Ready", st.message
+        assert st.message.startswith(f"sglang-router (round_robin) at {st.router} in front of 2 "
+                                     "replicas; replica 0's last log line: ")
         assert st.router is not None and st.router.startswith("http://127.0.0.1:")
         assert len(st.endpoints) == 2 and st.router not in st.endpoints
         rt = backend._get("two").router
