@@ -76,8 +76,11 @@ class BenchResult(BaseModel):
     config_id: str | None = None
     workload: WorkloadInfo
     summary: MetricsSummary
-    replicas: list[ReplicaStats] = Field(default_factory=list,
-                                         description="twin engine counters (empty for http)")
+    replicas: list[ReplicaStats] = Field(default_factory=list, description=(
+        "what the twin saw, per replica (empty for http): requests routed to it, requests in "
+        "flight (mean over busy time, max), retractions and the tokens they prefill again, "
+        "eager decode steps above cuda_graph_max_bs_decode and their share, all-reduce share "
+        "of decode time, cache hits"))
     records_path: str
     first_error: str | None = Field(None, description="message of the first failed request")
     wall_s: float | None = Field(None, description="http: wall seconds of the run incl. drain")
@@ -101,6 +104,11 @@ class BenchResult(BaseModel):
         "what simulates the target: 'twin' for a twin deployment (virtual time) and for an "
         "endpoint that identified itself as the twin server (x-servetune-simulated header); "
         "None for a real engine. A simulated run's numbers are the twin's, not a GPU's"))
+    replica_requests: list[int] | None = Field(None, description=(
+        "http: requests each replica's server finished during the run (the difference of its "
+        "sglang:num_requests_total around the run), in endpoint order: how the router or the "
+        "client spread the load; None on the twin (see replicas) or when a server exposes no "
+        "such counter"))
     block_tok_s_per_gpu: list[float] = Field(default_factory=list, description=(
         "saturation runs: output tok/s/GPU of equal time slices of the run (their mean is the "
         "summary's): the acceptance gate's samples when a candidate ran once"))

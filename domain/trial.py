@@ -15,6 +15,7 @@ from domain.lesson import Lesson
 from domain.metrics import GraphCeiling, MetricsSummary
 from domain.quality import QualityGate
 from domain.redact import RedactedStr, redact_any
+from domain.twin.cluster import ReplicaStats
 
 # "failed": an agent (Claude brain) gave an invalid output twice or ran out of budget; the trial
 # used a slot of the trial budget but measured nothing that can win.
@@ -97,6 +98,17 @@ class Trial(BaseModel):
         "domain/interconnect.py; mean over replicas; None: a backend without engine counters)")
     cache_hit_rate: float | None = Field(
         None, description="prompt tokens served from the prefix cache on the trace replay")
+    saturation_replicas: list[ReplicaStats] = Field(
+        default_factory=list, description="what the twin saw on the saturation run, per "
+        "replica: requests routed to it, requests in flight (mean, max), retractions and the "
+        "tokens they recompute, eager decode steps, all-reduce share (empty: a backend without "
+        "engine counters)")
+    replay_replicas: list[ReplicaStats] = Field(
+        default_factory=list, description="the same counters of the trace replay (validate)")
+    replica_requests: dict[str, list[int]] = Field(
+        default_factory=dict, description="real servers: requests each replica finished, by "
+        "run (saturation, replay), from the servers' own counters (BenchResult."
+        "replica_requests): how the router spread the load")
     admission: OverAdmission | None = Field(
         None, description="validate: the over-admission verdict read from the replay's own "
         "time series (queue, TTFT, throughput per bin) and the admission caps it suggests")
@@ -139,3 +151,8 @@ class Trial(BaseModel):
     def launched(self) -> bool:
         """True if the trial deployed something (pruned trials never launch)."""
         return self.status != "pruned"
+
+
+def per_run(**runs: list[int] | None) -> dict[str, list[int]]:
+    """``Trial.replica_requests`` of the runs that read their servers' counters (None: not)."""
+    return {k: v for k, v in runs.items() if v is not None}

@@ -46,7 +46,7 @@ from domain.faults import rule
 from domain.ledger import Ledger, LintHook
 from domain.preflight import arch_lints, lint_config
 from domain.study import Study
-from domain.trial import LintNote, Trial, manifest_for
+from domain.trial import LintNote, Trial, manifest_for, per_run
 from domain.usage import AgentUsage, add_extra_usage, llm_usage, spent
 from graph.brains import llm_capped, repeats, trial_brains, trial_by_seq
 from graph.research import run_research
@@ -431,7 +431,9 @@ async def decide(state: StudyState, runtime: Runtime[StudyContext]) -> dict[str,
         saturation=bench.summary, records_path=bench.records_path,
         decode_roofline_share=replica_mean(bench.replicas, "decode_roofline_share"),
         decode_allreduce_share=replica_mean(bench.replicas, "decode_allreduce_share"),
-        objective_runs=objectives, objective_blocks=bench.block_tok_s_per_gpu)
+        saturation_replicas=bench.replicas, objective_runs=objectives,
+        replica_requests=per_run(saturation=bench.replica_requests),
+        objective_blocks=bench.block_tok_s_per_gpu)
     pos = search_position(ctx.ledger, ctx.study)
     gate = None
     if bench.valid and bench.summary.completed and not s.is_baseline \

@@ -22,7 +22,7 @@ from domain.bench import BenchResult
 from domain.config import ServingConfig
 from domain.faults import bench_failure_class, rule
 from domain.ledger import Ledger
-from domain.trial import Trial, manifest_for
+from domain.trial import Trial, manifest_for, per_run
 from domain.usage import AgentUsage, add_extra_usage, llm_usage
 from graph import search
 from graph.brains import trial_brains, trial_by_seq
@@ -115,6 +115,10 @@ async def validate(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
             objective=src.objective, saturation=src.saturation, replay=summary,
             decode_roofline_share=src.decode_roofline_share,
             decode_allreduce_share=src.decode_allreduce_share,
+            saturation_replicas=src.saturation_replicas,
+            replay_replicas=rep.replicas if rep else [],
+            replica_requests={**src.replica_requests,
+                              **per_run(replay=rep.replica_requests if rep else None)},
             cache_hit_rate=replica_mean(rep.replicas, "cache_hit_rate") if rep else None,
             records_path=rep.records_path if rep else None, llm_usage=llm_usage(
                 deployer=deployer), manifest=manifest_for(src.config, ctx.backend_kind),
@@ -195,6 +199,8 @@ async def frontier(state: StudyState, runtime: Runtime[StudyContext]) -> dict[st
                         parent_seq=parent, reason=f"concurrency {c}", saturation=b.summary,
                         objective=b.summary.output_tok_s_per_gpu, records_path=b.records_path,
                         decode_allreduce_share=replica_mean(b.replicas, "decode_allreduce_share"),
+                        saturation_replicas=b.replicas,
+                        replica_requests=per_run(saturation=b.replica_requests),
                         manifest=manifest_for(config, ctx.backend_kind), retries=retried,
                         wall_s=time.time() - t0))
                     if not b.valid and rule(bench_failure_class(

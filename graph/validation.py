@@ -46,7 +46,7 @@ from domain.quality import (
     numerics_changes,
 )
 from domain.study import Study
-from domain.trial import Trial, manifest_for
+from domain.trial import Trial, manifest_for, per_run
 from graph.retry import deployment, launch, measure
 from graph.state import StudyContext
 
@@ -162,7 +162,10 @@ async def _measure_variant(ctx: StudyContext, parent: Trial, cfg: ServingConfig,
         objective=sat.summary.output_tok_s_per_gpu if sat is not None else None,
         saturation=sat.summary if sat is not None else None, replay=rep.summary,
         cache_hit_rate=replica_mean(rep.replicas, "cache_hit_rate"),
-        records_path=rep.records_path, admission=found))
+        saturation_replicas=sat.replicas if sat is not None else [],
+        replay_replicas=rep.replicas, records_path=rep.records_path, admission=found,
+        replica_requests=per_run(saturation=sat.replica_requests if sat is not None else None,
+                                 replay=rep.replica_requests)))
 
 
 # ---------------------------------------------------------------- quality gate

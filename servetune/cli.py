@@ -112,6 +112,11 @@ def run(
     kubeconfig: KubeconfigOpt = None,
     context: ContextOpt = None,
     model_token_secret: ModelTokenSecretOpt = None,
+    router: Annotated[bool, typer.Option(
+        "--router", help="local and kubernetes backends: the SGLang router (the config's "
+                         "router_policy) in front of a trial's replicas; local: the pinned "
+                         "sglang-router 0.3.2 process (pip install 'servetune[router]'), "
+                         "refused when it is not installed")] = False,
 ) -> None:
     """Run (or resume) a study and write runs/<run-id>/ with report.md, plots and the ledger."""
     t0 = time.time()
@@ -138,7 +143,8 @@ def run(
         fail(str(e))
     cluster, cluster_flags = _cluster_backend(backend, namespace, kubeconfig, context,
                                               study.gpu_count, settings,
-                                              model_token_secret=model_token_secret)
+                                              model_token_secret=model_token_secret,
+                                              router=router)
     if run_id is not None and not RUN_ID_RE.fullmatch(run_id):
         fail(f"--run-id {run_id!r}: use ASCII letters, digits, '-' and '_', starting and "
              "ending with a letter or digit, at most 63 characters (it labels the run's "
@@ -160,12 +166,15 @@ def run(
 
 def _cluster_backend(kind: str, namespace: str, kubeconfig: Path | None, context: str | None,
                      gpus: int, settings: Settings, *,
-                     model_token_secret: str | None = None) -> tuple[Any, str]:
+                     model_token_secret: str | None = None,
+                     router: bool = False) -> tuple[Any, str]:
     """The run's cluster backend and the flags that rebuild it (for the resume hint).
 
     The twin keeps its records in memory, as before; local and kubernetes share the state
     folder with the MCP servers. The kubernetes backend's GPU budget is the study's GPU count;
     ``model_token_secret`` is the one Secret its policy lets pods read (``--model-token-secret``).
+    ``router``: the SGLang router in front of the replicas (local: the pinned sglang-router
+    process, :mod:`mcp_servers.cluster.router`; kubernetes: the router Deployment).
     """
     from mcp_servers.cluster.backend import BACKEND_KINDS, BackendError, make_backend
     from sandbox.podspec import check_subdomain
@@ -184,12 +193,23 @@ def _cluster_backend(kind: str, namespace: str, kubeconfig: Path | None, context
             fail(str(e))
     if kubeconfig is not None and not kubeconfig.is_file():
         fail(f"--kubeconfig {kubeconfig}: no such file")
+    if router and kind == "twin":
+        fail("--router puts a router process in front of real replicas: give it with "
+             "--backend local or kubernetes (the twin backend routes with its own model of "
+             "the config's router_policy)")
+    extra: dict[str, Any] = {}
+    if router and kind == "local":
+        extra["router"] = "sglang"
+    elif router:
+        from sandbox.manifests import SglangOptions
+
+        extra["sglang_options"] = SglangOptions(router=True)
     try:
         backend = make_backend(kind, namespace, None if kind == "twin" else settings.state_dir,
                                kubeconfig=kubeconfig, context=context,
                                gpu_budget=gpus if kind == "kubernetes" else None,
                                **({"model_token_secret": model_token_secret}
-                                  if model_token_secret is not None else {}))
+                                  if model_token_secret is not None else {}), **extra)
     except BackendError as e:
         fail(str(e))
     if kind == "kubernetes":  # credentials, reachability and RBAC, before any work starts
@@ -205,6 +225,7 @@ def _cluster_backend(kind: str, namespace: str, kubeconfig: Path | None, context
     flags += f" --context {shlex.quote(context)}" if context is not None else ""
     flags += (f" --model-token-secret {model_token_secret}"
               if model_token_secret is not None else "")
+    flags += " --router" if router else ""
     return backend, flags
 
 

@@ -97,7 +97,10 @@ def mcp_cluster(
         "--model-cache-pvc", help="kubernetes backend: PVC for the weights and JIT caches "
                                   "(default an emptyDir per pod)")] = None,
     router: Annotated[bool, typer.Option(
-        "--router", help="kubernetes backend: the SGLang router in front of the replicas")]
+        "--router", help="kubernetes and local backends: the SGLang router (config."
+                         "router_policy) in front of the replicas; local: the pinned "
+                         "sglang-router 0.3.2 process (pip install 'servetune[router]'), "
+                         "refused when it is not installed")]
     = False,
     model_token_secret: ModelTokenSecretOpt = None,
 ) -> None:
@@ -140,9 +143,13 @@ def mcp_cluster(
                     image_allow=image_allow, lws=lws, sglang_options=opts,
                     model_token_secret=model_token_secret)
     elif kubeconfig or context or gpu_budget is not None or image_allow or lws or dra or \
-            router or model_cache_pvc or model_token_secret:
-        fail("--kubeconfig, --context, --gpu-budget, --image-allow, --lws, --dra, --router, "
+            model_cache_pvc or model_token_secret:
+        fail("--kubeconfig, --context, --gpu-budget, --image-allow, --lws, --dra, "
              "--model-cache-pvc and --model-token-secret are options of --backend kubernetes")
+    elif router:
+        if backend != "local":
+            fail("--router is an option of --backend local and --backend kubernetes")
+        kube = {"router": "sglang"}
     try:
         main(backend, namespace, state_dir or settings.state_dir, argv, ready_timeout_s, devices,
              **kube)

@@ -44,6 +44,7 @@ def print_study(study: Any, trace_path: Path, window: Any, cluster: Any,
         console.print(f"[yellow]warning:[/] the trace holds only {span:,.0f} s of arrivals in "
                       f"the {r.duration_s:,.0f} s window (it ends early)", highlight=False)
     realtime_notice(study, cluster, settings.repeats)
+    routing_notice(cluster)
     from mcp_servers.source.server import open_tree
 
     try:
@@ -89,6 +90,23 @@ def realtime_notice(study: Any, cluster: Any, repeats: int) -> None:
                   f"study's budget ({study.budget.max_trials} launches, {study.finalists} "
                   "replays, the frontier sweep); the twin backend (--backend twin) simulates the "
                   "same study in virtual time, in seconds", highlight=False, soft_wrap=True)
+
+
+def routing_notice(cluster: Any) -> None:
+    """On the local backend, say who routes a trial's replicas: sglang-router or the bench."""
+    if getattr(cluster, "kind", "") != "local":
+        return
+    if getattr(cluster, "router", "none") == "sglang":
+        from mcp_servers.cluster.router import ROUTER_PACKAGE, ROUTER_VERSION
+
+        console.print(f"routing: {ROUTER_PACKAGE} {ROUTER_VERSION} (the config's router_policy) "
+                      "in front of every trial of 2+ replicas (kube_service, the Kubernetes "
+                      "Service baseline, is the bench's own per-request spreading); its log is "
+                      "router.log beside the replicas' logs", highlight=False, soft_wrap=True)
+    else:
+        console.print("routing: no router on the local backend: the bench spreads a trial's "
+                      "requests over its replicas round-robin (--router puts the pinned "
+                      "sglang-router in front)", highlight=False, soft_wrap=True)
 
 
 def print_spend(run_dir: Path, settings: Settings, out: Any) -> None:

@@ -111,6 +111,12 @@ class ReplicaStats(BaseModel):
     decode_roofline_share: float = 0.0
     decode_allreduce_share: float = 0.0
     mean_accept_length: float = 0.0
+    eager_decode_steps: int = 0
+    eager_step_share: float = 0.0  # eager decode steps / decode steps
+    retracted_tokens: int = 0  # tokens the retracted requests prefill again
+    waiting_sum: int = 0  # sum over steps of the waiting-queue length
+    mean_inflight: float = 0.0  # requests in flight (running + waiting), time-weighted
+    max_inflight: int = 0
 
 
 def engine_limits(config: ServingConfig, report: FitReport) -> EngineLimits:
@@ -141,7 +147,11 @@ def _stats(i: int, n: int, s: EngineStats) -> ReplicaStats:
                         evicted_tokens=s.evicted_tokens,
                         decode_roofline_share=s.decode_roofline_share,
                         decode_allreduce_share=s.decode_allreduce_share,
-                        mean_accept_length=s.mean_accept_length)
+                        mean_accept_length=s.mean_accept_length,
+                        eager_decode_steps=s.eager_decode_steps,
+                        eager_step_share=s.eager_step_share,
+                        retracted_tokens=s.retracted_tokens, waiting_sum=s.waiting_sum,
+                        mean_inflight=s.mean_inflight, max_inflight=s.max_inflight)
 
 
 class Router:

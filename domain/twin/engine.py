@@ -201,6 +201,32 @@ class EngineStats:
     retracted_tokens: int = 0
     # sum over scheduler iterations (prefill and decode steps) of the waiting-queue length
     waiting_sum: int = 0
+    # request-seconds in flight (running + waiting + prefilling) over the busy steps
+    inflight_s: float = 0.0
+    # most requests in flight at one step
+    max_inflight: int = 0
+
+    @property
+    def eager_step_share(self) -> float:
+        """Eager decode steps / decode steps (0 when nothing decoded)."""
+        return self.eager_decode_steps / self.decode_steps if self.decode_steps else 0.0
+
+    @property
+    def mean_inflight(self) -> float:
+        """Requests in flight, time-weighted over the busy steps (0 when it never ran a step)."""
+        return self.inflight_s / self.busy_s if self.busy_s else 0.0
+
+    @property
+    def mean_waiting(self) -> float:
+        """Waiting-queue length per scheduler step (0 when it never ran a step)."""
+        steps = self.prefill_steps + self.decode_steps
+        return self.waiting_sum / steps if steps else 0.0
+
+    def count_load(self, inflight: int, dt: float) -> None:
+        """Count one scheduler step of ``dt`` s with ``inflight`` requests in flight."""
+        self.inflight_s += inflight * dt
+        if inflight > self.max_inflight:
+            self.max_inflight = inflight
 
     @property
     def mean_decode_batch(self) -> float:
@@ -539,6 +565,7 @@ class TwinEngine:
             C.append(C[-1] + acc)
             st.decode_steps += 1
             st.decode_batch_sum += n
+            st.count_load(n + len(waiting), dt)
             st.spec_tokens += n * acc
             if n > st.max_running:
                 st.max_running = n
@@ -711,6 +738,7 @@ class TwinEngine:
         self.stats.prefill_steps += 1
         self.stats.waiting_sum += len(self._waiting)
         self.stats.busy_s += dt
+        self.stats.count_load(len(self._running) + len(self._waiting) + len(chunks), dt)
         for r, c in chunks:
             r.prefilled += c
             r.private += c

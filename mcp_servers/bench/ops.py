@@ -179,7 +179,9 @@ class BenchService:
             raise BackendError(f"deployment {deployment!r} is not Ready (phase {st.phase}); "
                                "benchmark only Ready deployments (poll get_status first)")
         if urls:
-            return HttpTarget(self, deployment, None, urls, st.config, st.config.gpus)
+            target = HttpTarget(self, deployment, None, urls, st.config, st.config.gpus)
+            target.router = getattr(st, "router", None)
+            return target
         if not isinstance(self.backend, SimulatedBackend):
             raise BackendError(f"deployment {deployment!r} is Ready but its status lists no "
                                "endpoints yet; poll get_status and retry")

@@ -68,6 +68,10 @@ class DeploymentStatus(BaseModel):
         default_factory=list, description="base URLs of the Ready replicas, e.g. "
         "'http://127.0.0.1:31001' (empty for the twin, which serves no HTTP, and once Failed or "
         "Terminated)")
+    router: str | None = Field(
+        None, description="base URL of the router in front of the replicas (local backend "
+        "with --router: the pinned sglang-router; send requests there, read engine "
+        "metrics from endpoints); None: no router, spread requests over endpoints")
     created_at: float = Field(description="when the deployment was created, epoch seconds")
     exit_code: int | None = Field(None, description="server exit code when Failed (None if "
                                   "unknown: it never exited, or another process reaped it)")
@@ -303,7 +307,8 @@ def make_backend(kind: str = "twin", namespace: str = "servetune", state_dir: Pa
                  context: str | None = None, gpu_budget: int | None = None,
                  image_allow: Sequence[str] | None = None, lws: bool = False,
                  sglang_options: Any = None,
-                 model_token_secret: str | None = None) -> ClusterBackend:
+                 model_token_secret: str | None = None,
+                 router: str = "none") -> ClusterBackend:
     """The backend ``kind`` over ``state_dir`` (what the cluster and bench servers share).
 
     Args:
@@ -333,10 +338,16 @@ def make_backend(kind: str = "twin", namespace: str = "servetune", state_dir: Pa
             (``--model-token-secret``): the engine gets ``HF_TOKEN`` from its key ``token`` and
             the policy allows that Secret, by name, and no other (None: the options'
             ``hf_token_secret``, else no Secret).
+        router: ``local`` only: ``sglang`` puts the pinned sglang-router in front of every
+            deployment of 2+ replicas (:mod:`mcp_servers.cluster.router`; refused when it is
+            not installed); ``none`` (default) lets the bench spread requests itself.
 
     Raises:
         BackendError: unknown kind, ``local`` without a state_dir, or a bad policy.
     """
+    if router != "none" and kind != "local":
+        raise BackendError(f"router {router!r} is an option of the local backend (Kubernetes: "
+                           "SglangOptions.router, --router of servetune mcp cluster)")
     if kind == "twin":
         from mcp_servers.cluster.twin import TwinBackend  # twin imports this module
 
@@ -356,7 +367,8 @@ def make_backend(kind: str = "twin", namespace: str = "servetune", state_dir: Pa
             command = list(TWIN_SERVE_COMMAND)
         return LocalProcessBackend(namespace, state_dir, command=command,
                                    ready_timeout_s=ready_timeout_s,
-                                   visible_devices=visible_devices)
+                                   visible_devices=visible_devices,
+                                   router=router)  # type: ignore[arg-type]  # checked there
     if kind == "kubernetes":
         from pydantic import ValidationError
 

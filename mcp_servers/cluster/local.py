@@ -96,6 +96,16 @@ from mcp_servers.cluster.backend import (
     when,
 )
 from mcp_servers.cluster.procs import TOKEN_ENV, free_ports, proc_stat, running, stop_groups
+from mcp_servers.cluster.router import (
+    READINESS_PATH,
+    ROUTER_LOG,
+    ROUTER_MODES,
+    RouterMode,
+    fronted,
+    plain,
+    require_router,
+    router_argv,
+)
 from mcp_servers.cluster.store import RecordStore, write_atomic
 
 MAX_MARKS = 1000  # per replica; beyond, every other mark is dropped
@@ -103,6 +113,7 @@ PLACEHOLDERS = ("{host}", "{port}", "{config_json}")
 PLACEHOLDER_RE = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
 HEALTH_PATH_RE = re.compile(r"^/[A-Za-z0-9._~/-]*$")
 DEVICE_RE = re.compile(r"^(GPU|MIG)-[0-9A-Za-z/-]+$")
+ROUTER_PID = "router.pid"  # the router's pid file in the deployment's folder
 LOG_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 log = logging.getLogger("servetune.cluster.local")
 # The twin as the server program: every replica a ``servetune twin serve`` process serving one
@@ -183,6 +194,7 @@ class _Record(BaseModel):
     events: list[Event] = []
     gave_up_at: float | None = None
     terminated_at: float | None = None
+    router: _Replica | None = None  # the sglang-router process in front (router="sglang")
 
     @field_validator("health_path")
     @classmethod
@@ -247,7 +259,7 @@ class LocalProcessBackend:
     def __init__(self, namespace: str, state_dir: Path, command: list[str] | None = None,
                  host: str = "127.0.0.1", ready_timeout_s: float = 600.0,
                  health_path: str = "/health", stop_grace_s: float = 15.0,
-                 visible_devices: list[str] | None = None) -> None:
+                 visible_devices: list[str] | None = None, router: RouterMode = "none") -> None:
         """Build the backend.
 
         Args:
@@ -263,10 +275,15 @@ class LocalProcessBackend:
             visible_devices: GPU indices or UUIDs (``GPU-...``); each replica gets
                 ``tp_size`` of those no live deployment of the state folder holds, as
                 ``CUDA_VISIBLE_DEVICES``. None: the environment's, unchanged.
+            router: ``sglang``: the pinned sglang-router in front of every deployment of 2+
+                replicas with a router policy (:mod:`mcp_servers.cluster.router`); ``none``:
+                no router, the bench spreads requests over the replicas.
 
         Raises:
             BackendError: bad namespace, empty command or unknown ``{placeholder}``,
-                non-loopback host, bad health path, bad or duplicate visible devices.
+                non-loopback host, bad health path, bad or duplicate visible devices, an
+                unknown router mode, or ``router="sglang"`` without the pinned sglang-router
+                installed (the message says how to install it).
         """
         if not NAME_RE.match(namespace):
             raise BackendError(f"namespace {namespace!r} is not a valid DNS-1123 label")
@@ -283,6 +300,11 @@ class LocalProcessBackend:
         self.host, self.health_path = host, health_path
         self.ready_timeout_s, self.stop_grace_s = ready_timeout_s, stop_grace_s
         self.visible_devices = check_devices(visible_devices)
+        if router not in ROUTER_MODES:
+            raise BackendError(f"router {router!r}: choose {' or '.join(ROUTER_MODES)}")
+        if router == "sglang":
+            require_router()
+        self.router: RouterMode = router
         self._store = RecordStore(state_dir / "local" / namespace)
         # servers this process started, by (pid, start ticks): only a parent can reap a child
         # and learn its exit code; Popen caches the code once reaped.
@@ -317,10 +339,21 @@ class LocalProcessBackend:
             out.setdefault(pf.index, pf)
         return [out[i] for i in sorted(out)]
 
+    def _router_pid_file(self, name: str) -> _PidFile | None:
+        """The router's pid file of ``name``, when there is one that parses."""
+        path = self._folder(name) / ROUTER_PID
+        try:
+            return _PidFile.model_validate_json(path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, ValidationError) as e:
+            log.warning("ignoring unreadable pid file %s: %s", path, e)
+            return None
+
     def _drop_pid_files(self, name: str) -> None:
         folder = self._folder(name)
         if folder.is_dir():
-            for path in folder.glob("replica-*.pid"):
+            for path in [*folder.glob("replica-*.pid"), folder / ROUTER_PID]:
                 path.unlink(missing_ok=True)
 
     def _held(self) -> dict[str, str]:
@@ -474,9 +507,12 @@ class LocalProcessBackend:
             events = [*prior, Event(t=created, type="Normal", reason="Created", object=name,
                                     message=f"{config.replicas} replica(s) of config "
                                     f"{config.config_id()}")]
-            ports = free_ports(config.replicas, self.host)
+            routed = self.router == "sglang" and fronted(config)
+            ports = free_ports(config.replicas + (2 if routed else 0), self.host)
+            router_ports, ports = ports[config.replicas:], ports[:config.replicas]
             argvs = [self._argv(config, port, config_json) for port in ports]
             replicas: list[_Replica] = []
+            router: _Replica | None = None
             try:
                 for i, (port, argv) in enumerate(zip(ports, argvs, strict=True)):
                     log = f"replica-{i}.log"
@@ -501,16 +537,53 @@ class LocalProcessBackend:
                     events.append(Event(t=now, type="Normal", reason="Started", object=name,
                                         message=f"replica {i}: pid {p.pid}{gpus}, "
                                         f"{self._url(port)}: {shlex.join(argv)[:400]}"))
+                if routed:
+                    router = self._start_router(name, config, [r.url for r in replicas],
+                                                router_ports, created)
+                    events.append(Event(
+                        t=router.started_at, type="Normal", reason="Started", object=name,
+                        message=f"router: pid {router.pid}, {router.url} "
+                        f"(sglang-router, policy {config.router_policy}): "
+                        f"{shlex.join(router.argv)[:400]}"))
             except OSError as e:
-                self._stop(replicas)
+                self._stop([*replicas, *([router] if router is not None else [])])
                 raise BackendError(f"could not start {argvs[0][0]!r} for {name}: {e}. Install "
                                    "the server program or configure the backend's "
                                    "command") from e
             self._put(_Record(name=name, config=config, labels=dict(labels),
                               created_at=created, replicas=replicas,
                               health_path=self.health_path,
-                              ready_timeout_s=self.ready_timeout_s, events=events))
+                              ready_timeout_s=self.ready_timeout_s, events=events,
+                              router=router))
         return settle(self, name, wait_s)
+
+    def _start_router(self, name: str, config: ServingConfig, workers: list[str],
+                      ports: list[int], created: float) -> _Replica:
+        """Start sglang-router in front of ``workers`` on ``ports`` (HTTP, metrics).
+
+        Like a replica: its own session (process group), a token, its log ``router.log`` and a
+        pid file ``router.pid`` in the deployment's folder. Call with the store locked.
+
+        Raises:
+            OSError: the router program could not be started.
+        """
+        folder = self._store.folder(name)
+        argv = router_argv(config, workers, self.host, ports[0], ports[1], self.ready_timeout_s)
+        token = secrets.token_hex(16)
+        with open(folder / ROUTER_LOG, "wb") as out:
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                 stderr=subprocess.STDOUT, start_new_session=True,
+                                 env={**os.environ, TOKEN_ENV: token})
+        st = proc_stat(p.pid)
+        ticks = st.start_ticks if st is not None else -1
+        with self._children_lock:
+            self._children[(p.pid, ticks)] = p
+        rep = _Replica(index=0, pid=p.pid, start_ticks=ticks, port=ports[0],
+                       url=self._url(ports[0]), argv=argv, log=ROUTER_LOG,
+                       started_at=time.time(), token=token)
+        write_atomic(folder / ROUTER_PID, _PidFile(**rep.model_dump(),
+                                                   created_at=created).model_dump_json())
+        return rep
 
     def status(self, name: str) -> DeploymentStatus:
         """Status of ``name`` after one look at each replica.
@@ -546,11 +619,20 @@ class LocalProcessBackend:
                 mark = None
             if mark is not None:
                 marks[r.index] = mark
+        rt, router_exit, router_ready = rec.router, None, False
+        if rt is not None and rt.exited_at is None:
+            exited, rc = self._exit_of(rt)
+            if exited:
+                router_exit = (rc,)
+            elif rt.ready_at is None and self._healthy(rt.url + READINESS_PATH):
+                router_ready = True
         now = time.time()
-        timed_out = (rec.gave_up_at is None and not exits and
+        router_waits = rt is not None and rt.ready_at is None and not router_ready
+        timed_out = (rec.gave_up_at is None and not exits and router_exit is None and
                      now - rec.created_at > rec.ready_timeout_s and
-                     any(r.ready_at is None for r in rec.replicas if r.index not in ready))
-        if not (exits or ready or marks or timed_out):
+                     (router_waits or
+                      any(r.ready_at is None for r in rec.replicas if r.index not in ready)))
+        if not (exits or ready or marks or timed_out or router_exit or router_ready):
             return rec
         with self._store.locked():
             seen, rec = rec, self._get(rec.name)  # another process may have written meanwhile
@@ -577,6 +659,7 @@ class LocalProcessBackend:
                             f"{r.exit_code} during {stage}: {self._last_line(rec.name, r)}"))
                     elif r.exit_code is None:
                         r.exit_code = exits[r.index]
+            self._observe_router(rec, router_exit, router_ready, now)
             if timed_out and rec.gave_up_at is None:
                 rec.gave_up_at = now
                 rec.events.append(Event(
@@ -586,9 +669,30 @@ class LocalProcessBackend:
             self._put(rec)
         return rec
 
+    def _observe_router(self, rec: _Record, exit_: tuple[int | None] | None, ready: bool,
+                        now: float) -> None:
+        """Record the router's Ready or its exit (with an event) on ``rec`` (store locked)."""
+        rt = rec.router
+        if rt is None or rt.exited_at is not None:
+            return
+        if exit_ is not None:
+            rt.exited_at, rt.exit_code = now, exit_[0]
+            stage = "startup" if rt.ready_at is None else "serving"
+            rec.events.append(Event(
+                t=now, type="Warning", reason="Failed", object=rec.name,
+                message=f"router (pid {rt.pid}) exited with code {rt.exit_code} during "
+                f"{stage}: {plain(self._last_line(rec.name, rt))}"))
+        elif ready and rt.ready_at is None:
+            rt.ready_at = now
+            rec.events.append(Event(
+                t=now, type="Normal", reason="Ready", object=rec.name,
+                message=f"router answered 200 on {READINESS_PATH} after "
+                f"{now - rec.created_at:.1f} s"))
+
     def _status(self, rec: _Record) -> DeploymentStatus:
         live_ready = [r for r in rec.replicas if r.ready_at is not None and r.exited_at is None]
         exited = [r for r in rec.replicas if r.exited_at is not None]
+        rt = rec.router
         exit_code, stage, startup_s = None, None, 0.0
         phase: Phase
         if rec.terminated_at is not None:
@@ -601,38 +705,55 @@ class LocalProcessBackend:
             phase, exit_code = "Failed", first.exit_code
             stage = "startup" if first.ready_at is None else "serving"
             message = self._last_line(rec.name, first)
+        elif rt is not None and rt.exited_at is not None:
+            phase, exit_code = "Failed", rt.exit_code
+            stage = "startup" if rt.ready_at is None else "serving"
+            message = f"router: {plain(self._last_line(rec.name, rt))}"
         elif rec.gave_up_at is not None:
-            waiting = next(r for r in rec.replicas if r.ready_at is None)
+            waiting = next((r for r in rec.replicas if r.ready_at is None), rt)
+            assert waiting is not None  # gave up: a replica or the router was not ready
+            who = "router" if waiting is rt else f"replica {waiting.index}"
             phase, stage = "Failed", "startup"
-            message = (f"replica {waiting.index} not ready after {rec.ready_timeout_s:g} s; "
-                       f"last log line: {self._last_line(rec.name, waiting)}")
-        elif len(live_ready) == len(rec.replicas):
+            message = (f"{who} not ready after {rec.ready_timeout_s:g} s; "
+                       f"last log line: {plain(self._last_line(rec.name, waiting))}")
+        elif len(live_ready) == len(rec.replicas) and (rt is None or rt.ready_at is not None):
             phase = "Ready"
-            startup_s = max(r.ready_at or 0.0 for r in live_ready) - rec.created_at
+            startup_s = max(r.ready_at or 0.0 for r in [*live_ready, *([rt] if rt else [])]) \
+                - rec.created_at
             message = self._last_line(rec.name, rec.replicas[0])
+            if rt is not None:  # the router's gRPC probe leaves a warning in the replicas' logs
+                message = (f"sglang-router ({rec.config.router_policy}) at {rt.url} in front of "
+                           f"{len(rec.replicas)} replicas; replica 0's last log line: {message}")
         else:
             phase = "Pending"
-            waiting = next(r for r in rec.replicas if r.ready_at is None)
-            message = self._last_line(rec.name, waiting)
+            waiting = next((r for r in rec.replicas if r.ready_at is None), rt)
+            assert waiting is not None
+            message = plain(self._last_line(rec.name, waiting))
         return DeploymentStatus(
             name=rec.name, namespace=self.namespace, phase=phase, replicas=len(rec.replicas),
             ready_replicas=len(live_ready), config=rec.config, labels=rec.labels,
             endpoints=[r.url for r in live_ready] if phase in ("Ready", "Pending")
-            else [], created_at=rec.created_at, exit_code=exit_code, failed_stage=stage,
+            else [], router=rt.url if rt is not None and phase == "Ready" else None,
+            created_at=rec.created_at, exit_code=exit_code, failed_stage=stage,
             message=message, startup_s=round(startup_s, 3))
 
     def logs(self, name: str, replica: int | None = None) -> list[LogLine]:
         """Log of one replica of ``name`` (the last 8 MiB).
 
-        ``replica`` picks it; by default the first replica that failed, else replica 0.
+        ``replica`` picks it; by default the first replica that failed, else replica 0; ``-1``
+        is the deployment's router (``router.log``; its lines stamped with the file's mtime).
 
         Raises:
             BackendError: unknown name or replica index.
         """
         rec = self._get(name)
+        if replica == -1 and rec.router is not None:
+            out, _ = logfile.lines(self._log_path(name, rec.router), rec.router.marks)
+            return [LogLine(t=ln.t, text=plain(ln.text)) for ln in out]
         if replica is not None:
             if not 0 <= replica < len(rec.replicas):
-                raise BackendError(f"{name} has replicas 0..{len(rec.replicas) - 1}")
+                router = "; -1 is its router" if rec.router is not None else ""
+                raise BackendError(f"{name} has replicas 0..{len(rec.replicas) - 1}{router}")
             r = rec.replicas[replica]
         else:
             r = self._first_failed(rec)
@@ -689,23 +810,27 @@ class LocalProcessBackend:
         if rec.terminated_at is not None:
             return self._status(rec)
         # the pid files too: a record edited by hand may name other PIDs than were started
-        known = {(r.pid, r.start_ticks) for r in rec.replicas}
-        extra = [pf for pf in self._pid_files(name) if pf.created_at == rec.created_at and
-                 (pf.pid, pf.start_ticks) not in known]
-        events = self._stop([*rec.replicas, *extra], name)
+        own = [*rec.replicas, *([rec.router] if rec.router is not None else [])]
+        known = {(r.pid, r.start_ticks) for r in own}
+        rpf = self._router_pid_file(name)
+        extra = [pf for pf in [*self._pid_files(name), *([rpf] if rpf else [])]
+                 if pf.created_at == rec.created_at and (pf.pid, pf.start_ticks) not in known]
+        events = self._stop([*own, *extra], name)
         with self._store.locked():
             fresh = self._get(name)
             if fresh.terminated_at is None and fresh.created_at == rec.created_at:
                 now = time.time()
-                for r in fresh.replicas:
+                for r in [*fresh.replicas, *([fresh.router] if fresh.router else [])]:
                     _, rc = self._exit_of(r)
                     if r.exited_at is None:
                         r.exited_at = now
                     if r.exit_code is None:
                         r.exit_code = rc
                 fresh.events += events
+                router = " and the router" if fresh.router is not None else ""
                 fresh.events.append(Event(t=now, type="Normal", reason="Stopped", object=name,
-                                          message=f"{len(fresh.replicas)} replica(s) stopped"))
+                                          message=f"{len(fresh.replicas)} replica(s)"
+                                          f"{router} stopped"))
                 fresh.terminated_at = now
                 self._put(fresh)
                 self._drop_pid_files(name)
@@ -714,8 +839,9 @@ class LocalProcessBackend:
     def _teardown_corrupt(self, name: str, err: CorruptRecord) -> DeploymentStatus:
         """Teardown of a deployment whose record is unreadable; see :meth:`teardown`."""
         pids = self._pid_files(name)
+        rpf = self._router_pid_file(name)
         t0 = time.time()
-        stopped = self._stop(list(pids), name)
+        stopped = self._stop([*pids, *([rpf] if rpf is not None else [])], name)
         with self._store.locked():
             try:
                 read_record(self._store, name, _Record)
@@ -758,24 +884,25 @@ class LocalProcessBackend:
         events = []
         for r in replicas:
             o = outcome[r.pid]
+            who = "router" if r.log == ROUTER_LOG else f"replica {r.index}"
             if o == "foreign":
                 events.append(Event(
                     t=time.time(), type="Warning", reason="ForeignProcess", object=name,
-                    message=f"replica {r.index}: pid {r.pid} is no longer the process group "
+                    message=f"{who}: pid {r.pid} is no longer the process group "
                     "leader servetune started (its start time or group differs); not signalled"))
             elif o == "unproven":
                 events.append(Event(
                     t=time.time(), type="Warning", reason="ForeignProcess", object=name,
-                    message=f"replica {r.index}: pid {r.pid} has exited and no process left in "
+                    message=f"{who}: pid {r.pid} has exited and no process left in "
                     f"its process group carries the replica's {TOKEN_ENV}; not signalled"))
             elif o in ("terminated", "killed"):
                 events.append(Event(t=time.time(), type="Normal", reason="Killing", object=name,
-                                    message=f"replica {r.index}: SIGTERM to process group "
+                                    message=f"{who}: SIGTERM to process group "
                                     f"{r.pid}"))
             if o == "killed":
                 events.append(Event(
                     t=time.time(), type="Warning", reason="Killing", object=name,
-                    message=f"replica {r.index}: still running {self.stop_grace_s:g} s after "
+                    message=f"{who}: still running {self.stop_grace_s:g} s after "
                     f"SIGTERM; SIGKILL to process group {r.pid}"))
         return events
 

@@ -136,8 +136,10 @@ def build_server(backend: ClusterBackend) -> MCPServer:
                  max_lines: Annotated[int, Field(description="page size", ge=1, le=500,
                                                  strict=True)] = 200,
                  replica: Annotated[int | None, Field(description="replica index; default: "
-                                                      "the first that failed, else 0",
-                                                      ge=0, strict=True)] = None,
+                                                      "the first that failed, else 0; -1: "
+                                                      "the deployment's router (local "
+                                                      "backend with --router)",
+                                                      ge=-1, strict=True)] = None,
                  namespace: Namespace = None) -> ops.LogPage:
         """Server log of one replica of `name`, paged; continue with `start=next_start`.
 
@@ -187,7 +189,7 @@ def build_server(backend: ClusterBackend) -> MCPServer:
 def main(backend_kind: str = "twin", namespace: str = "servetune",
          state_dir: Path | None = None, command: list[str] | None = None,
          ready_timeout_s: float = 600.0, visible_devices: list[str] | None = None,
-         **kube: Any) -> None:
+         router: str = "none", **kube: Any) -> None:
     """Run the cluster server over stdio (logs go to stderr).
 
     Args:
@@ -201,6 +203,8 @@ def main(backend_kind: str = "twin", namespace: str = "servetune",
         ready_timeout_s: ``local`` only: seconds until a replica that is not Ready is Failed.
         visible_devices: ``local`` only: GPU indices or UUIDs; each replica gets ``tp_size``
             of those not held by a deployment that is not torn down yet.
+        router: ``local`` only: ``sglang`` (the pinned sglang-router in front of 2+ replicas,
+            :mod:`mcp_servers.cluster.router`) or ``none``.
         **kube: ``kubernetes`` only: ``kubeconfig``, ``context``, ``gpu_budget``,
             ``image_allow``, ``lws``, ``sglang_options`` (see
             :func:`~mcp_servers.cluster.backend.make_backend`).
@@ -208,5 +212,6 @@ def main(backend_kind: str = "twin", namespace: str = "servetune",
     logging.basicConfig(stream=sys.stderr, level=logging.INFO)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per health probe
     backend = make_backend(backend_kind, namespace, state_dir, command, ready_timeout_s,
-                           visible_devices, **kube)
+                           visible_devices, **({"router": router} if router != "none" else {}),
+                           **kube)
     build_server(backend).run()

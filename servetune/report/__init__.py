@@ -47,6 +47,7 @@ from servetune.report.sections import (
     _trials_table,
     _workloads,
 )
+from servetune.report.seen import seen_section
 
 
 def render_report(run_dir: Path, study: Study, trials: list[Trial], lessons: list[Lesson], *,
@@ -105,6 +106,7 @@ def render_report(run_dir: Path, study: Study, trials: list[Trial], lessons: lis
     else:
         lines += ["No search trial was launched, so there is no search plot.", ""]
     lines += _finalists_table(trials, plots[REPLAY_PNG])
+    lines += seen_section(trials)
     lines += _admission_section(trials)
     lines += _quality_section(trials)
     lines += _frontier_section(points, plots[FRONTIER_PNG])

@@ -181,6 +181,24 @@ def test_three_request_scenario_ttft_by_hand():
     assert (eng.stats.prefill_steps, eng.stats.decode_steps) == (3, 2)
 
 
+def test_what_the_engine_saw_in_the_three_request_scenario_by_hand():
+    # as above, with CUDA graphs up to batch 1: step 3 decodes A and B (2 > 1) eagerly.
+    # In flight per step (running + waiting + prefilling): A+B waiting 2 (B waits), 2, 2, 2
+    # (A running, C prefilling), 1; durations 20, 19, 20, 11, 20 ms.
+    cost = LinearCost()
+    cost.eager = lambda batch: batch > 1  # CUDA graphs up to batch 1 (no eager cost here)
+    lim = EngineLimits(kv_tokens=100_000, max_running_requests=16, chunked_prefill_size=1000,
+                       context_len=10_000)
+    eng = TwinEngine(cost, lim)
+    eng.run([(0.0, 1500, 3), (0.0, 400, 2), (0.05, 100, 1)])
+    st = eng.stats
+    assert (st.eager_decode_steps, st.eager_step_share) == (1, 0.5)
+    assert (st.waiting_sum, st.max_inflight, st.retracted_tokens) == (1, 2, 0)
+    assert st.inflight_s == pytest.approx(2 * (0.020 + 0.019 + 0.020 + 0.011) + 0.020)
+    assert st.mean_inflight == pytest.approx(0.160 / 0.090)
+    assert st.mean_waiting == pytest.approx(1 / 5)
+
+
 def test_admission_cap_limits_the_decode_batch():
     lim = EngineLimits(kv_tokens=1_000_000, max_running_requests=4, chunked_prefill_size=8192,
                        context_len=100_000)

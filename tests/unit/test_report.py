@@ -350,3 +350,33 @@ def test_a_frontier_sweep_past_the_graph_ceiling_is_named(tmp_path: Path, study:
     block = section(render(tmp_path, study, search_trials()[2:] + sweep), "CUDA-graph ceiling")
     assert table_rows(block) == ["| frontier baseline | 32 | 7.0 at 32 (c=32) | "
                                  "13.2 at 40 (c=40) | 1.9x |"]
+
+
+def test_what_the_twin_saw_lists_each_runs_replicas(tmp_path: Path, study: Study) -> None:
+    from domain.twin.cluster import ReplicaStats
+
+    def rs(i: int, requests: int, inflight: float, peak: int, retr: int, eager: float,
+           ar: float) -> ReplicaStats:
+        return ReplicaStats(replica=i, requests=requests, prefill_steps=10, decode_steps=100,
+                            retractions=retr, max_running=peak, mean_decode_batch=8.0,
+                            busy_s=1.0, retracted_tokens=retr * 1000, mean_inflight=inflight,
+                            max_inflight=peak, eager_step_share=eager,
+                            decode_allreduce_share=ar)
+
+    two = [rs(0, 975, 60.4, 256, 3, 0.25, 0.081), rs(1, 214, 12.0, 40, 0, 0.0, 0.079)]
+    trials = [trial(1, "search", "baseline", BASE, objective=1000.0,
+                    saturation=summary(1000.0, 40.0), saturation_replicas=two),
+              trial(2, "search", "keep", MRR, "max_running_requests=256", objective=1100.0,
+                    saturation=summary(1100.0, 40.0))]
+    seen = section(render(tmp_path, study, trials, []), "What the twin saw")
+    assert ("- #1 search baseline, saturation: 2 replicas: requests 975 / 214; in flight mean "
+            "60.4 / 12.0, max 256 / 40; retractions 3 / 0 (3,000 tokens recomputed); eager "
+            "decode steps 25% / 0%; all-reduce 8% / 8% of decode time") in seen
+    assert "#2" not in seen  # no engine counters: no line
+    http = trial(3, "search", "discard", CPS, "chunked_prefill_size=4096", objective=900.0,
+                 saturation=summary(900.0, 40.0), replica_requests={"saturation": [1200, 34]})
+    seen = section(render(tmp_path / "h", study, [*trials, http], []), "What the twin saw")
+    assert ("- #3 search chunked_prefill_size=4096, saturation: 2 server(s) finished 1,200 / 34 "
+            "requests") in seen
+    empty = section(render(tmp_path / "e", study, trials[1:], []), "What the twin saw")
+    assert "No run reported engine counters" in empty

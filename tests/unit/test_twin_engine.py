@@ -70,6 +70,8 @@ def test_retraction_when_the_pool_runs_out():
     eng, _ = engine(kv_tokens=30, radix_cache=False, schedule_conservativeness=0.1)
     recs = eng.run([(0.0, 10, 10), (0.0, 10, 10)])
     assert eng.stats.retractions >= 1
+    # each retraction prefills again its prompt (10) and what it had generated (1..9 tokens)
+    assert 11 * eng.stats.retractions <= eng.stats.retracted_tokens <= 19 * eng.stats.retractions
     assert all(r.error is None for r in recs)
     assert [r.output_tokens for r in recs] == [10, 10]
     assert all(len(r.itl_s) == 9 for r in recs)

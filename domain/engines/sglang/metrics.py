@@ -19,4 +19,7 @@ METRICS: dict[str, str] = {
     "retracted_requests": f"{PREFIX}num_retracted_requests_total",
     # retracted in the last logging interval (gauge)
     "retracted_reqs_now": f"{PREFIX}num_retracted_reqs",
+    # requests the server finished since start (counter; 0.5.23 observability/
+    # metrics_collector.py:1940-1944, incremented once per finished request at :2136)
+    "finished_requests": f"{PREFIX}num_requests_total",
 }

@@ -18,6 +18,7 @@ from mcp_servers.bench.http.probes import (
     counter_delta,
     fetch_cache_counters,
     fetch_counter,
+    fetch_counter_each,
     fetch_model_id,
 )
 from mcp_servers.bench.http.runner import MAX_CONCURRENCY, HttpRun, HttpRunner, Snapshot, TickFn
@@ -27,5 +28,5 @@ __all__ = [
     "CLIENTS", "DEFAULT_CLIENT", "MAX_CONCURRENCY", "ClientKind", "ErrorClass", "HttpRun",
     "HttpRunner", "PlannedRequest", "Snapshot", "TickFn", "arrival_schedule",
     "count_error_classes", "counter_delta", "fetch_cache_counters", "fetch_counter",
-    "fetch_model_id",
+    "fetch_counter_each", "fetch_model_id",
 ]

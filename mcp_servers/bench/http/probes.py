@@ -127,6 +127,24 @@ async def fetch_counter(base_urls: Sequence[str], key: str,
     return total
 
 
+async def fetch_counter_each(base_urls: Sequence[str], key: str,
+                             timeout_s: float = 5.0) -> list[float] | None:
+    """One engine counter of each server (every label set summed), in ``base_urls`` order.
+
+    None when a server cannot be read or does not expose the counter; see :func:`fetch_counter`.
+
+    Raises:
+        KeyError: ``key`` is not a metric the engine names.
+    """
+    out = []
+    for url in base_urls:
+        v = await fetch_counter([url], key, timeout_s)
+        if v is None:
+            return None
+        out.append(v)
+    return out
+
+
 def counter_delta(before: float | None, after: float | None) -> int | None:
     """``after - before`` of a counter read around a run, rounded to a count.
 

@@ -36,7 +36,7 @@ class AiperfTarget(HttpTarget):
         if progress:
             await progress(0, None, f"aiperf: {what} for {duration_s:g} s")
         return await self.aiperf_runner().synthetic(
-            "concurrency", self.urls, model, self.svc.artifacts / f"{bid}.aiperf", isl=isl,
+            "concurrency", self.load_urls, model, self.svc.artifacts / f"{bid}.aiperf", isl=isl,
             osl=osl, duration_s=duration_s, concurrency=concurrency)
 
     async def _rate_run(self, bid: str, what: str, model: str, times: np.ndarray, isl: int,
@@ -46,12 +46,12 @@ class AiperfTarget(HttpTarget):
         if progress:
             await progress(0, len(times), f"aiperf: {what}")
         return await self.aiperf_runner().synthetic(
-            "rate", self.urls, model, self.svc.artifacts / f"{bid}.aiperf", isl=isl, osl=osl,
+            "rate", self.load_urls, model, self.svc.artifacts / f"{bid}.aiperf", isl=isl, osl=osl,
             duration_s=duration_s, request_rate=request_rate, arrival=arrival, seed=seed)
 
     async def _replay_run(self, bid: str, requests: list[Request], plan: Any, model: str,
                           slo_ttft_ms: float | None,
                           progress: ProgressFn | None) -> HttpRun | AiperfRun:
         return await self.aiperf_runner().replay(
-            requests, self.urls, model, self.svc.artifacts / f"{bid}.aiperf",
+            requests, self.load_urls, model, self.svc.artifacts / f"{bid}.aiperf",
             slo_ttft_ms=slo_ttft_ms)

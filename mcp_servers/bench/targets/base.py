@@ -94,6 +94,14 @@ class BenchTarget(ABC):
         self.svc = svc
         self.deployment, self.endpoint, self.urls = deployment, endpoint, urls
         self.config, self.gpus = config, gpus
+        # the router in front of the replicas (DeploymentStatus.router): load goes there, the
+        # engines' metrics and model id are still read from ``urls``
+        self.router: str | None = None
+
+    @property
+    def load_urls(self) -> list[str]:
+        """Where the requests go: the router when the deployment has one, else the replicas."""
+        return [self.router] if self.router else self.urls
 
     @property
     def label(self) -> str:
@@ -102,9 +110,10 @@ class BenchTarget(ABC):
 
     @property
     def where(self) -> str:
-        """The first replica's URL and how many more there are."""
+        """The first replica's URL and how many more there are (and the router in front)."""
         n = len(self.urls)
-        return f"{self.urls[0]}" + (f" (+{n - 1} more replicas)" if n > 1 else "")
+        replicas = f"{self.urls[0]}" + (f" (+{n - 1} more replicas)" if n > 1 else "")
+        return f"router {self.router} in front of {replicas}" if self.router else replicas
 
     # -- what differs per target -------------------------------------------------------------
 
@@ -180,11 +189,14 @@ class BenchTarget(ABC):
                stats: list[ReplicaStats], run: HttpRun | AiperfRun | None,
                slo_ttft_ms: float | None = None, quality: Quality | None = None,
                open_loop: bool = False, prefix: PrefixCacheCheck | None = None,
-               retractions: int | None = None) -> BenchResult:
+               retractions: int | None = None,
+               replica_requests: list[int] | None = None) -> BenchResult:
         """The result of a run's records (``run``: the HTTP run, None on the twin); stored.
 
         ``retractions``: requests the server retracted during the run (HTTP: read from its
         counter around the run); on the twin the replicas' scheduler counters give it.
+        ``replica_requests``: HTTP: requests each replica finished during the run (its
+        counter's difference), in endpoint order; the twin's are in its replica stats.
         """
         svc = self.svc
         q = quality or svc.quality
@@ -239,7 +251,7 @@ class BenchTarget(ABC):
             invalid_reason=invalid, flags=flags, prefix_cache=prefix,
             client=None if run is None else run.client, simulated=self.simulated,
             block_tok_s_per_gpu=block_rates(recs, self.gpus) if info.kind == "saturation"
-            else [])
+            else [], replica_requests=replica_requests)
         store.store(svc.artifacts, bench_id, recs, None if run is None else run.sent_s,
                     res.model_dump_json(),
                     error_class=None if run is None else run.error_class,

@@ -34,6 +34,7 @@ from mcp_servers.bench.http import (
     counter_delta,
     fetch_cache_counters,
     fetch_counter,
+    fetch_counter_each,
     fetch_model_id,
 )
 from mcp_servers.bench.prompts import (
@@ -104,6 +105,14 @@ def _prefix_check(run: HttpRun | AiperfRun, expected: np.ndarray,
                             tolerance=tolerance)
 
 
+def _deltas(before: list[float] | None, after: list[float] | None) -> list[int] | None:
+    """Per-replica counter differences around a run (None: a reading is missing or went down)."""
+    if before is None or after is None or len(before) != len(after):
+        return None
+    out = [counter_delta(b, a) for b, a in zip(before, after, strict=True)]
+    return None if any(d is None for d in out) else [d for d in out if d is not None]
+
+
 class HttpTarget(BenchTarget):
     """Real servers at ``urls`` (a deployment's replicas, or one allowed endpoint)."""
 
@@ -156,8 +165,10 @@ class HttpTarget(BenchTarget):
         """This target, or the same servers loaded by aiperf."""
         if runner == "aiperf":
             from mcp_servers.bench.targets.aiperf import AiperfTarget
-            return AiperfTarget(self.svc, self.deployment, self.endpoint, self.urls,
-                                self.config, self.gpus)
+            t = AiperfTarget(self.svc, self.deployment, self.endpoint, self.urls,
+                             self.config, self.gpus)
+            t.router = self.router
+            return t
         return self
 
     def bench_id(self, kind: str, args: dict[str, Any]) -> str:
@@ -183,10 +194,18 @@ class HttpTarget(BenchTarget):
         """
         return await fetch_counter(self.urls, "retracted_requests")
 
+    async def finished_each(self) -> list[float] | None:
+        """Each replica's finished-request counter now, in ``urls`` order (None: unreadable).
+
+        SGLang's ``sglang:num_requests_total`` (the engine seam's ``finished_requests``).
+        """
+        return await fetch_counter_each(self.urls, "finished_requests")
+
     def http_runner(self) -> HttpRunner:
         """The built-in runner over this target's URLs."""
         svc = self.svc
-        return HttpRunner(self.urls, request_timeout_s=svc.request_timeout_s, client=svc.client)
+        return HttpRunner(self.load_urls, request_timeout_s=svc.request_timeout_s,
+                          client=svc.client)
 
     # -- the load generator (AiperfTarget overrides these) -------------------------------------
 
@@ -229,10 +248,11 @@ class HttpTarget(BenchTarget):
             raise BackendError(f"concurrency {concurrency} is above the HTTP runner's limit of "
                                f"{MAX_CONCURRENCY}; use a lower concurrency")
         model = await self.model()
-        retracted = await self.retracted()
+        retracted, served = await self.retracted(), await self.finished_each()
         run = await self._closed_loop_run(bid, what, model, isl, osl, concurrency, duration_s,
                                           progress, tick)
         retractions = counter_delta(retracted, await self.retracted())
+        per_replica = _deltas(served, await self.finished_each())
         capped = len(run.records) >= svc.max_requests
         info = WorkloadInfo(kind="saturation", requests=len(run.records), isl=isl, osl=osl,
                             concurrency=concurrency, tokenizer=svc.tokenizer.name,
@@ -241,7 +261,7 @@ class HttpTarget(BenchTarget):
                                                            f"{svc.max_requests:,} requests)"
                                                            if capped else ""))
         res = self.finish(bid, info, run.records, [], run, quality=quality,
-                          retractions=retractions)
+                          retractions=retractions, replica_requests=per_replica)
         if progress and tick is None:
             s = res.summary
             await progress(s.requests, s.requests, f"done: {s.requests} requests "
@@ -255,11 +275,12 @@ class HttpTarget(BenchTarget):
         """Open loop at the scheduled send times, in wall time."""
         n = len(times)
         model = await self.model()
-        retracted = await self.retracted()
+        retracted, served = await self.retracted(), await self.finished_each()
         run = await self._rate_run(bid, what, model, times, isl, osl, request_rate, duration_s,
                                    arrival, seed, progress)
         res = self.finish(bid, info, run.records, [], run, slo_ttft_ms, quality, open_loop=True,
-                          retractions=counter_delta(retracted, await self.retracted()))
+                          retractions=counter_delta(retracted, await self.retracted()),
+                          replica_requests=_deltas(served, await self.finished_each()))
         if progress:
             await progress(n, n, f"done: {n}/{n} requests ({res.summary.errors} failed) in "
                                  f"{run.wall_s:.0f} s")
@@ -286,18 +307,20 @@ class HttpTarget(BenchTarget):
         expected = expected_prefix_hits(win.requests)
         has_ids = any(r.hash_ids and r.block_size > 0 for r in win.requests)
         before = await fetch_cache_counters(self.urls) if has_ids else None
-        retracted = await self.retracted()
+        retracted, served = await self.retracted(), await self.finished_each()
         if progress:
             await progress(0, n, f"0/{n} requests: prompts built, starting")
         run = await self._replay_run(bid, win.requests, plan, model, slo_ttft_ms, progress)
         after = await fetch_cache_counters(self.urls) if before is not None else None
         retractions = counter_delta(retracted, await self.retracted())
+        per_replica = _deltas(served, await self.finished_each())
         prefix = None
         if has_ids:
             prefix = _prefix_check(run, expected, before, after,
                                    (quality or svc.quality).hit_rate_tolerance)
         res = self.finish(bid, info, run.records, [], run, slo_ttft_ms, quality,
-                          open_loop=True, prefix=prefix, retractions=retractions)
+                          open_loop=True, prefix=prefix, retractions=retractions,
+                          replica_requests=per_replica)
         if progress:
             await progress(n, n, f"done: {n}/{n} requests ({res.summary.errors} failed) in "
                                  f"{run.wall_s:.0f} s")
