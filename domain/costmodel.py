@@ -29,7 +29,8 @@ estimators reference, section 6):
   so top-k gathers and the lightning indexer's scan are paid per draft token; MLA/GQA: KV read
   once per sequence plus the attention FLOPs of every extra query token). Draft
   (:meth:`draft_time`): ``steps - 1`` draft decode forwards at ``batch x topk`` plus one
-  draft-extend forward over the verified window (SGLang ``eagle_worker_v2.py``).
+  draft-extend forward over the verified window (SGLang ``eagle_worker_v2.py``); every prefill
+  step adds the draft layers' extend over its prompt tokens (:meth:`draft_prefill_time`).
 - A fixed kernel-chain latency per layer and op class (dense, MoE, MLA, DSA).
 - Decode/verify steps: GPU time overlapped with the scheduler's CPU time (a fixed part plus a
   part per running request), i.e. ``max(gpu, cpu)`` -- SGLang's overlap scheduler; decode batches
@@ -101,6 +102,8 @@ class StepCostModel:
     draft_static_bytes: float = 0.0   # one draft forward: non-expert layer bytes + lm_head
     draft_flops_per_token: float = 0.0
     draft_moe: bool = False           # the draft layer has routed experts
+    # FLOPs of the shared lm_head per token (2 x vocab x hidden), part of draft_flops_per_token
+    draft_lm_head_flops: float = 0.0
     kv_bytes_per_token_gpu: float = 0.0
     host_link: float = PCIE5_X16_BYTES_PER_S
     expert_params: float = 0.0        # parameters of one routed expert (its GEMM FLOPs / 2)
@@ -415,6 +418,51 @@ class StepCostModel:
         return ((steps - 1) * self._draft_forward(batch, max(1, topk), context_sum)
                 + self._draft_forward(batch, window, context_sum))
 
+    def draft_prefill_time(self, new_tokens: int, attn_pairs: float, index_pairs: float,
+                           requests: int) -> float:
+        """Seconds of the draft extend that follows a prefill step with speculative decoding on.
+
+        SGLang 0.5.23 ``speculative/eagle_worker_v2.py``:
+        ``EAGLEWorkerV2._forward_prefill_batch`` runs the target prefill with
+        ``CaptureHiddenMode.FULL`` and then ``EagleDraftWorker._draft_extend_for_prefill``
+        (same file, line 961) over the same batch: the MTP/NextN draft layers run over every
+        new prompt token (each shifted by one, the target's next token appended) to fill the
+        draft KV and produce the first draft token. Priced as :meth:`prefill_time` restricted
+        to the ``mtp_layers`` draft layers: their weights (non-expert bytes + the experts
+        ``new_tokens`` touch) against their compute at ``draft_flops_per_token`` per token (MoE
+        tile term included); the shared lm_head only for the last token of each of the
+        ``requests`` extends (the logits processor keeps the last position of an extend:
+        ``return_logprob = False`` with ``CaptureHiddenMode.LAST``,
+        ``eagle_worker_v2.py:1019-1031``); the prompt attention (and DSA indexer) pairs over
+        the draft layers; their all-reduces and per-layer latency. No ``prefill_overhead_s``:
+        it is part of the same scheduler step. 0.0 for a model without MTP layers.
+
+        Args:
+            new_tokens: sum of new tokens over the chunks in the batch.
+            attn_pairs: sum over chunks of c x attended context (as :meth:`prefill_time`).
+            index_pairs: DSA only: sum over chunks of c x full context.
+            requests: chunks in the batch (one lm_head row each).
+        """
+        if not self.mtp_layers or new_tokens <= 0:
+            return 0.0
+        e = self.eff
+        n = new_tokens
+        touched = self._touched(n) if self.draft_moe else 0.0
+        read = self.draft_static_bytes + self.mtp_layers * touched * self.expert_bytes
+        memory = read / (self.t * e.eta_mem * self.bw)
+        layer_flops = self.draft_flops_per_token - self.draft_lm_head_flops
+        compute = (n * layer_flops / (self.t * self.f_mlp * self.eta_mlp)
+                   + requests * self.draft_lm_head_flops / (self.t * self.f_attn * e.eta_compute))
+        if self.draft_moe:
+            compute += self._moe_tile(n, self.mtp_layers)
+        attn = 4 * self.mtp_layers * self.attn_dim * attn_pairs / (
+            self.t * e.eta_attn * self.f_bf16)
+        index = self.mtp_layers * self.index_flops_per_pair * index_pairs / (
+            self.t * e.eta_attn * self.f_fp8)
+        moe = self.mtp_layers if self.draft_moe else 0
+        return (max(memory, compute) + attn + index + self._allreduce(n, self.mtp_layers)
+                + self._layer_latency(self.mtp_layers, moe))
+
     def host_load_time(self, tokens: int) -> float:
         """Seconds to load ``tokens`` KV tokens back from the HiCache host tier to each GPU.
 
@@ -491,6 +539,7 @@ def build_cost_model(config: ServingConfig, report: FitReport) -> StepCostModel:
         graph_max_bs=report.cuda_graph_max_bs_decode,
         mtp_layers=model.mtp_layers, draft_static_bytes=draft_static,
         draft_flops_per_token=draft_flops, draft_moe=bool(model.n_routed_experts),
+        draft_lm_head_flops=2.0 * lm_head if model.mtp_layers else 0.0,
         kv_bytes_per_token_gpu=report.kv_bytes_per_token, host_link=host_link, gpu=gpu,
         expert_params=float(model.expert_params if model.n_routed_experts else 0),
         decode_pair_flops=(2.0 * model.heads * (2 * model.kv_lora_rank + model.qk_rope_head_dim)

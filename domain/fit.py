@@ -396,7 +396,8 @@ def fit(config: ServingConfig) -> FitReport:
     captured_bs = min(graph_bs, mrr)
     outside = (1 - f) * M
     graphs = 0.0 if config.disable_cuda_graph else graph_capture_bytes(
-        model, t, captured_bs, backend, spec is not None, gpu.sm_major)
+        model, t, captured_bs, backend, spec is not None, gpu.sm_major,
+        spec.draft_tokens if spec is not None else 1)
     need = chunked * ACTIVATION_BYTES_PER_TOKEN + graphs
     if need > outside - CONTEXT_OVERHEAD_BYTES:
         raise DoesNotFit("cuda_graph", (need + CONTEXT_OVERHEAD_BYTES) / 1e9, outside / 1e9,

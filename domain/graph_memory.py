@@ -68,7 +68,8 @@ FA3_MLA_CAPTURE_WORKSPACE_BYTES = 5e9
 
 
 def graph_capture_bytes(model: ModelArch, tp_size: int, max_bs: int, attention_backend: str,
-                        speculative: bool = False, sm_major: int = 9) -> float:
+                        speculative: bool = False, sm_major: int = 9,
+                        tokens_per_req: int = 1) -> float:
     """GPU memory the decode CUDA graphs of one GPU take, bytes.
 
     SGLang captures every decode graph into one shared memory pool, largest batch first "so
@@ -77,18 +78,25 @@ def graph_capture_bytes(model: ModelArch, tp_size: int, max_bs: int, attention_b
     its logits into one persistent fp32 ``(max rows, vocab)`` buffer
     (``model_executor/graph_shared_output.py: get_logits_buffer``). So the graphs take:
 
-    - the shared logits buffer: ``max_bs x vocab x 4`` bytes;
-    - the largest graph's working set: ``max_bs x`` one layer's decode activations
-      (:func:`decode_activation_bytes_per_token`; the pool reuses a layer's tensors for the
-      next);
+    - the shared logits buffer: ``max_bs x tokens_per_req x vocab x 4`` bytes;
+    - the largest graph's working set: ``max_bs x tokens_per_req x`` one layer's decode
+      activations (:func:`decode_activation_bytes_per_token`; the pool reuses a layer's tensors
+      for the next);
     - with the fa3 backend on MLA/DSA models, where fa3 runs (SM 8x/9x; elsewhere the engine
       refuses it before any capture), its capture workspace
       (:data:`FA3_MLA_CAPTURE_WORKSPACE_BYTES`, about 5 GB).
 
     Check point: DeepSeek-V3 FP8, TP8 on H200 (fa3), batch 256 -- about 6 GB for graphs alone
     (sgl-project/sglang PR #5634); this model gives 5.2 GB (within 30 %,
-    tests/unit/test_preflight.py). With speculative decoding a verify graph is counted at its
-    batch of requests. 0 when ``max_bs`` is below 1.
+    tests/unit/test_preflight.py). With speculative decoding the target's decode graphs are
+    verify graphs of ``tokens_per_req = num_draft_tokens`` rows per request:
+    ``DecodeCudaGraphRunner`` sizes its token buffers and the shared logits buffer at
+    ``max_bs x captured_req_width`` (``model_executor/runner/decode_cuda_graph_runner.py:
+    359-361, 424-427, 466-476``; the width is ``decode_num_tokens_per_req``, the
+    ``target_verify`` phase's ``num_draft_tokens``, ``model_executor/model_runner.py:876-895``,
+    ``speculative/spec_registry.py: get_num_tokens_per_req_for_target_verify``). The draft
+    layers' own graphs (one layer, ``eagle_draft_cuda_graph_runner.py``) are not counted.
+    0 when ``max_bs`` is below 1.
     """
     if max_bs < 1:
         return 0.0
@@ -96,5 +104,6 @@ def graph_capture_bytes(model: ModelArch, tp_size: int, max_bs: int, attention_b
     workspace = FA3_MLA_CAPTURE_WORKSPACE_BYTES if (
         attention_backend == "fa3" and model.attention in ("mla", "dsa")
         and 8 <= sm_major <= 9) else 0.0
-    return bs * model.vocab * 4.0 + bs * decode_activation_bytes_per_token(model, tp_size) \
+    rows = bs * max(1, tokens_per_req)
+    return rows * model.vocab * 4.0 + rows * decode_activation_bytes_per_token(model, tp_size) \
         + workspace

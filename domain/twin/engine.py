@@ -31,7 +31,8 @@ Mechanics (SGLang 0.5.23 scheduler, ``managers/scheduler.py`` and ``schedule_pol
   (:meth:`~domain.costmodel.StepCostModel.eager_time`).
 - Speculative decoding (EAGLE/NEXTN): each decode iteration is a draft + verify step that emits
   ``accept_length`` tokens per request on average (:mod:`domain.speculative`), at the cost of
-  :meth:`~domain.costmodel.StepCostModel.verify_time` + ``draft_time``.
+  :meth:`~domain.costmodel.StepCostModel.verify_time` + ``draft_time``; every prefill step also
+  pays the draft layers' extend over its prompt tokens (``draft_prefill_time``).
 - The first token is produced by the last prefill chunk (TTFT = its end - arrival).
 
 Implementation note: decode iterations are O(1) in the batch size. Every decode step appends its
@@ -730,6 +731,8 @@ class TwinEngine:
             index += c * ctx if topk else 0.0
         self._ensure_free(new_tok)
         dt = self.cost.prefill_time(new_tok, attn, index)
+        if self.lim.spec is not None:  # the draft layers extend over the same prompt tokens
+            dt += self.cost.draft_prefill_time(new_tok, attn, index, len(chunks))
         if loaded:  # HiCache load-back before the forward (not overlapped: conservative)
             dt += self.cost.host_load_time(loaded)
         dt = max(dt, self._scan_s)  # the pass that formed the batch overlaps the GPU work

@@ -352,6 +352,20 @@ def test_draft_time_by_hand():
         + 1e-5)  # one step: the extend over 2 tokens only
 
 
+def test_draft_prefill_time_by_hand():
+    assert toy().draft_prefill_time(4000, 4000 * 2000, 0.0, 2) == 0.0  # no MTP layer
+    c = toy(mtp_layers=1, draft_static_bytes=1e9, draft_flops_per_token=3e9,
+            draft_lm_head_flops=1e9)
+    # 4000 prompt tokens of 2 requests: compute 4000 x 2e9 / (2 x 0.5e15) = 8 ms + lm_head for
+    # the 2 last tokens 2 x 1e9 / (2 x 0.5e15) = 2 us > weights 1e9 / (2 x 0.5e12) = 1 ms;
+    # attention 4 x 1 layer x 4096 x 8e6 pairs / (2 x 0.5e15) = 0.131072 ms; all-reduce
+    # 2 x 1 x (4000 x 1000 x 2 / 1e11 + 1 us) = 0.162 ms; one layer's latency 10 us
+    expected = 8e-3 + 2e-6 + 0.131072e-3 + 0.162e-3 + 1e-5
+    assert c.draft_prefill_time(4000, 4000 * 2000, 0.0, 2) == pytest.approx(expected)
+    # one draft layer of ten: a small share of the target prefill it follows
+    assert c.draft_prefill_time(4000, 4e6 * 2, 0.0, 2) < 0.25 * c.prefill_time(4000, 8e6, 0.0)
+
+
 def test_host_load_time_by_hand():
     # 1,000 tokens x 10,000 B / 50 GB/s = 0.2 ms
     assert toy().host_load_time(1_000) == pytest.approx(2e-4)

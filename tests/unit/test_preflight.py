@@ -224,6 +224,14 @@ def test_graph_memory_matches_the_deepseek_v3_h200_point() -> None:
     assert graph_capture_bytes(dsv3, 8, 0, "fa3") == 0.0
 
 
+def test_verify_graphs_hold_every_draft_token_row() -> None:
+    """decode_cuda_graph_runner.py: buffers and logits at max_bs x num_draft_tokens rows."""
+    dsv3 = get_model("deepseek-v3")
+    one = graph_capture_bytes(dsv3, 8, 256, "trtllm_mla", True, 10)
+    # no fa3 workspace: logits + activations scale with the rows, 256 x 4 = 1,024 here
+    assert graph_capture_bytes(dsv3, 8, 256, "trtllm_mla", True, 10, 4) == pytest.approx(4 * one)
+
+
 def test_capture_sizes_are_the_engine_lists() -> None:
     """cuda_graph_hook.py: generate_decode_cuda_graph_batch_sizes."""
     assert decode_capture_sizes(20, False) == [1, 2, 4, 8, 12, 16, 20]
