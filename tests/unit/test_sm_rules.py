@@ -192,7 +192,9 @@ def test_new_flags_reach_argv_and_default_configs_keep_their_id() -> None:
     # sha256 of its canonical JSON without them (ledgers of earlier runs stay resumable)
     new = ("context_length", "page_size", "disable_cuda_graph", "moe_runner_backend",
            "fp4_gemm_runner_backend", "num_continuous_decode_steps",
-           "enable_two_batch_overlap", "enable_single_batch_overlap")
+           "enable_two_batch_overlap", "enable_single_batch_overlap",
+           "router_cache_threshold", "router_balance_abs_threshold",
+           "router_balance_rel_threshold")
     data = {k: v for k, v in cfg().model_dump(mode="json").items() if k not in new
             and (k not in V1_FIELDS or v != ServingConfig.model_fields[k].default)}
     blob = json.dumps(data, sort_keys=True).encode()
