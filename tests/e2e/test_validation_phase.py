@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -244,12 +242,13 @@ def overload_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("overload")
     study = tmp / "overload.yaml"
     study.write_text(yaml.safe_dump(overloaded_study()))
-    env = {"SERVETUNE_LESSONS_DIR": str(tmp / "lessons"),
-           "SERVETUNE_SOURCE_CACHE": str(tmp / "no-source"), "SERVETUNE_EMBEDDING": "hashing",
-           "COLUMNS": "200", "PATH": "/usr/bin:/bin"}
-    r = subprocess.run([sys.executable, "-m", "servetune.cli", "run", str(study), "--run-id",
-                        "o1", "--brains", "deterministic"], cwd=tmp, env=env,
-                       capture_output=True, text=True, timeout=600)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("SERVETUNE_SGLANG_SOURCE", "ANTHROPIC_API_KEY")}
+    env.update(SERVETUNE_LESSONS_DIR=str(tmp / "lessons"),
+               SERVETUNE_SOURCE_CACHE=str(tmp / "no-source"), SERVETUNE_EMBEDDING="hashing",
+               COLUMNS="200")
+    r = warm_cli.run(["run", str(study), "--run-id", "o1", "--brains", "deterministic"],
+                     cwd=tmp, env=env, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return tmp / "runs" / "o1"
 
