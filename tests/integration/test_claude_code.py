@@ -16,6 +16,7 @@ from pathlib import Path
 import anyio
 import pytest
 import yaml
+from fixtures import warm_cli
 from fixtures.cli_runner import invoke
 from mcp import Client, StdioServerParameters
 
@@ -100,9 +101,10 @@ def test_subagents_name_only_tools_that_exist(server_tools):
 
 
 def run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "servetune.cli", *args], cwd=tmp_path,
-                          env=isolated_env(tmp_path), capture_output=True, text=True,
-                          timeout=120)
+    """``servetune ARGS`` in a process of its own, forked from the warm CLI interpreter
+    (fixtures/warm_cli.py), with :func:`isolated_env`'s settings on a 200-column terminal."""
+    return warm_cli.run(list(args), cwd=tmp_path,
+                        env={**isolated_env(tmp_path), "COLUMNS": warm_cli.COLUMNS}, timeout=120)
 
 
 def refusal(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
