@@ -276,7 +276,8 @@ def kill_points(anchors: list[float], end_s: float, points: int,
 
 
 def chaos(study: Path, work: Path, points: int, seed: int = 0,
-          targets: list[tuple[int, float]] | None = None, log: Any = print) -> ChaosResult:
+          targets: list[tuple[int, float]] | None = None, log: Any = print,
+          popen: Any = subprocess.Popen) -> ChaosResult:
     """Run the reference, then the interrupted run with ``points`` kills; compare them.
 
     Args:
@@ -287,14 +288,17 @@ def chaos(study: Path, work: Path, points: int, seed: int = 0,
         targets: the kill points as ``(rows, offset_s)`` (default: ``points`` drawn over the
             reference run, after it ran; given, the reference runs alongside the kills).
         log: where a line per kill goes.
+        popen: what starts a ``servetune run`` (``subprocess.Popen``'s arguments; the test
+            suite passes ``tests/fixtures/warm_cli.py:popen``, a process forked from an
+            interpreter that has imported the CLI).
     """
     rng = random.Random(seed)
     out = work / "runs"
     sweep = [int(c) for c in yaml.safe_load(study.read_text())["sweep_concurrency"]]
     t0 = time.monotonic()
     with (work / "ref.stderr").open("wb") as err:  # alongside the kills when they are given
-        ref = subprocess.Popen(_cmd(study, "ref", out), env=_env(work / "lessons-ref", work),
-                               stdout=subprocess.DEVNULL, stderr=err, cwd=work)
+        ref = popen(_cmd(study, "ref", out), env=_env(work / "lessons-ref", work),
+                    stdout=subprocess.DEVNULL, stderr=err, cwd=work)
     ref_end: list[float] = []
     waiter = threading.Thread(target=lambda: (ref.wait(), ref_end.append(time.monotonic())))
     waiter.start()
@@ -323,8 +327,7 @@ def chaos(study: Path, work: Path, points: int, seed: int = 0,
     def launch() -> subprocess.Popen[bytes]:
         errs.append(work / f"start-{len(errs) + 1}.stderr")
         with errs[-1].open("wb") as err:
-            return subprocess.Popen(cmd, env=env, cwd=work, stdout=subprocess.DEVNULL,
-                                    stderr=err)
+            return popen(cmd, env=env, cwd=work, stdout=subprocess.DEVNULL, stderr=err)
 
     def settle(proc: subprocess.Popen[bytes], killed_by_us: bool) -> None:
         """After a process ended: check what it did against the kill before it."""

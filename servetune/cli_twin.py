@@ -68,8 +68,10 @@ def twin_serve(
     port_file: Annotated[Path | None, typer.Option(
         "--port-file", help="write the bound port here once serving")] = None,
     speedup: Annotated[float, typer.Option(
-        "--speedup", min=1e-3, max=1e4, help="virtual seconds per wall second (10: every "
-                                             "latency is a tenth of the engine's)")] = 1.0,
+        "--speedup", min=1e-3, max=1e4, envvar="SERVETUNE_TWIN_SPEEDUP",
+        help="virtual seconds per wall second (10: every latency is a tenth of the engine's; "
+             "default $SERVETUNE_TWIN_SPEEDUP, which the local backend's servers inherit, "
+             "else 1)")] = 1.0,
     replicas: Annotated[int | None, typer.Option(
         "--replicas", min=1, max=512, help="serve this many replicas instead of the config's "
                                            "(1: one replica per process, as the local "

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fixtures import warm_cli
 from fixtures.benchmarks import load_benchmark
 from mcp import Client
 
@@ -43,9 +44,14 @@ def test_three_kills_then_resume_equals_uninterrupted_run(tmp_path):
     # (rows committed, then s): in the research before the 3rd trial (where the chaos run found
     # the fan-out resuming from half-written state), mid-search, in validation/frontier (the
     # reference commits about 12 rows)
+    # each `servetune run` is forked from the warm CLI interpreter (a process of its own, killed
+    # by its PID with SIGKILL as a plain one is): 5 starts, each without ~4 CPU s of imports
+    before = warm_cli.USED["warm"]
     r = cr.chaos(study, tmp_path, points=3, targets=[(1, 0.3), (6, 0.1), (10, 0.0)],
-                 log=lines.append)
+                 log=lines.append, popen=warm_cli.popen)
     print("\n" + "\n".join(lines) + "\n" + cr.report(r))
+    if os.environ.get("SERVETUNE_TEST_WARM_CLI", "1") != "0":
+        assert warm_cli.USED["warm"] == before + 5, warm_cli.USED
     assert r.tried == 3, lines  # every kill landed before the study finished
     assert r.survived == r.tried, cr.report(r)
     assert r.completed and r.equal, r.diffs

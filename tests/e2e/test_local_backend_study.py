@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from fixtures import warm_cli
 from fixtures.benchmarks import load_benchmark
 
 from mcp_servers.cluster.local import gpu_present
@@ -43,23 +44,28 @@ class Runs:
             finalists=1, sweep_concurrency=[8], budget={"max_trials": 2, "patience": 2},
             saturation={"isl": 256, "osl": 32, "concurrency": 16, "duration_s": 20})))
         self.state = tmp / "state"
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.procs: list[Any] = []  # subprocess.Popen or warm_cli.WarmProcess
         self.seen: dict[int, int] = {}  # server PID -> start ticks
 
-    def start(self, run_id: str, namespace: str = "servetune") -> subprocess.Popen[bytes]:
-        """``servetune run`` of the study as ``run_id``; stdout/stderr to ``<run_id>.out/.err``."""
+    def start(self, run_id: str, namespace: str = "servetune", plain: bool = False) -> Any:
+        """``servetune run`` of the study as ``run_id``; stdout/stderr to ``<run_id>.out/.err``.
+
+        Forked from the warm CLI interpreter (``fixtures.warm_cli.popen``: a process of its
+        own, signalled by its PID), or with ``plain`` a ``python -m servetune.cli`` subprocess
+        on an 80-column terminal: the real entry point, its signal handling included.
+        """
         env = dict(os.environ, PYTHONPATH=str(REPO), SERVETUNE_STATE_DIR=str(self.state),
                    SERVETUNE_LESSONS_DIR=str(self.tmp / "lessons"),
                    SERVETUNE_BRAINS="deterministic", SERVETUNE_EMBEDDING="hashing",
-                   COLUMNS="80")
+                   COLUMNS="80" if plain else warm_cli.COLUMNS)
         env.pop("ANTHROPIC_API_KEY", None)
         n = sum(1 for p in self.tmp.glob(f"{run_id}.*.out"))
+        cmd = [sys.executable, "-m", "servetune.cli", "run", str(self.study), "--run-id", run_id,
+               "--out", str(self.tmp / "runs"), "--backend", "local", "--namespace", namespace]
         with open(self.tmp / f"{run_id}.{n}.out", "wb") as out, \
                 open(self.tmp / f"{run_id}.{n}.err", "wb") as err:
-            p = subprocess.Popen(
-                [sys.executable, "-m", "servetune.cli", "run", str(self.study), "--run-id",
-                 run_id, "--out", str(self.tmp / "runs"), "--backend", "local",
-                 "--namespace", namespace], cwd=self.tmp, stdout=out, stderr=err, env=env)
+            start = subprocess.Popen if plain else warm_cli.popen
+            p = start(cmd, cwd=self.tmp, stdout=out, stderr=err, env=env)
         self.procs.append(p)
         return p
 
@@ -133,11 +139,17 @@ def runs(tmp_path):
 
 @twin_servers
 def test_sigterm_stops_a_local_run_cleanly_with_exit_143(runs):
-    p = runs.start("term")
+    """A plain ``python -m servetune.cli run`` (the real entry point): it first says that the
+    study runs in real time, and SIGTERM stops it cleanly."""
+    p = runs.start("term", plain=True)
     rec = wait_for(runs.up, procs=(p,))
     os.kill(p.pid, signal.SIGTERM)
     rc = p.wait(timeout=60)
     out, err = runs.output("term")
+    line = [ln for ln in out.splitlines() if "without a GPU" in ln]
+    assert len(line) == 1, out
+    assert "real time" in line[0] and "expected about" in line[0], line
+    assert any(c.isdigit() for c in line[0].split("expected about", 1)[1]), line
     both = out + err
     assert "Traceback" not in both, err[-3000:]
     resume = [ln for ln in both.splitlines() if "Resume with:" in ln]
@@ -188,19 +200,6 @@ def test_two_runs_in_one_namespace_never_touch_each_others_deployments(runs):
     assert mine[rec_a["name"]]["terminated_at"] is None
     assert mine[rec_a["name"]]["labels"]["servetune/run-id"] == "run-a"
     assert mine[rec_b["name"]]["labels"]["servetune/run-id"] == "run-b"
-
-
-@twin_servers
-def test_local_run_without_a_gpu_says_it_runs_in_real_time(runs):
-    p = runs.start("slow")
-    wait_for(runs.up, procs=(p,))
-    os.kill(p.pid, signal.SIGTERM)
-    p.wait(timeout=60)
-    out, _ = runs.output("slow")
-    line = [ln for ln in out.splitlines() if "without a GPU" in ln]
-    assert len(line) == 1, out
-    assert "real time" in line[0] and "expected about" in line[0], line
-    assert any(c.isdigit() for c in line[0].split("expected about", 1)[1]), line
 
 
 def test_stop_run_tears_down_only_this_runs_deployments_on_kubernetes():

@@ -40,11 +40,21 @@ def test_research_drops_fa3_on_b200_before_launch_and_the_report_says_why(tmp_pa
     assert "launches avoided: 1" in section
     assert "### attention_backend=fa3" in section and "Decision: dropped: B200 is SM 100" in section
     assert "sglang/srt/arg_groups/attention_hook.py:" in section  # a file:line citation
-    # the lesson prunes fa3 in the next run without asking again
-    again = servetune("run", str(study), "--run-id", "r2", tmp=tmp_path,
+    # the lesson prunes fa3 in the next run without asking again (a shorter study whose one
+    # candidate is fa3, so no ranking of the twin's estimates decides whether it is reached)
+    short = write(tmp_path, "short.yaml", tiny_study(
+        knobs={"attention_backend": ["unset", "fa3"]}, finalists=1, sweep_concurrency=[8],
+        budget={"max_trials": 2, "patience": 1}))
+    again = servetune("run", str(short), "--run-id", "r2", tmp=tmp_path,
                       env={"SERVETUNE_SGLANG_SOURCE": str(tree)})
     assert again.returncode == 0, again.stderr
     assert "pruned attention_backend=fa3 (forbidden by lesson" in again.stdout
+    db = sqlite3.connect(tmp_path / "runs" / "r2" / "ledger.sqlite")
+    rows = [json.loads(b) for (b,) in db.execute("SELECT body FROM trials ORDER BY seq")]
+    db.close()
+    fa3 = [b for b in rows if b["changed"] == "attention_backend=fa3"]
+    assert fa3 and all(b["status"] == "pruned" and not b["research"]
+                       and b["lesson_ids"] == [lesson["id"]] for b in fa3)
 
 
 def test_study_caps_stop_the_search_and_say_which(tmp_path):

@@ -16,6 +16,7 @@ from pathlib import Path
 import anyio
 import pytest
 import yaml
+from fixtures import warm_cli
 from fixtures.cli_runner import invoke
 from mcp import Client, StdioServerParameters
 
@@ -99,10 +100,16 @@ def test_subagents_name_only_tools_that_exist(server_tools):
     assert not any("cluster" in t for t in found["analyst"]["tools"].split(","))
 
 
-def run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "servetune.cli", *args], cwd=tmp_path,
-                          env=isolated_env(tmp_path), capture_output=True, text=True,
-                          timeout=120)
+def run_cli(tmp_path: Path, *args: str, plain: bool = False
+            ) -> subprocess.CompletedProcess[str]:
+    """``servetune ARGS`` in a process of its own, forked from the warm CLI interpreter
+    (fixtures/warm_cli.py), with :func:`isolated_env`'s settings on a 200-column terminal;
+    ``plain``: a ``python -m servetune.cli`` subprocess, the command's real entry point."""
+    env = {**isolated_env(tmp_path), "COLUMNS": warm_cli.COLUMNS}
+    if plain:
+        return subprocess.run([sys.executable, "-m", "servetune.cli", *args], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=120)
+    return warm_cli.run(list(args), cwd=tmp_path, env=env, timeout=120)
 
 
 def refusal(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -114,7 +121,7 @@ def refusal(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_mcp_tools_command_lists_a_server(tmp_path):
-    r = run_cli(tmp_path, "mcp", "tools", "lessons")
+    r = run_cli(tmp_path, "mcp", "tools", "lessons", plain=True)
     assert r.returncode == 0, r.stderr
     tools = ("query_lessons", "list_lessons", "add_lesson", "check_config", "export_skill",
              "show_lesson", "quarantine_lesson", "report_served", "check_command",
@@ -135,7 +142,8 @@ def test_source_fetch_unpacks_a_wheel_and_refuses_option_like_versions(tmp_path)
                    "class ServerArgs:\n    tp_size: int = 1\n\n"
                    "def add_cli_args(parser):\n"
                    "    parser.add_argument('--tp-size', type=int, default=1)\n")
-    r = run_cli(tmp_path, "source", "fetch", "--version", "0.0.1", "--wheel", str(wheel))
+    r = run_cli(tmp_path, "source", "fetch", "--version", "0.0.1", "--wheel", str(wheel),
+                plain=True)
     assert r.returncode == 0, r.stderr
     root = tmp_path / "no-source-yet" / "sglang-0.0.1"
     assert (root / "sglang" / "srt" / "server_args.py").is_file()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from fixtures import warm_cli
 from fixtures.lessons import temp_store
 from mcp import Client, StdioServerParameters
 
@@ -247,16 +248,21 @@ async def test_commit_quarantines_a_new_lesson_that_forbids_a_served_config(stor
 
 # -- CLI and stdio ------------------------------------------------------------------------------
 
-def cli(tmp: Path, *args: str) -> subprocess.CompletedProcess:
+def cli(tmp: Path, *args: str, plain: bool = False) -> subprocess.CompletedProcess:
+    """``servetune lessons ARGS``, a process of its own forked from the warm CLI interpreter
+    (fixtures/warm_cli.py: the same exit code and output as ``python -m servetune.cli``), or
+    with ``plain`` that ``python -m servetune.cli`` subprocess (the real entry point)."""
     env = dict(os.environ, SERVETUNE_LESSONS_DIR=str(tmp / "lessons"), COLUMNS="200")
-    return subprocess.run([sys.executable, "-m", "servetune.cli", "lessons", *args], cwd=tmp,
-                          env=env, capture_output=True, text=True, timeout=120)
+    if plain:
+        return subprocess.run([sys.executable, "-m", "servetune.cli", "lessons", *args],
+                              cwd=tmp, env=env, capture_output=True, text=True, timeout=120)
+    return warm_cli.run(["lessons", *args], cwd=tmp, env=env, timeout=120)
 
 
 def test_cli_show_quarantine_retract_restore(tmp_path):
     with LessonStore(tmp_path / "lessons", embedding="hashing") as s:
         x = s.add(lesson("twin"))
-    shown = cli(tmp_path, "show", x.id)
+    shown = cli(tmp_path, "show", x.id, plain=True)
     assert shown.returncode == 0, shown.stderr
     for needle in ("status:      active", "trust:       untrusted: learned on twin, not "
                    "source-verified", "verified:    no", "provenance:  twin, sglang 0.5.23, "

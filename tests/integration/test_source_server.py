@@ -18,6 +18,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from fixtures import warm_cli
 from mcp import Client, StdioServerParameters
 
 from mcp_servers.source import analysis
@@ -816,9 +817,8 @@ def test_a_tree_path_component_over_255_characters_is_refused(tmp_path, name):
 
 def test_cli_tree_path_component_over_255_characters_is_one_line(tmp_path):
     env = dict(os.environ, SERVETUNE_SOURCE_CACHE=str(tmp_path / "cache"), COLUMNS="200")
-    r = subprocess.run([sys.executable, "-m", "servetune.cli", "mcp", "sglang-source", "--tree",
-                        str(tmp_path / LONG)], cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
-                       capture_output=True, text=True, timeout=60)
+    r = warm_cli.run(["mcp", "sglang-source", "--tree", str(tmp_path / LONG)], cwd=REPO_ROOT,
+                     env=env, timeout=60)  # a process of its own, stdin /dev/null
     assert r.returncode == 2, r.stderr[-2000:]
     assert "Traceback" not in r.stdout + r.stderr
     assert "error:" in r.stdout + r.stderr and "File name too long" in r.stdout + r.stderr
@@ -835,9 +835,8 @@ def test_a_wheel_or_cache_path_component_over_255_characters_is_refused(tmp_path
 
 def test_cli_source_fetch_wheel_component_over_255_characters_is_one_line(tmp_path):
     env = dict(os.environ, SERVETUNE_SOURCE_CACHE=str(tmp_path / "cache"), COLUMNS="200")
-    r = subprocess.run([sys.executable, "-m", "servetune.cli", "source", "fetch", "--wheel",
-                        str(tmp_path / (LONG + ".whl"))], cwd=REPO_ROOT, env=env,
-                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    r = warm_cli.run(["source", "fetch", "--wheel", str(tmp_path / (LONG + ".whl"))],
+                     cwd=REPO_ROOT, env=env, timeout=60)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "Traceback" not in r.stdout + r.stderr
     assert "error:" in r.stdout + r.stderr and "File name too long" in r.stdout + r.stderr

@@ -6,6 +6,7 @@ killed."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -71,3 +72,30 @@ def test_another_terminal_width_takes_the_plain_path(tmp_path):
         p = subprocess.run([sys.executable, "-m", "servetune.cli", "run", "broken.yaml"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
         assert (r.returncode, r.stderr) == (p.returncode, p.stderr) and r.returncode == 2
+
+
+def test_popen_runs_in_the_background_and_dies_by_its_pid(tmp_path):
+    """``warm_cli.popen`` (what the chaos and local-backend tests start runs with): the exit
+    code and output of ``warm_cli.run`` (which reads as a plain process, above), in the
+    background, and SIGKILL by its PID ends it with -9."""
+    env = dict(os.environ, SERVETUNE_LESSONS_DIR=str(tmp_path / "lessons"), COLUMNS="200",
+               SERVETUNE_EMBEDDING="hashing", SERVETUNE_SOURCE_CACHE=str(tmp_path / "none"))
+    (tmp_path / "dup.yaml").write_text("name: a\nname: b\n")
+    cmd = [sys.executable, "-m", "servetune.cli", "run", "dup.yaml"]
+    before = warm_cli.USED["warm"]
+    with open(tmp_path / "out", "wb") as out, open(tmp_path / "err", "wb") as err:
+        p = warm_cli.popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=err)
+    assert isinstance(p, warm_cli.WarmProcess) and warm_cli.USED["warm"] == before + 1
+    assert p.wait(timeout=60) == 2 and p.poll() == 2
+    same = warm_cli.run(["run", "dup.yaml"], cwd=tmp_path, env=env, timeout=120)
+    assert (tmp_path / "err").read_text() == same.stderr and same.returncode == 2
+    assert "key 'name' is given twice" in same.stderr  # as a plain process says (above)
+    study = write(tmp_path, "tiny.yaml", tiny_study())
+    p = warm_cli.popen([*cmd[:4], str(study)], cwd=tmp_path, env=env,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with pytest.raises(subprocess.TimeoutExpired):
+        p.wait(timeout=0.2)
+    assert p.poll() is None
+    os.kill(p.pid, signal.SIGKILL)
+    assert p.wait(timeout=30) == -signal.SIGKILL
+    p.kill()  # reaped: no signal goes to its PID again
