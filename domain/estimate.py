@@ -297,8 +297,10 @@ def estimate(config: ServingConfig, saturation: SaturationSpec,
         ttft = math.inf
     else:
         e2e = t_pre + max(r.osl_mean - 1, 0.0) / acc * t_dec  # slot-seconds per request
+        # + the TTFT path outside the GPU (domain/twin/engine.py): tokenize, fixed latency
         ttft = (first + t_dec + _p99_exp_wait(rho_p, t_pre)
-                + _p99_slot_wait(rho, b_max, e2e)) * 1000
+                + _p99_slot_wait(rho, b_max, e2e)
+                + cost.tokenize_time(r.isl_p99) + cost.request_fixed_s) * 1000
     return Estimate(fits=True, batch=batch, output_tok_s_per_gpu=sat, capacity_req_s=mu,
                     utilization=rho, ttft_p99_ms=ttft)
 
