@@ -49,6 +49,12 @@ Op classes:
   token over all cores of a server) divided over ~24 cores for one single-threaded
   ``encode`` of one prompt; not fitted (the measured rows' prompts, <= 8k tokens, spend
   <= 16 ms there).
+- ``moe_gemm_half_tokens``: tokens per touched expert at which an MoE grouped GEMM reaches
+  half its compute efficiency (the M-tile padding of small expert GEMMs), fitted on the wheel's
+  measured SGLang MoE kernel table by ``benchmarks/spec_kernels.py`` (not by the step fit).
+- ``spec_index_query_share``: the share of the DSA lightning indexer's decode time (one query
+  token per sequence) paid again for every extra query token of a speculative verify step
+  (``benchmarks/spec_kernels.py`` on the wheel's GLM-5 indexer kernel tables).
 - ``allreduce_latency_s``: the fixed latency of the plain ring all-reduce of a cost model built
   without a GPU (order of us). A model built for a GPU prices all-reduces with
   :mod:`domain.interconnect` instead (latencies fitted per topology on the wheel's tables).
@@ -90,6 +96,14 @@ class Efficiency:
     request_fixed_s: float = 3.0e-3
     # Tokenization throughput of the ONE tokenizer-manager process (--tokenizer-worker-num 1).
     tokenizer_tokens_per_s: float = 5.0e5
+    # tokens per touched expert at which an MoE grouped GEMM reaches half its compute efficiency
+    # (eta_compute_moe x m / (m + h)); median of the five SGLang 0.5.14 moe_perf fits of
+    # benchmarks/spec_kernels.py (B200 nvfp4/fp8 TP4/TP8: 100, 62, 75, 54; H200 fp8 TP8: 28)
+    moe_gemm_half_tokens: float = 62.0
+    # share of the DSA indexer's one-query-token decode time paid again per extra query token of
+    # a verify step (scoring + top-k per query row; keys read once): the median over batch
+    # 64-256 x context 1024-4096 of the B200 glm5 mqa_logits + topk tables (spec_kernels.py)
+    spec_index_query_share: float = 0.22
 
     def updated(self, values: dict[str, float]) -> Efficiency:
         """A copy with ``values`` replacing fields of the same name.
@@ -109,6 +123,10 @@ class Efficiency:
                 raise ValueError(f"{k} = {v} s is negative")
             if k == "tokenizer_tokens_per_s" and v <= 0:
                 raise ValueError(f"{k} = {v} tokens/s is not a positive throughput")
+            if k.endswith("_share") and not 0 <= v <= 1:
+                raise ValueError(f"{k} = {v} is not a share in [0, 1]")
+            if k.endswith("_tokens") and v < 0:
+                raise ValueError(f"{k} = {v} tokens is negative")
         return replace(self, **{k: float(v) for k, v in values.items()})
 
     def as_dict(self) -> dict[str, float]:

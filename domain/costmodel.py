@@ -19,6 +19,17 @@ estimators reference, section 6):
   efficiencies on the ring's slowest link -- NVLink, PCIe, the NUMA hop or the NIC). A model
   built without a GPU keeps the plain ring ``2 (t-1)/t x bytes / link`` plus a fixed latency
   (Patarasuk & Yuan 2009), the fit's baseline.
+- MoE grouped GEMMs: every touched expert pays the compute of ``moe_gemm_half_tokens`` more
+  token rows (the kernel's M tile), i.e. their compute efficiency is ``eta x m / (m + h)`` at
+  ``m`` tokens per touched expert -- fitted on the wheel's measured SGLang MoE kernel table
+  (``benchmarks/spec_kernels.py``). At decode batches the weight read still binds; at verify
+  batches (``batch x draft tokens``) the tile term makes the MoE layer compute-bound earlier.
+- Speculative verify (:meth:`StepCostModel.verify_time`): the linear layers at ``batch x draft
+  tokens``; attention per query token (DSA: each draft token gathers its own top-k latents and
+  the lightning indexer scores and selects per query token; MLA/GQA: KV read once per sequence
+  plus the attention FLOPs of every extra query token). Draft (:meth:`draft_time`): ``steps - 1``
+  draft decode forwards at ``batch x topk`` plus one draft-extend forward over the verified
+  window (SGLang ``eagle_worker_v2.py``).
 - A fixed kernel-chain latency per layer and op class (dense, MoE, MLA, DSA).
 - Decode/verify steps: GPU time overlapped with the scheduler's CPU time (a fixed part plus a
   part per running request), i.e. ``max(gpu, cpu)`` -- SGLang's overlap scheduler; decode batches
@@ -91,6 +102,7 @@ class StepCostModel:
     draft_moe: bool = False           # the draft layer has routed experts
     kv_bytes_per_token_gpu: float = 0.0
     host_link: float = PCIE5_X16_BYTES_PER_S
+    expert_params: float = 0.0        # parameters of one routed expert (its GEMM FLOPs / 2)
     # the GPU whose interconnect prices the all-reduces (None: the plain ring over ``link``)
     gpu: GPU | None = field(default=None, compare=False)
     # memo of the batch-size-only terms (pure functions of their arguments): the twin calls
@@ -129,8 +141,28 @@ class StepCostModel:
                                                               e.eta_mem)
         compute = n_tokens * (self.attn_flops_per_token / (self.f_attn * eta_c)
                               + self.mlp_flops_per_token / (self.f_mlp * eta_mlp)) / self.t
+        if not ideal:
+            compute += self._moe_tile(n_tokens, self.moe_layers)
         read = self.static_bytes + self.moe_layers * self._touched(n_tokens) * self.expert_bytes
         return max(compute, read / (self.t * eta_m * self.bw))
+
+    def _moe_tile(self, n_tokens: int, layers: int) -> float:
+        """Seconds of the M-tile padding of ``layers`` MoE layers' grouped GEMMs at ``n_tokens``.
+
+        Each of the ``E_t`` touched experts (:meth:`_touched`) computes ``moe_gemm_half_tokens``
+        (``h``) token rows more than it was routed: the expert GEMMs then run at
+        ``eta_compute_moe x m / (m + h)`` of the peak, ``m = n k / E_t`` tokens per touched
+        expert (the saturating efficiency of a grouped GEMM whose M tile is mostly padding at
+        decode batches). ``h`` per expert row costs ``2 x 3 x hidden x moe_intermediate``
+        FLOPs, i.e. ``2 x expert params``, split over the ``t`` TP ranks. 0.0 for dense models.
+        Source of ``h``: ``benchmarks/spec_kernels.py`` on the aiconfigurator 0.12.0 wheel's
+        SGLang 0.5.14 ``moe_perf`` tables (see :class:`domain.calibration.Efficiency`).
+        """
+        h = self.eff.moe_gemm_half_tokens
+        if not self.moe or not self.n_experts or h <= 0:
+            return 0.0
+        flops = 2.0 * self.expert_params * h * self._touched(n_tokens) * layers
+        return flops / (self.t * self.f_mlp * self.eta_mlp)
 
     def _allreduce(self, n_tokens: int, layers: int, ideal: bool = False) -> float:
         """Two ring all-reduces per layer of ``n_tokens x hidden`` bf16 activations."""
@@ -159,13 +191,16 @@ class StepCostModel:
         """Seconds of one decode (or verify + draft) iteration spent in TP all-reduces.
 
         Plain decode: the target forward at ``batch`` tokens. Speculative: the verify forward at
-        ``batch x draft_tokens`` plus ``draft_steps`` draft forwards at ``batch x draft_topk``
-        over the MTP layers -- the all-reduce terms of :meth:`verify_time` and :meth:`draft_time`.
+        ``batch x draft_tokens`` plus ``draft_steps - 1`` draft forwards at ``batch x
+        draft_topk`` and one draft extend at ``batch x draft_tokens`` over the MTP layers -- the
+        all-reduce terms of :meth:`verify_time` and :meth:`draft_time`.
         """
         if draft_tokens <= 0:
             return self._allreduce(batch, self.layers)
-        draft = (draft_steps * self._allreduce(batch * max(1, draft_topk), self.mtp_layers)
-                 if self.mtp_layers else 0.0)
+        draft = ((max(0, draft_steps - 1) * self._allreduce(batch * max(1, draft_topk),
+                                                             self.mtp_layers)
+                  + self._allreduce(batch * draft_tokens, self.mtp_layers))
+                 if self.mtp_layers and draft_steps > 0 else 0.0)
         return self._allreduce(batch * draft_tokens, self.layers) + draft
 
     def _kv_read(self, batch: int, context_sum: int, layers: int, ideal: bool = False) -> float:
@@ -238,44 +273,105 @@ class StepCostModel:
                 + self._kv_read(batch, context_sum, self.layers, ideal=True)
                 + self._allreduce(batch, self.layers, ideal=True))
 
+    def _verify_attention(self, batch: int, queries: int, context_sum: int,
+                          layers: int) -> float:
+        """Attention of a forward with ``queries`` query tokens per sequence over its whole KV.
+
+        ``queries == 1`` is exactly :meth:`_kv_read` (decode). Beyond one query token:
+
+        - DSA: every query token gathers its own top-k latents (FlashMLA sparse attention runs
+          per query row), so the latent term is ``queries x`` the decode one; the lightning
+          indexer scores all ``context`` keys and selects top-k per query row while the index
+          keys are read once per sequence, so its term is ``(1 - r + r x queries)`` times the
+          decode one, ``r = spec_index_query_share``. Source: the aiconfigurator 0.12.0 wheel's
+          SGLang kernel tables ``glm5_dsa_attn_module_perf`` (B200, batch 256, 1,024 cached
+          tokens: 0.133 ms at 1 query token per sequence, 0.448 ms at 4, 0.946 ms at 8) and
+          ``glm5_mqa_logits_module_perf`` + ``glm5_topk_module_perf``
+          (``benchmarks/spec_kernels.py``); the per-query index pairs are ``queries x context``
+          as in the DeepSeek-V3.2 report's indexer.
+        - MLA/GQA: the KV of a sequence is read once for all its query tokens (one kernel over
+          ``queries`` rows, FlashInfer/FlashMLA); each extra query token adds its attention
+          FLOPs, ``4 x heads x qk_head_dim`` per (query, key) pair per layer (FlashAttention's
+          count, as in :meth:`prefill_time`) at ``eta_attn`` of the bf16 peak.
+        """
+        base = self._kv_read(batch, context_sum, layers)
+        extra = max(0, queries - 1)
+        if not extra:
+            return base
+        if self.topk:
+            attended = min(context_sum, batch * self.topk)
+            latent = layers * attended * self.latent_bytes_gpu / (self.eta_kv * self.bw)
+            index = base - latent
+            r = self.eff.spec_index_query_share
+            return queries * latent + index * (1 - r + r * queries)
+        flops = 4 * layers * self.attn_dim * extra * context_sum
+        return base + flops / (self.t * self.eff.eta_attn * self.f_bf16)
+
     def verify_time(self, batch: int, draft_tokens: int, context_sum: int) -> float:
         """Seconds for a speculative verify step: one target forward over ``batch x draft_tokens``.
 
-        Linear layers and all-reduces run at ``N = batch x draft_tokens`` tokens; the KV of each
-        sequence is read once (the draft tokens' own attention is negligible beside it); the
-        CUDA-graph limit applies to ``batch`` (SGLang captures verify graphs per batch size).
+        Linear layers (MoE tile term included, :meth:`_moe_tile`) and all-reduces run at
+        ``N = batch x draft_tokens`` tokens; attention is priced per query token
+        (:meth:`_verify_attention`: for DSA ``draft_tokens`` sparse gathers and indexer
+        passes per sequence, for MLA/GQA one KV read plus the extra queries' FLOPs), so at
+        large batch the verify step turns compute-bound rather than staying at the cost of one
+        decode step. The CUDA-graph limit applies to ``batch`` (SGLang captures verify graphs
+        per batch size). ``draft_tokens == 1`` is exactly :meth:`decode_time`.
         """
-        n = batch * max(1, draft_tokens)
-        return self._step(self._linear(n) + self._kv_read(batch, context_sum, self.layers)
+        d = max(1, draft_tokens)
+        n = batch * d
+        return self._step(self._linear(n)
+                          + self._verify_attention(batch, d, context_sum, self.layers)
                           + self._allreduce(n, self.layers), batch)
 
-    def draft_time(self, batch: int, steps: int, topk: int, context_sum: int = 0) -> float:
-        """Seconds for ``steps`` autoregressive forwards of the MTP/NextN draft head.
+    def _draft_forward(self, batch: int, tokens_per_seq: int, context_sum: int) -> float:
+        """One forward of the MTP/NextN draft layers at ``batch x tokens_per_seq`` tokens.
 
-        Each forward runs ``mtp_layers`` layers plus the shared lm_head at ``batch x topk``
-        tokens: it streams the draft layer's non-expert weights and lm_head, the routed experts
-        its tokens touch, reads the draft layer's own KV (``context_sum`` tokens) and pays the
-        per-layer latency. The scheduler's CPU work is charged once, in :meth:`verify_time`
-        (where it overlaps the GPU work). 0.0 for a model without MTP layers or ``steps`` 0.
-
-        Args:
-            batch: sequences in the batch.
-            steps: draft forwards per iteration.
-            topk: branches per step (``--speculative-eagle-topk``).
-            context_sum: KV tokens of the batch (the draft layer's KV read; default 0).
+        It streams the draft layers' non-expert weights and the shared lm_head, the routed
+        experts its tokens touch (plus the MoE tile term, :meth:`_moe_tile`), computes at
+        ``draft_flops_per_token`` per token, runs the draft layers' attention over their own KV
+        per query token (:meth:`_verify_attention`) and pays their all-reduces and per-layer
+        latency.
         """
-        if steps <= 0 or not self.mtp_layers:
-            return 0.0
         e = self.eff
-        n = batch * max(1, topk)
+        n = batch * max(1, tokens_per_seq)
         touched = self._touched(n) if self.draft_moe else 0.0
         read = self.draft_static_bytes + self.mtp_layers * touched * self.expert_bytes
         memory = read / (self.t * e.eta_mem * self.bw)
         compute = n * self.draft_flops_per_token / (self.t * self.f_mlp * self.eta_mlp)
+        if self.draft_moe:
+            compute += self._moe_tile(n, self.mtp_layers)
         moe = self.mtp_layers if self.draft_moe else 0
-        one = (max(memory, compute) + self._kv_read(batch, context_sum, self.mtp_layers)
-               + self._allreduce(n, self.mtp_layers) + self._layer_latency(self.mtp_layers, moe))
-        return steps * one
+        return (max(memory, compute)
+                + self._verify_attention(batch, max(1, tokens_per_seq), context_sum,
+                                         self.mtp_layers)
+                + self._allreduce(n, self.mtp_layers) + self._layer_latency(self.mtp_layers, moe))
+
+    def draft_time(self, batch: int, steps: int, topk: int, context_sum: int = 0,
+                   draft_tokens: int | None = None) -> float:
+        """Seconds of the draft work of one speculative iteration (MTP/NextN draft head).
+
+        SGLang 0.5.23 ``speculative/eagle_worker_v2.py``: ``EagleDraftWorker.draft_forward``
+        loops over ``num_steps`` but skips the last forward (``if i == num_steps - 1: break``:
+        the first draft token comes from the previous draft extend), so it runs ``steps - 1``
+        draft decode forwards at ``batch x topk`` tokens; ``_draft_extend_for_decode`` then
+        runs one draft forward over the verified window, ``draft_tokens`` per request ("fills
+        the whole tree width"), to write the draft layer's KV and produce the next first draft
+        token. The scheduler's CPU work is charged once, in :meth:`verify_time` (where it
+        overlaps the GPU work). 0.0 for a model without MTP layers or ``steps`` 0.
+
+        Args:
+            batch: sequences in the batch.
+            steps: ``speculative_num_steps`` of this iteration.
+            topk: branches per step (``--speculative-eagle-topk``).
+            context_sum: KV tokens of the batch (the draft layer's KV read; default 0).
+            draft_tokens: tokens verified per request (None: ``steps + 1``, a chain).
+        """
+        if steps <= 0 or not self.mtp_layers:
+            return 0.0
+        window = steps + 1 if draft_tokens is None else max(1, draft_tokens)
+        return ((steps - 1) * self._draft_forward(batch, max(1, topk), context_sum)
+                + self._draft_forward(batch, window, context_sum))
 
     # ---- the TTFT path outside the GPU steps (domain/calibration.py) ----
     @property
@@ -373,4 +469,5 @@ def build_cost_model(config: ServingConfig, report: FitReport) -> StepCostModel:
         mtp_layers=model.mtp_layers, draft_static_bytes=draft_static,
         draft_flops_per_token=draft_flops, draft_moe=bool(model.n_routed_experts),
         kv_bytes_per_token_gpu=report.kv_bytes_per_token, host_link=host_link, gpu=gpu,
+        expert_params=float(model.expert_params if model.n_routed_experts else 0),
     )

@@ -187,8 +187,9 @@ def _decode_step(cost: StepCostModel, rep: FitReport, batch: int,
     spec = rep.speculative
     if spec is not None and steps_for_batch(spec, batch) > 0:
         steps = steps_for_batch(spec, batch)
-        dt = (cost.verify_time(batch, draft_tokens_for_batch(spec, batch), ctx)
-              + cost.draft_time(batch, steps, spec.topk, ctx))
+        draft = draft_tokens_for_batch(spec, batch)
+        dt = (cost.verify_time(batch, draft, ctx)
+              + cost.draft_time(batch, steps, spec.topk, ctx, draft))
         return dt, accept_length(spec, batch)
     return cost.decode_time(batch, ctx), 1.0
 

@@ -22,16 +22,25 @@ Acceptance model. A chain draft (topk 1) of ``k`` tokens, each accepted with pro
 ``alpha`` given its predecessors were, yields ``(1 - alpha^(k+1)) / (1 - alpha)`` tokens per
 verify step, the bonus token included (Leviathan, Kalman and Matias, "Fast Inference from
 Transformers via Speculative Decoding", ICML 2023, eq. 1 with a constant acceptance rate).
-``alpha`` of an MTP/NextN head is 0.85: the DeepSeek-V3 Technical Report (arXiv:2412.19437,
-sec. 5.4.3) measures 85-90 % acceptance of the second token predicted by its MTP module; the twin
-takes the low end and the same rate for every chained step (an approximation: chained MTP steps
-reuse one head and accept somewhat less at depth).
+``alpha`` comes per model family from ``domain/data/spec-acceptance.json``
+(:func:`accept_rate`): for GLM-5 (``GlmMoeDsaForCausalLM``) it is solved from the 3.48 tokens
+per verify step SGLang's GLM-5 cookbook measured with EAGLE (3, 1, 4) at concurrency 1
+(alpha = 0.909); for DeepSeek-V3/V3.2 it is 0.85, the low end of the 85-90 % second-token
+acceptance of the DeepSeek-V3 Technical Report (arXiv:2412.19437, sec. 5.4.3); other families
+with an MTP head fall back to that 0.85. The same rate holds for every chained step and every
+batch size: no source found shows acceptance falling with batch at a fixed draft shape (the
+file's note).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from scipy.optimize import brentq
 
 from domain.errors import InvalidCombination
 
@@ -40,8 +49,10 @@ if TYPE_CHECKING:
     from domain.models import ModelArch
 
 # DeepSeek-V3 Technical Report (arXiv:2412.19437) sec. 5.4.3: "the acceptance rate of the second
-# token prediction ranges between 85% and 90%" -- per-draft-token acceptance of an MTP head.
+# token prediction ranges between 85% and 90%" -- per-draft-token acceptance of an MTP head; the
+# fallback for a family without an entry in ACCEPTANCE_PATH.
 MTP_ACCEPT_RATE = 0.85
+ACCEPTANCE_PATH = Path(__file__).resolve().parent / "data" / "spec-acceptance.json"
 # speculative_hook.py: the max_running_requests default once any speculative algorithm is on.
 SPEC_MAX_RUNNING_REQUESTS = 48
 MRR_RESET_WARNING = ("Max running requests is reset to 48 for speculative decoding. You can "
@@ -115,6 +126,50 @@ def auto_params(model: ModelArch) -> tuple[int, int, int]:
     Grok, (3, 1, 4) for DeepSeek, GLM, GPT-OSS, MiMo and every other architecture.
     """
     return (5, 4, 8) if hf_architecture(model) in _WIDE_TREE_ARCHS else (3, 1, 4)
+
+
+def chain_rate(accept_len: float, steps: int) -> float:
+    """Per-draft-token rate ``alpha`` of a chain of ``steps`` whose mean accept length is given.
+
+    Solves ``sum_{i=0..steps} alpha^i = accept_len`` (the chain formula of
+    :func:`accept_length`) with :func:`scipy.optimize.brentq` on [0, 1].
+
+    Raises:
+        ValueError: if ``accept_len`` is outside [1, steps + 1].
+    """
+    if not 1.0 <= accept_len <= steps + 1:
+        raise ValueError(f"accept length {accept_len} is outside [1, {steps + 1}] for a "
+                         f"{steps}-step chain")
+    if accept_len >= steps + 1:
+        return 1.0
+    if accept_len <= 1.0:
+        return 0.0
+    return float(brentq(lambda a: sum(a ** i for i in range(steps + 1)) - accept_len, 0.0, 1.0))
+
+
+@cache
+def _acceptance(path: Path = ACCEPTANCE_PATH) -> dict[str, float]:
+    """HF architecture -> per-draft-token acceptance rate, from ``spec-acceptance.json``."""
+    data: dict[str, Any] = json.loads(path.read_text())
+    rates: dict[str, float] = {}
+    for fam in data["families"]:
+        if "accept_rate" in fam:
+            rate = float(fam["accept_rate"])
+        else:
+            rate = chain_rate(float(fam["accept_length"]), int(fam["steps"]))
+        for arch in fam["architectures"]:
+            rates[arch] = rate
+    return rates
+
+
+def accept_rate(model: ModelArch) -> float:
+    """Per-draft-token acceptance ``alpha`` of ``model``'s MTP/NextN draft head.
+
+    The family's entry in ``domain/data/spec-acceptance.json`` (keyed by
+    :func:`hf_architecture`), else :data:`MTP_ACCEPT_RATE`. Constant in batch size (see the
+    module docstring).
+    """
+    return _acceptance().get(hf_architecture(model), MTP_ACCEPT_RATE)
 
 
 def resolve_speculative_logged(config: ServingConfig) -> SpecResolution:
@@ -197,7 +252,7 @@ def resolve_speculative_logged(config: ServingConfig) -> SpecResolution:
         raise InvalidCombination(
             "TypeError", "unsupported operand type(s) for *: 'int' and 'NoneType'",
             ("sglang/srt/speculative/eagle_worker_v2.py", "__init__"), "spec_draft_tokens_none")
-    alpha = MTP_ACCEPT_RATE if model.mtp_layers else 0.0
+    alpha = accept_rate(model) if model.mtp_layers else 0.0
     return SpecResolution(SpecParams(algorithm=algorithm, num_steps=steps, topk=topk,
                                      draft_tokens=draft, adaptive=adaptive, accept_rate=alpha),
                           tuple(log))

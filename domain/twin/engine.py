@@ -524,7 +524,7 @@ class TwinEngine:
                 acc = accept_length(spec, n)
                 draft = draft_tokens_for_batch(spec, n)
                 dt = (cost.verify_time(n, draft, ctx)
-                      + cost.draft_time(n, steps, spec.topk, ctx))
+                      + cost.draft_time(n, steps, spec.topk, ctx, draft))
                 st.decode_allreduce_s += cost.decode_allreduce_time(n, draft, steps, spec.topk)
                 self._uses_spec = True
             else:

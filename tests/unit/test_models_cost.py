@@ -285,19 +285,58 @@ def test_prefill_time_by_hand():
 def test_verify_time_by_hand():
     c = toy()
     # 8 sequences x 4 draft tokens = 32 tokens: still weight-bound (8 ms); KV read once per
-    # sequence (10 x 16,000 x 1000 / 0.25e12 = 0.64 ms); all-reduce at 32 tokens
+    # sequence (10 x 16,000 x 1000 / 0.25e12 = 0.64 ms) plus the 3 extra query tokens'
+    # attention FLOPs: 4 x 10 layers x 4096 x 3 x 16,000 pairs / (2 x 0.5 x 1e15) = 7.864 us;
+    # all-reduce at 32 tokens
     ar = 2 * 10 * (32 * 1000 * 2 / 1e11 + 1e-6)
-    assert c.verify_time(8, 4, 16_000) == pytest.approx(8e-3 + 0.64e-3 + ar + 0.1e-3)
+    attn = 0.64e-3 + 4 * 10 * 4096 * 3 * 16_000 / (2 * 0.5 * 1e15)
+    assert c.verify_time(8, 4, 16_000) == pytest.approx(8e-3 + attn + ar + 0.1e-3)
     assert c.verify_time(8, 1, 16_000) == pytest.approx(c.decode_time(8, 16_000))
+
+
+def test_dsa_verify_prices_every_draft_token():
+    # DSA toy: top-k 100 latents per query token, index keys 100 B per token per layer
+    c = toy(topk=100, index_bytes_gpu=100.0, mla=True)
+    ctx, b = 16_000, 8  # 2,000 cached tokens per sequence > top-k
+    latent = 10 * b * 100 * 1000 / (0.5 * 1e12)  # decode: 8 x 100 latents, eta_kv_mla 0.5
+    index = 10 * ctx * 100 / (0.1 * 1e12)        # decode: the whole context's index keys
+    assert c._kv_read(b, ctx, 10) == pytest.approx(latent + index)
+    r = c.eff.spec_index_query_share
+    # verify at 4 tokens: 4 sparse gathers per sequence, indexer (1 - r + 4 r) x decode
+    assert c._verify_attention(b, 4, ctx, 10) == pytest.approx(
+        4 * latent + index * (1 - r + 4 * r))
+    assert c._verify_attention(b, 1, ctx, 10) == pytest.approx(c._kv_read(b, ctx, 10))
+
+
+def test_moe_tile_term_by_hand():
+    eff = replace(EFF, moe_gemm_half_tokens=10.0)
+    c = toy(moe=True, n_experts=4, top_k=2, moe_layers=1, expert_bytes=1e9, expert_params=1e9,
+            eff=eff)
+    # 2 tokens touch 3 experts; each pays 10 extra rows of 2 x 1e9 FLOPs at 0.25 x 1e15 on 2 GPUs
+    assert c._moe_tile(2, 1) == pytest.approx(2e9 * 10 * 3 / (2 * 1e15 * 0.25))
+    # the efficiency form: routed rows n k = 4 at eta x m / (m + h), m = 4 / 3 rows per expert
+    m = 4 / 3
+    routed = 4 * 2e9 / (2 * 1e15 * 0.25)
+    assert routed / (m / (m + 10)) == pytest.approx(routed + c._moe_tile(2, 1))
+    assert toy()._moe_tile(100, 10) == 0.0  # dense: no tile term
+    assert c._linear(2, ideal=True) < c._linear(2)
 
 
 def test_draft_time_by_hand():
     assert toy().draft_time(8, 3, 1) == 0.0  # no MTP layer
     c = toy(mtp_layers=1, draft_static_bytes=1e9, draft_flops_per_token=1e9)
-    # per forward: 1e9 B / (2 x 0.5 x 1e12) = 1 ms; KV 1 layer x 8000 x 1000 / 0.25e12 = 32 us;
-    # all-reduce 2 x (8 x 1000 x 2 / 1e11 + 1 us) = 2.32 us; layer latency 10 us
+    # steps - 1 = 2 draft decode forwards at 8 tokens: 1e9 B / (2 x 0.5 x 1e12) = 1 ms; KV 1
+    # layer x 8000 x 1000 / 0.25e12 = 32 us; all-reduce 2 x (8 x 1000 x 2 / 1e11 + 1 us);
+    # layer latency 10 us. One draft extend over the 4-token window: 1 ms weights, KV 32 us +
+    # 3 extra queries x 8000 pairs x 4 x 4096 / (2 x 0.5e15), all-reduce at 32 tokens, 10 us
     one = 1e-3 + 32e-6 + 2 * (8 * 1000 * 2 / 1e11 + 1e-6) + 1e-5
-    assert c.draft_time(8, 3, 1, context_sum=8_000) == pytest.approx(3 * one)
+    ext = (1e-3 + 32e-6 + 3 * 8000 * 4 * 4096 / (2 * 0.5e15)
+           + 2 * (32 * 1000 * 2 / 1e11 + 1e-6) + 1e-5)
+    assert c.draft_time(8, 3, 1, context_sum=8_000) == pytest.approx(2 * one + ext)
+    assert c.draft_time(8, 3, 1, 8_000, 4) == c.draft_time(8, 3, 1, 8_000)
+    assert c.draft_time(8, 1, 1, 8_000) == pytest.approx(
+        1e-3 + 32e-6 + 8000 * 4 * 4096 / (2 * 0.5e15) + 2 * (16 * 1000 * 2 / 1e11 + 1e-6)
+        + 1e-5)  # one step: the extend over 2 tokens only
 
 
 def test_host_load_time_by_hand():

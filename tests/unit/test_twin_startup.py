@@ -32,7 +32,9 @@ from domain.speculative import (
     MTP_ACCEPT_RATE,
     SpecParams,
     accept_length,
+    accept_rate,
     adaptive_steps,
+    chain_rate,
     draft_tokens_for_batch,
     resolve_speculative,
     resolve_speculative_logged,
@@ -45,6 +47,11 @@ from domain.twin.startup import start
 DEFAULT_STUDY = Path(__file__).resolve().parents[2] / "studies" / "default.yaml"
 MRR_LINE = ("Max running requests is reset to 48 for speculative decoding. You can override "
             "this by explicitly setting --max-running-requests.")
+
+
+# GLM-5's MTP acceptance, solved from the cookbook's 3.48 tokens per (3, 1, 4) verify step
+# (domain/data/spec-acceptance.json): 1 + a + a^2 + a^3 = 3.48
+GLM5_ALPHA = accept_rate(glm5())
 
 
 def chain(steps: int, alpha: float = MTP_ACCEPT_RATE, adaptive: bool = False) -> SpecParams:
@@ -142,7 +149,7 @@ def test_speculative_fit_glm5_hand_arithmetic():
     assert r.kv_tokens == int(pool // (GLM5_BF16_KV + 1284))
     assert r.draft_weight_bytes_per_gpu == pytest.approx(draft_w)
     assert (r.max_running_requests, r.cuda_graph_max_bs_decode) == (48, 48)
-    assert r.speculative == SpecParams("EAGLE", 3, 1, 4, False, 0.85)
+    assert r.speculative == SpecParams("EAGLE", 3, 1, 4, False, GLM5_ALPHA)
     # an explicit max_running_requests wins, and the graph limit follows it
     r2 = fit(spec(kv_cache_dtype="bf16", mem_fraction_static=0.85, max_running_requests=256))
     assert (r2.max_running_requests, r2.cuda_graph_max_bs_decode) == (256, 256)
@@ -179,7 +186,7 @@ def test_fp8_kv_roughly_doubles_kv_tokens():
 def test_speculative_defaults_and_aliases():
     assert resolve_speculative(cfg()) is None
     r = resolve_speculative_logged(spec())
-    assert r.params == SpecParams("EAGLE", 3, 1, 4, False, MTP_ACCEPT_RATE)  # NEXTN = EAGLE
+    assert r.params == SpecParams("EAGLE", 3, 1, 4, False, GLM5_ALPHA)  # NEXTN = EAGLE
     assert r.log == (MRR_LINE,)
     assert resolve_speculative_logged(spec(max_running_requests=64)).log == ()
     # topk 1 forces draft tokens = steps + 1, with the engine's warning
@@ -217,12 +224,24 @@ def test_adaptive_disabled_with_warning_for_topk2_when_triple_given():
                                         attention_backend="flashinfer"))
     assert r.log[0] == ("speculative_adaptive disabled: speculative_eagle_topk=2 (only topk=1 "
                         "is supported). Falling back to static speculative params.")
-    assert r.params == SpecParams("EAGLE", 3, 2, 6, False, MTP_ACCEPT_RATE)
+    assert r.params == SpecParams("EAGLE", 3, 2, 6, False, GLM5_ALPHA)
     a = resolve_speculative(spec(speculative_adaptive=True))
-    assert a == SpecParams("EAGLE", 3, 1, 4, True, MTP_ACCEPT_RATE)  # middle of [0,1,3,5,7]
+    assert a == SpecParams("EAGLE", 3, 1, 4, True, GLM5_ALPHA)  # middle of [0,1,3,5,7]
 
 
 # ---------------------------------------------------------------- acceptance model
+def test_acceptance_per_family_from_the_data_file():
+    # GLM-5: 1 + a + a^2 + a^3 = 3.48 (SGLang cookbook, EAGLE (3, 1, 4), concurrency 1)
+    assert GLM5_ALPHA == pytest.approx(0.9078, abs=1e-4)
+    assert accept_length(chain(3, GLM5_ALPHA), 1) == pytest.approx(3.48)
+    assert accept_length(chain(3, GLM5_ALPHA), 256) == accept_length(chain(3, GLM5_ALPHA), 1)
+    # DeepSeek-V3: the report's 85 % (low end of 85-90 %), also the fallback
+    assert accept_rate(get_model("deepseek-v3")) == MTP_ACCEPT_RATE == 0.85
+    assert chain_rate(1.75, 2) == pytest.approx(0.5) and chain_rate(4.0, 3) == 1.0
+    with pytest.raises(ValueError, match="outside"):
+        chain_rate(5.0, 3)
+
+
 def test_chain_accept_length_by_hand():
     # (1 - 0.85^4) / 0.15 = 1 + 0.85 + 0.7225 + 0.614125
     assert accept_length(chain(3), 1) == pytest.approx(3.186625)
