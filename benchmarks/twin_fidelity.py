@@ -112,7 +112,7 @@ ROW_FILTER = ("backend == sglang and mode == agg and system in {h100_sxm, h200_s
 FIT_NAMES = ("eta_mem", "eta_kv", "eta_kv_mla", "eta_compute", "eta_compute_moe", "eta_attn",
              "eta_dsa_index", "layer_latency_s", "moe_layer_latency_s", "mla_layer_latency_s",
              "dsa_layer_latency_s", "step_overhead_s", "request_overhead_s",
-             "prefill_overhead_s", "request_fixed_s")
+             "prefill_overhead_s", "request_fixed_s", "eager_layer_s")
 # A latency starting at 0 starts from (and is pulled towards) a physical prior instead: a few
 # kernels at aiconfigurator's 3 us per memory-bound op, ~10 us per layer and op class; ~20 us of
 # Python scheduler work per running request and step.
@@ -141,7 +141,10 @@ BOUNDS = {"eta_mem": (0.3, 1.0), "eta_kv": (0.05, 1.0), "eta_kv_mla": (0.05, 1.0
           "layer_latency_s": (1e-6, 3e-4), "moe_layer_latency_s": (1e-6, 3e-4),
           "mla_layer_latency_s": (1e-6, 3e-4), "dsa_layer_latency_s": (1e-6, 3e-4),
           "step_overhead_s": (1e-4, 5e-3), "request_overhead_s": (1e-6, 2e-4),
-          "prefill_overhead_s": (1e-4, 0.02), "request_fixed_s": (1e-3, 0.3)}
+          "prefill_overhead_s": (1e-4, 0.02), "request_fixed_s": (1e-3, 0.3),
+          # eager launch per layer above the graph max: 1 us (a few kernels fused) to 500 us
+          # (~50 kernels at ~10 us of Python dispatch each)
+          "eager_layer_s": (1e-6, 5e-4)}
 # Why a fitted value may sit at its bound (written per GPU into the calibration file's
 # ``fit.at_bounds`` for every value that does; ``tests/unit/test_twin_fidelity_cv.py`` checks
 # that no value at a bound lacks one). Keyed by (constant, "lower" | "upper").
@@ -171,10 +174,11 @@ AT_BOUND_REASONS: dict[tuple[str, str], str] = {
     **{(n, "lower"): _NONE for n in ("layer_latency_s", "moe_layer_latency_s",
                                      "mla_layer_latency_s", "dsa_layer_latency_s",
                                      "step_overhead_s", "request_overhead_s",
-                                     "prefill_overhead_s")},
+                                     "prefill_overhead_s", "eager_layer_s")},
     **{(n, "upper"): _MAX_LAT for n in ("layer_latency_s", "moe_layer_latency_s",
                                         "mla_layer_latency_s", "dsa_layer_latency_s",
-                                        "step_overhead_s", "request_overhead_s")},
+                                        "step_overhead_s", "request_overhead_s",
+                                        "eager_layer_s")},
     ("prefill_overhead_s", "upper"): (
         "the rows ask for more than 20 ms per prefill step: TTFT the step model and the TTFT "
         "path do not explain (mostly the client's phasing of a closed loop with fixed lengths, "
@@ -647,7 +651,17 @@ def identifiable(rows: Sequence[Row]) -> tuple[str, ...]:
         skip |= {"eta_dsa_index", "dsa_layer_latency_s"}
     if not moe:
         skip |= {"eta_compute_moe", "moe_layer_latency_s"}
+    if not any(r.conc > _graph_max_bs(r) for r in rows):  # no row runs a decode batch eagerly
+        skip.add("eager_layer_s")
     return tuple(n for n in FIT_NAMES if n not in skip)
+
+
+def _graph_max_bs(row: Row) -> int:
+    """The resolved ``cuda_graph_max_bs_decode`` of ``row``'s config (huge if it cannot fit)."""
+    try:
+        return fit(row.config).cuda_graph_max_bs_decode
+    except (ConfigInvalid, DoesNotFit):
+        return 1 << 30
 
 
 def _soft_l1(r: np.ndarray, scale: float = 0.3) -> np.ndarray:

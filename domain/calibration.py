@@ -28,8 +28,7 @@ Op classes:
   scheduler (batch preparation, sampling result processing, output streaming: a Python loop over
   the running requests). SGLang's overlap scheduler (on by default since v0.4, "zero-overhead
   batch scheduler") runs it while the GPU executes the previous batch, so a decode step takes
-  max(GPU time, CPU time). ``prefill_overhead_s`` is the fixed extra time of a prefill step;
-  ``eager_extra_s`` the extra cost of a decode batch above the CUDA-graph max (eager launch).
+  max(GPU time, CPU time). ``prefill_overhead_s`` is the fixed extra time of a prefill step.
 - ``request_fixed_s``: the TTFT path outside the GPU steps, per request: HTTP receive
   (``entrypoints/http_server.py``, FastAPI/uvicorn), the hand-off of the tokenized request over
   ZMQ to the scheduler, which reads its socket once per iteration (``managers/scheduler.py:
@@ -55,6 +54,27 @@ Op classes:
 - ``spec_index_query_share``: the share of the DSA lightning indexer's decode time (one query
   token per sequence) paid again for every extra query token of a speculative verify step
   (``benchmarks/spec_kernels.py`` on the wheel's GLM-5 indexer kernel tables).
+- ``eager_layer_s``: the extra cost per layer of a decode (or verify) step whose batch is above
+  ``cuda_graph_max_bs_decode``: SGLang replays a captured graph only up to the largest captured
+  batch (``model_executor/runner/decode_cuda_graph_runner.py:845`` ``can_run_graph``; larger
+  batches run the model eagerly), so every kernel of every layer is launched from Python one at
+  a time. Prior 80 us per layer: ~20 kernels per layer (norms, projections, rope, attention,
+  all-reduces, router and expert GEMMs) at ~4 us of launch latency each -- the same few-us-per-
+  kernel scale as aiconfigurator's 3 us per memory-bound op (estimators reference sec. 6); on a
+  78-layer GLM-5 that is 6.2 ms per eager step, the flat 6 ms the twin charged before. Fitted by
+  ``benchmarks/twin_fidelity.py --fit`` where measured rows run above the graph max (H200
+  Llama-3.1-8B at 352-512 clients; none on B200 or H100, which keep the prior).
+- ``waiting_request_overhead_s``: CPU time per waiting request a scheduling pass matches
+  against the radix tree. SGLang 0.5.23 computes the queue's priority on every pass that can
+  admit (``managers/scheduler.py:4129`` ``calc_priority``): under LPM a ``match_kv_cache`` per
+  waiting request while the queue holds at most 128 (FCFS above), under FCFS with the default
+  radix cache a recency refresh of the first 128 waiting prefixes every 32nd pass
+  (``managers/schedule_policy.py:213-314``) -- a Python walk of the tree per request; a pass is
+  skipped while the running batch is full (``scheduler.py:4098-4126``: no free slot, or the
+  last pass ran out of KV; cleared when a request leaves). Prior 10 us per request matched (a
+  prompt's token list concatenated and walked page by page, at the ~20 us per running request
+  of ``request_overhead_s``' prior); not fitted: the measured rows are closed loops whose
+  clients do not queue beyond the slots.
 - ``allreduce_latency_s``: the fixed latency of the plain ring all-reduce of a cost model built
   without a GPU (order of us). A model built for a GPU prices all-reduces with
   :mod:`domain.interconnect` instead (latencies fitted per topology on the wheel's tables).
@@ -89,7 +109,6 @@ class Efficiency:
     step_overhead_s: float = 1.5e-3
     request_overhead_s: float = 0.0
     prefill_overhead_s: float = 2.5e-3
-    eager_extra_s: float = 6.0e-3
     allreduce_latency_s: float = 6e-6
     # The per-request fixed latency of SGLang's serving path outside the GPU steps, added to
     # TTFT (and to every token's time: it is a pipeline delay, so ITL/TPOT do not see it).
@@ -104,6 +123,10 @@ class Efficiency:
     # a verify step (scoring + top-k per query row; keys read once): the median over batch
     # 64-256 x context 1024-4096 of the B200 glm5 mqa_logits + topk tables (spec_kernels.py)
     spec_index_query_share: float = 0.22
+    # per layer of a decode step above cuda_graph_max_bs_decode (eager launches; prior above)
+    eager_layer_s: float = 8.0e-5
+    # CPU per waiting request of a scheduling pass that scans the queue (prior above)
+    waiting_request_overhead_s: float = 1.0e-5
 
     def updated(self, values: dict[str, float]) -> Efficiency:
         """A copy with ``values`` replacing fields of the same name.

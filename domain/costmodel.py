@@ -33,7 +33,8 @@ estimators reference, section 6):
 - A fixed kernel-chain latency per layer and op class (dense, MoE, MLA, DSA).
 - Decode/verify steps: GPU time overlapped with the scheduler's CPU time (a fixed part plus a
   part per running request), i.e. ``max(gpu, cpu)`` -- SGLang's overlap scheduler; decode batches
-  above the CUDA-graph max run eagerly (slower). Prefill steps add a fixed overhead.
+  above the CUDA-graph max run eagerly: ``layers x eager_layer_s`` more (kernel launches one at
+  a time). Prefill steps add a fixed overhead.
 
 Efficiencies and latencies come from :mod:`domain.calibration` per GPU (fitted by
 ``benchmarks/twin_fidelity.py``). Units: seconds out; tokens in.
@@ -224,17 +225,50 @@ class StepCostModel:
             per_layer += e.dsa_layer_latency_s
         return layers * per_layer + moe_layers * e.moe_layer_latency_s
 
+    def eager(self, batch: int) -> bool:
+        """Whether a decode step of ``batch`` sequences runs eagerly (above the graph max).
+
+        SGLang replays a captured decode graph only for batches up to the largest captured size
+        (0.5.23 ``model_executor/runner/decode_cuda_graph_runner.py:845`` ``can_run_graph``);
+        larger batches run the model eagerly.
+        """
+        return batch > self.graph_max_bs
+
+    def eager_time(self, batch: int) -> float:
+        """Extra seconds of a decode step of ``batch`` sequences for launching it eagerly.
+
+        ``layers x eager_layer_s`` above ``graph_max_bs`` (every kernel of every layer launched
+        one at a time from Python; :class:`~domain.calibration.Efficiency`), else 0.
+        """
+        return self.layers * self.eff.eager_layer_s if self.eager(batch) else 0.0
+
+    def cpu_time(self, batch: int) -> float:
+        """Scheduler CPU seconds of one decode iteration over ``batch`` running requests.
+
+        ``step_overhead_s + batch x request_overhead_s`` (the part :meth:`_step` overlaps with
+        the GPU work); the engine adds the waiting-queue scan of the pass that formed the step.
+        """
+        e = self.eff
+        return e.step_overhead_s + batch * e.request_overhead_s
+
+    def scan_time(self, waiting: float) -> float:
+        """Scheduler CPU seconds of one admission pass that matches ``waiting`` queued requests.
+
+        ``waiting x waiting_request_overhead_s``: SGLang 0.5.23 computes the queue's priority on
+        each pass that may admit (``managers/scheduler.py:4129``), matching waiting requests
+        against the radix tree (``managers/schedule_policy.py:213-302``; how many: the engine's
+        ``TwinEngine._scanned``).
+        """
+        return waiting * self.eff.waiting_request_overhead_s
+
     def _step(self, gpu_s: float, batch: int) -> float:
         """Seconds of a decode-like step: GPU work overlapped with the scheduler's CPU work.
 
-        GPU: ``gpu_s`` + layer latencies (+ eager launch above the graph max); CPU: step overhead
-        + ``batch`` x request overhead (SGLang's overlap scheduler runs them concurrently).
+        GPU: ``gpu_s`` + layer latencies (+ :meth:`eager_time` above the graph max); CPU:
+        :meth:`cpu_time` (SGLang's overlap scheduler runs them concurrently).
         """
-        e = self.eff
-        gpu = gpu_s + self._layer_latency(self.layers, self.moe_layers)
-        if batch > self.graph_max_bs:
-            gpu += e.eager_extra_s
-        return max(gpu, e.step_overhead_s + batch * e.request_overhead_s)
+        gpu = gpu_s + self._layer_latency(self.layers, self.moe_layers) + self.eager_time(batch)
+        return max(gpu, self.cpu_time(batch))
 
     # ---- step times ----
     def prefill_time(self, new_tokens: int, attn_pairs: float, index_pairs: float) -> float:
@@ -383,7 +417,7 @@ class StepCostModel:
         """
         return self.eff.request_fixed_s
 
-    def tokenize_time(self, tokens: int) -> float:
+    def tokenize_time(self, tokens: float) -> float:
         """Seconds the ONE tokenizer-manager process spends tokenizing a ``tokens``-token prompt.
 
         ``tokens / Efficiency.tokenizer_tokens_per_s`` (SGLang 0.5.23

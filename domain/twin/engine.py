@@ -75,11 +75,17 @@ from domain.speculative import SpecParams, accept_length, draft_tokens_for_batch
 from domain.twin.budget import CHECK_EVERY, ComputeBudget
 from domain.twin.prefix_cache import PathIndex, PrefixCache
 
+# SGLang 0.5.23 ``srt/environ.py:646-649`` defaults: SGLANG_INIT_NEW_TOKEN_RATIO,
+# SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR, SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS, SGLANG_RETRACT_DECODE_STEPS
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
 NEW_TOKEN_RATIO_DECAY_STEPS = 600
+RETRACT_DECODE_STEPS = 20
 MAX_PREFILL_TOKENS = 16384  # --max-prefill-tokens default (sglang-knobs reference 1.3)
 LPM_MAX_WAITING = 128       # schedule_policy.py: lpm falls back to fcfs above this queue length
+# schedule_policy.py:137-139 (0.5.23): a pass under FCFS refreshes the LRU recency of at most
+# WAITING_QUEUE_PREFIX_MATCH_MAX (= LPM_MAX_WAITING) waiting prefixes, every 32nd pass
+WAITING_PREFIX_REFRESH_INTERVAL = 32
 _EPS = 1e-9
 
 
@@ -195,6 +201,12 @@ class EngineStats:
     host_loaded_tokens: int = 0
     evicted_tokens: int = 0
     spec_tokens: float = 0.0
+    # decode steps whose batch ran eagerly (above cuda_graph_max_bs_decode)
+    eager_decode_steps: int = 0
+    # KV tokens (prompt + generated) of the requests retracted, to be recomputed (less cache hits)
+    retracted_tokens: int = 0
+    # sum over scheduler iterations (prefill and decode steps) of the waiting-queue length
+    waiting_sum: int = 0
 
     @property
     def mean_decode_batch(self) -> float:
@@ -264,6 +276,9 @@ class TwinEngine:
         self._priv_running = 0.0                         # private KV of running requests
         self._ctx_running = 0.0                          # context tokens of running requests
         self._rem_out = 0.0                              # remaining output of running requests
+        self._out_running = 0                            # output lengths of running requests
+        self._full = False                               # SGLang's running_batch.batch_is_full
+        self._scan_s = 0.0                               # CPU of the last admission pass's scan
         self._chunked: _Req | None = None
         init = min(1.0, INIT_NEW_TOKEN_RATIO * limits.schedule_conservativeness)
         self._init_ratio = init
@@ -325,6 +340,16 @@ class TwinEngine:
         if self._tokenizing:
             t = min(t, self._tokenizing[0].ready)
         return max(t, self.now) if t < math.inf else t
+
+    @property
+    def new_token_ratio(self) -> float:
+        """The scheduler's current new-token ratio (SGLang's ``sglang:new_token_ratio`` gauge).
+
+        The share of their remaining output the running requests reserve in admission: starts
+        at ``INIT_NEW_TOKEN_RATIO x schedule_conservativeness``, decays per decode step to the
+        minimum, is re-estimated on retraction and reset when the engine idles.
+        """
+        return self._ratio
 
     def progress(self, idx: int, since: int = 0) -> RequestProgress:
         """Token times request ``idx`` has so far, from output token number ``since`` on.
@@ -490,6 +515,7 @@ class TwinEngine:
                 self._decode(min(until, max_virtual_s))
                 continue
             # ---- idle: jump to the next arrival or tokenized request ----
+            self._ratio = self._init_ratio  # on_idle resets the ratio (scheduler.py:5318)
             if pending or tokenizing:
                 nxt = min(pending[0].arrival if pending else math.inf,
                           tokenizing[0].ready if tokenizing else math.inf)
@@ -507,16 +533,19 @@ class TwinEngine:
     def _decode(self, until: float) -> None:
         """Run decode steps: one, or a run of them while nothing else could be scheduled.
 
-        The fast path (no waiting or chunked request, no arrival due, nothing finished) skips
-        the admission attempt between steps; the schedule is the same as one step per iteration.
+        The fast path (no chunked request, no arrival due, nothing finished, and no waiting
+        request or a full batch) skips the admission attempt between steps; the schedule is the
+        same as one step per iteration. A step's CPU side includes the waiting-queue scan of the
+        admission pass before it (``self._scan_s``); a batch above the graph max runs eagerly.
         """
         cost, spec, running, pending = self.cost, self.lim.spec, self._running, self._pending
-        tokenizing = self._tokenizing
+        tokenizing, waiting = self._tokenizing, self._waiting
         T, C, heap, st = self._T, self._C, self._heap, self.stats
         budget, mask = self.compute_budget, CHECK_EVERY - 1
         while True:
             if budget is not None and not st.decode_steps & mask:
                 budget.check()
+            retracted = st.retractions
             n = self._make_room(len(running))
             ctx = int(self._ctx_running)
             steps = steps_for_batch(spec, n) if spec is not None else 0
@@ -531,6 +560,12 @@ class TwinEngine:
                 acc = 1.0
                 dt = cost.decode_time(n, ctx)
                 st.decode_allreduce_s += cost.decode_allreduce_time(n)
+            if self._scan_s:  # the admission pass's queue scan, on the CPU side of the step
+                dt = max(dt, cost.cpu_time(n) + self._scan_s)
+                self._scan_s = 0.0
+            if cost.eager(n):
+                st.eager_decode_steps += 1
+            st.waiting_sum += len(waiting)
             st.decode_roofline_s += acc * cost.decode_roofline_time(n, ctx)
             self.now += dt
             T.append(self.now)
@@ -546,7 +581,8 @@ class TwinEngine:
             self._priv_running += grown
             self._ctx_running += grown
             self._rem_out -= grown
-            self._ratio = max(self._min_ratio, self._ratio - self._decay)
+            if st.retractions == retracted:  # decays on a step without retraction (4542)
+                self._ratio = max(self._min_ratio, self._ratio - self._decay)
             k = len(T)  # C[k] is the cumulative count after this step
             finished = False
             while heap and heap[0][0] <= C[k] + _EPS:
@@ -559,8 +595,9 @@ class TwinEngine:
                 done.generated = done.output
                 self._finish(done, self.now)
                 finished = True
-            if (finished or not running or self._waiting or self._chunked is not None
-                    or self.now >= until or (pending and pending[0].arrival <= self.now)
+            if (finished or not running or (waiting and not self._full)
+                    or self._chunked is not None or self.now >= until
+                    or (pending and pending[0].arrival <= self.now)
                     or (tokenizing and tokenizing[0].ready <= self.now)):
                 return
 
@@ -592,6 +629,23 @@ class TwinEngine:
             nd, nh = min(nd, keep), keep - min(nd, keep)
         return nd, nh
 
+    def _scanned(self, waiting: int) -> float:
+        """Waiting requests one admission pass matches against the radix tree (on average).
+
+        SGLang 0.5.23 ``managers/schedule_policy.py:213-302`` ``calc_priority``: LPM matches
+        every waiting request (``_compute_prefix_matches``) while the queue holds at most 128,
+        and falls back to FCFS above (``_determine_active_policy``, 304-314). FCFS matches none
+        with the default radix cache (``supports_fast_match_prefix`` is False,
+        ``mem_cache/base_prefix_cache.py:449``) and only refreshes the recency of the first 128
+        waiting prefixes every 32nd pass (``_touch_waiting_prefixes``, 282-302): 128 / 32 = 4
+        per pass on average. No radix cache: no match at all.
+        """
+        if self.cache is None:
+            return 0.0
+        if self.lim.schedule_policy == "lpm" and waiting <= LPM_MAX_WAITING:
+            return float(waiting)
+        return min(waiting, LPM_MAX_WAITING) / WAITING_PREFIX_REFRESH_INTERVAL
+
     def _lpm_order(self) -> None:
         w = self._waiting
         if not self._lpm_dirty or len(w) > LPM_MAX_WAITING or len(w) < 2:
@@ -602,18 +656,38 @@ class TwinEngine:
         self._lpm_dirty = False
 
     def _admit(self) -> tuple[list[tuple[_Req, int]], int]:
-        """Form the next prefill batch: [(request, new tokens this step)], host tokens loaded."""
+        """Form the next prefill batch: [(request, new tokens this step)], host tokens loaded.
+
+        A pass follows SGLang 0.5.23's ``get_new_batch_prefill`` (``managers/scheduler.py``):
+        it is skipped while the running batch is full (``batch_is_full``, 4098-4101: set when
+        no request slot is left, 4118-4126 and 4230-4234, or when the queue's head did not fit
+        the KV, 4276-4284; cleared when a request leaves the batch or the batch is empty,
+        3951-3968, 4094-4096, 4544-4545) -- so a KV-bound or slot-bound server does not retry
+        admission on every decode step. A pass that runs computes the queue's priority
+        (``calc_priority``, 4129: radix matches of waiting requests, :meth:`_scanned`); its CPU
+        time ``waiting_request_overhead_s x`` requests matched is kept in ``self._scan_s`` for
+        the step it forms (or the decode step that follows).
+        """
         lim, waiting, cache = self.lim, self._waiting, self.cache
         chunks: list[tuple[_Req, int]] = []
         left = self._budget
         chunked = self._chunked
+        self._scan_s = 0.0
+        if not self._running:
+            self._full = False
+        if chunked is None and (self._full or not waiting):
+            return chunks, 0
+        n_slots = len(self._running) + (1 if chunked is not None else 0)
+        if chunked is None and n_slots >= lim.max_running_requests:
+            self._full = True
+            return chunks, 0
+        self._scan_s = self.cost.scan_time(self._scanned(len(waiting)))
         if chunked is not None:
             c = min(chunked.target - chunked.prefilled, left)
             chunks.append((chunked, c))
             left -= c
         if lim.schedule_policy == "lpm" and cache is not None:
             self._lpm_order()
-        n_slots = len(self._running) + (1 if chunked is not None else 0)
         ratio = self._ratio
         # KV the chunked request still needs for its prompt, plus its decode reservation
         held = (chunked.target - chunked.prefilled + ratio * (chunked.output - chunked.generated)) \
@@ -625,7 +699,8 @@ class TwinEngine:
             cached = (nd + nh) * r.block
             avail = self._free() + self._evictable() - held - ratio * self._rem_out
             need = (r.target - cached) + nh * r.block + ratio * (r.output - r.generated)
-            if need > avail:
+            if need > avail:  # NO_TOKEN: full if anything runs or was just admitted
+                self._full = bool(chunks) or bool(self._running)
                 break
             waiting.popleft()
             self._lpm_dirty = True
@@ -649,6 +724,8 @@ class TwinEngine:
             held += need
             if c < r.target - cached:
                 self._chunked = r  # this one continues in the next prefill batch
+        if waiting and left > 0 and n_slots >= lim.max_running_requests:
+            self._full = True  # every slot taken (scheduler.py:4230-4234)
         return chunks, loaded
 
     def _prefill(self, chunks: list[tuple[_Req, int]], loaded: int, topk: int) -> None:
@@ -662,9 +739,11 @@ class TwinEngine:
         dt = self.cost.prefill_time(new_tok, attn, index)
         if loaded:  # HiCache load-back before the forward (not overlapped: conservative)
             dt += self.cost.host_load_time(loaded)
+        dt = max(dt, self._scan_s)  # the pass that formed the batch overlaps the GPU work
         self.now += dt
         now = self.now
         self.stats.prefill_steps += 1
+        self.stats.waiting_sum += len(self._waiting)
         self.stats.busy_s += dt
         for r, c in chunks:
             r.prefilled += c
@@ -684,6 +763,7 @@ class TwinEngine:
                 r.segments.append((0, 0, 0))
                 self._release(r)
                 self._finish(r, now)
+                self._full = False  # it left the batch (scheduler.py:3951)
                 continue
             self._join_running(r)
 
@@ -705,6 +785,7 @@ class TwinEngine:
         self._priv_running += r.private
         self._ctx_running += r.input + r.generated
         self._rem_out += r.output - r.generated
+        self._out_running += r.output
         heapq.heappush(self._heap, (self._C[k] + r.output - r.generated, r.epoch, r.idx))
 
     def _leave_running(self, r: _Req) -> float:
@@ -714,6 +795,8 @@ class TwinEngine:
         self._priv_running -= r.private + decoded
         self._ctx_running -= r.input + r.seg_gen + decoded
         self._rem_out -= r.output - r.seg_gen - decoded
+        self._out_running -= r.output
+        self._full = False  # a request left the batch: admission may try again
         self._release(r)
         return decoded
 
@@ -725,7 +808,19 @@ class TwinEngine:
         r.private = 0.0
 
     def _make_room(self, n: int) -> int:
-        """Evict cache, then retract, until the next decode step's KV fits; returns batch size."""
+        """Evict cache, then retract, until the next decode step's KV fits; returns batch size.
+
+        SGLang 0.5.23 ``managers/schedule_batch.py:3451-3539`` ``retract_decode``: at least one
+        request, then until the rest fit (``check_decode_mem``), fewest output tokens first and
+        the longest prompt among equals (``_get_decode_retraction_order``, 3542-3556). A victim
+        frees its KV without inserting it into the radix cache (its prompt, cached at prefill,
+        stays there unlocked, so it may be evicted before it comes back) and the cache is evicted
+        until ``RETRACT_DECODE_STEPS`` tokens per remaining request are free (``release_req``,
+        2360-2395). The victim goes to the back of the waiting queue (``scheduler.py:3493``) and
+        is recomputed later: prompt + generated tokens, less what the cache still holds. The
+        new-token ratio becomes (tokens decoded + 20 x batch) / (max new tokens + 1) of the
+        requests kept (``new_token_ratio_tracker.py:41-49``, ``scheduler.py:4513``).
+        """
         spec = self.lim.spec
         per_req = (spec.draft_tokens if spec is not None else 1)
         self._ensure_free(n * per_req)
@@ -733,7 +828,8 @@ class TwinEngine:
         while self._free() < n * per_req and len(running) > 1:
             k_now = len(self._T)
             C = self._C
-            victim = min(running.values(),
+            # the last of equals in batch order: SGLang sorts stably, descending, and pops the end
+            victim = min(reversed(running.values()),
                          key=lambda x: (x.seg_gen + C[k_now] - C[x.seg_start], -x.input))
             decoded = self._leave_running(victim)
             gained = int(decoded + _EPS)
@@ -741,12 +837,15 @@ class TwinEngine:
             victim.generated = victim.seg_gen + gained
             victim.epoch += 1
             victim.target, victim.prefilled = victim.input + victim.generated, 0
-            self._waiting.appendleft(victim)
+            self._waiting.append(victim)
             self._lpm_dirty = True
             self.stats.retractions += 1
-            self._ratio = self._init_ratio
+            self.stats.retracted_tokens += victim.input + victim.generated
             n = len(running)
-            self._ensure_free(n * per_req)
+            self._ensure_free(max(n * per_req, n * RETRACT_DECODE_STEPS))
+            decoded_sum = self._out_running - self._rem_out
+            self._ratio = min(1.0, (decoded_sum + RETRACT_DECODE_STEPS * n)
+                              / (self._out_running + 1))
         return n
 
     def _finish(self, r: _Req, t: float) -> None:

@@ -156,6 +156,15 @@ class LinearCost:
     def decode_allreduce_time(self, batch, draft_tokens=0, draft_steps=0, draft_topk=1):
         return 0.005
 
+    def scan_time(self, waiting):  # no scheduler CPU, no eager steps
+        return 0.0
+
+    def cpu_time(self, batch):
+        return 0.0
+
+    def eager(self, batch):
+        return False
+
 
 def test_three_request_scenario_ttft_by_hand():
     lim = EngineLimits(kv_tokens=100_000, max_running_requests=16, chunked_prefill_size=1000,

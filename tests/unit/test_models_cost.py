@@ -216,7 +216,7 @@ EFF = Efficiency(eta_mem=0.5, eta_kv=0.25, eta_kv_mla=0.5, eta_compute=0.5,
                  eta_compute_moe=0.25, eta_attn=0.5, eta_dsa_index=0.1, layer_latency_s=1e-5,
                  moe_layer_latency_s=2e-5, mla_layer_latency_s=3e-5, dsa_layer_latency_s=4e-5,
                  step_overhead_s=1e-3, request_overhead_s=1e-4, prefill_overhead_s=2e-3,
-                 eager_extra_s=4e-3, allreduce_latency_s=1e-6)
+                 allreduce_latency_s=1e-6, eager_layer_s=4e-4)
 
 
 def toy(**kw: object) -> StepCostModel:
@@ -239,7 +239,8 @@ def test_decode_time_by_hand():
     # all-reduce: 2 x 10 x (2 x 1/2 x 10 x 1000 x 2 B / 1e11 + 1 us) = 2 x 10 x 1.2 us = 24 us
     # layer latency: 10 layers x 10 us. GPU total 8.924 ms > CPU 1 ms + 10 x 0.1 ms = 2 ms
     assert c.decode_time(10, 20_000) == pytest.approx(8e-3 + 0.8e-3 + 24e-6 + 0.1e-3)
-    # above the CUDA-graph max (64) the eager penalty applies (and compute still < memory)
+    # above the CUDA-graph max (64) the eager penalty applies: 10 layers x 0.4 ms = 4 ms (and
+    # compute still < memory)
     ar = 2 * 10 * (65 * 1000 * 2 / 1e11 + 1e-6)
     assert c.decode_time(65, 20_000) == pytest.approx(8e-3 + 0.8e-3 + ar + 0.1e-3 + 4e-3)
 

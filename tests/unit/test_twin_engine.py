@@ -259,3 +259,65 @@ def test_virtual_time_cap_names_itself():
     eng, _ = engine()
     recs = eng.run([(0.0, 10, 50)], max_virtual_s=5.0)
     assert "virtual time cap (5 s)" in recs[0].error
+
+
+# ---------------------------------------------------------------- over-admission (issue 20)
+def test_retraction_reestimates_the_new_token_ratio_and_recomputes_the_victim():
+    # pool 80, radix off, conservativeness 0.1 (reservation 0.07 x 59 each): A and B (10 in,
+    # 60 out) are both admitted; prefill 20 tokens -> t = 2. KV 20 + 2 per step: after 30 steps
+    # (t = 32, 31 tokens each) the pool is full and B (equal output and prompt: the last of the
+    # batch) is retracted, freeing its 40 tokens. SGLang's estimate from the request kept:
+    # (31 decoded + 20 x 1) / (60 + 1). A ends at 32 + 29 = 61; B waits (full batch), then
+    # re-prefills its 10 + 31 tokens (4.1 s) and decodes 28 more steps: 61 + 4.1 + 28 = 93.1.
+    eng, _ = engine(kv_tokens=80, radix_cache=False, schedule_conservativeness=0.1)
+    eng.submit(0.0, 10, 60)
+    eng.submit(0.0, 10, 60)
+    eng.advance(32.5)
+    assert eng.stats.retractions == 1
+    assert eng.new_token_ratio == pytest.approx(51 / 61)
+    eng.advance(float("inf"))
+    recs = eng.records()
+    assert [r.finish_s for r in recs] == pytest.approx([61.0, 93.1])
+    assert eng.stats.retracted_tokens == 10 + 31
+    assert len(recs[1].itl_s) == 59
+    assert eng.new_token_ratio == pytest.approx(0.07)  # reset when the engine idles
+
+
+def test_a_full_batch_does_not_retry_admission_until_a_request_leaves():
+    # conservativeness 1.5: ratio 1.0, decaying 0.86 / 600 per step. After A's prefill (t = 1)
+    # the pool of 525 has 525 - 10 - 1.0 x 499 = 16 < 20 for B (10 in + 1.0 x 10): the batch is
+    # full. The room then grows as the ratio decays (16 + 0.00143 k (499 - k): B would fit
+    # after ~6 steps), but SGLang does not look again until a request leaves: B is admitted
+    # when A finishes (1 + 499 = 500) and has its first token at 501.
+    eng, _ = engine(kv_tokens=525, schedule_conservativeness=1.5)
+    recs = eng.run([(0.0, 10, 500), (0.5, 10, 10)])
+    assert recs[0].finish_s == pytest.approx(500.0)
+    assert recs[1].first_token_s == pytest.approx(501.0)
+
+
+@pytest.mark.parametrize(("policy", "first"), [("lpm", [2.0, 5.5]), ("fcfs", [1.0, 4.0])])
+def test_lpm_pays_a_scan_per_waiting_request_fcfs_almost_none(policy, first):
+    # 4 requests (10 in, 3 out) at t = 0, one slot, 0.5 s of CPU per waiting request matched.
+    # LPM matches all 4 (queue <= 128): the pass takes 2 s, longer than A's 1 s prefill, so A's
+    # first token is at 2; the slot is full during A's 2 decode steps (no pass, 1 s each); after
+    # A leaves at 4 the pass over the 3 left takes 1.5 s > B's prefill: B's first token at 5.5.
+    # FCFS only refreshes 128 prefixes every 32nd pass (3/32 per pass here): hidden behind the
+    # prefills, A at 1 and B at 3 + 1 = 4.
+    cost = StepCost()
+    cost.scan_s = 0.5
+    limits = lim(max_running_requests=1, schedule_policy=policy)
+    eng = TwinEngine(cost, limits, PrefixCache(PathIndex(), 0))
+    recs = eng.run([(0.0, 10, 3)] * 4)
+    assert [r.first_token_s for r in recs[:2]] == pytest.approx(first)
+    # waiting after each step: prefill A 3, decodes 3 + 3, prefill B 2, 2 + 2, C 1, 1 + 1, D 0
+    assert eng.stats.waiting_sum == 18
+
+
+def test_decode_steps_above_the_graph_max_are_counted_eager():
+    cost = StepCost()
+    cost.graph_max_bs = 1
+    eng = TwinEngine(cost, lim(), None)
+    eng.run([(0.0, 10, 3), (0.0, 10, 3), (5.0, 10, 2)])
+    # A and B decode together twice (eager, 2 > 1); C decodes alone once (in the graph)
+    assert eng.stats.eager_decode_steps == 2
+    assert eng.stats.decode_steps == 3
