@@ -22,7 +22,9 @@ Constants (the model each is a parameter of is in :mod:`domain.costmodel`):
   again per extra query token (scoring and top-k run per query row; the cached index keys are
   read once per sequence): ``T(q) = T(1) x (1 - r + r q)``, least squares on
   ``isl in {4, 8, 16}`` at ``batch >= 64``, ``step >= 1024`` (the verify regime; ``isl == 1``
-  rows take another kernel path and are noisy).
+  rows take another kernel path and are noisy). This is the share of a kernel that reads the
+  index keys once per sequence; SGLang's verify expands every draft token into its own decode
+  row (``nsa_backend.py``), so the twin's default is 1.0 and this number is the reference.
 
 Needs pyarrow + numpy + scipy, kept out of the product's runtime::
 

@@ -52,8 +52,9 @@ Op classes:
   half its compute efficiency (the M-tile padding of small expert GEMMs), fitted on the wheel's
   measured SGLang MoE kernel table by ``benchmarks/spec_kernels.py`` (not by the step fit).
 - ``spec_index_query_share``: the share of the DSA lightning indexer's decode time (one query
-  token per sequence) paid again for every extra query token of a speculative verify step
-  (``benchmarks/spec_kernels.py`` on the wheel's GLM-5 indexer kernel tables).
+  token per sequence) paid again for every extra query token of a speculative verify step: 1.0,
+  SGLang runs each draft token as its own decode row (``nsa_backend.py``); 0.22 would be a
+  kernel that reads the index keys once per sequence (``benchmarks/spec_kernels.py``).
 - ``eager_layer_s``: the extra cost per layer of a decode (or verify) step whose batch is above
   ``cuda_graph_max_bs_decode``: SGLang replays a captured graph only up to the largest captured
   batch (``model_executor/runner/decode_cuda_graph_runner.py:845`` ``can_run_graph``; larger
@@ -120,9 +121,13 @@ class Efficiency:
     # benchmarks/spec_kernels.py (B200 nvfp4/fp8 TP4/TP8: 100, 62, 75, 54; H200 fp8 TP8: 28)
     moe_gemm_half_tokens: float = 62.0
     # share of the DSA indexer's one-query-token decode time paid again per extra query token of
-    # a verify step (scoring + top-k per query row; keys read once): the median over batch
-    # 64-256 x context 1024-4096 of the B200 glm5 mqa_logits + topk tables (spec_kernels.py)
-    spec_index_query_share: float = 0.22
+    # a verify or draft-extend step: 1.0 because SGLang expands each draft token into its own
+    # decode row (layers/attention/nsa_backend.py init_forward_metadata, target_verify and
+    # draft_extend branches: max_seqlen_q 1, page table repeat_interleave'd per draft token, the
+    # paged MQA-logits schedule over the expanded seqlens), so every row scans its full context;
+    # a batched kernel reading keys once would pay 0.22 (the wheel's ragged-kernel tables,
+    # benchmarks/spec_kernels.py)
+    spec_index_query_share: float = 1.0
     # per layer of a decode step above cuda_graph_max_bs_decode (eager launches; prior above)
     eager_layer_s: float = 8.0e-5
     # CPU per waiting request of a scheduling pass that scans the queue (prior above)

@@ -25,11 +25,11 @@ estimators reference, section 6):
   (``benchmarks/spec_kernels.py``). At decode batches the weight read still binds; at verify
   batches (``batch x draft tokens``) the tile term makes the MoE layer compute-bound earlier.
 - Speculative verify (:meth:`StepCostModel.verify_time`): the linear layers at ``batch x draft
-  tokens``; attention per query token (DSA: each draft token gathers its own top-k latents and
-  the lightning indexer scores and selects per query token; MLA/GQA: KV read once per sequence
-  plus the attention FLOPs of every extra query token). Draft (:meth:`draft_time`): ``steps - 1``
-  draft decode forwards at ``batch x topk`` plus one draft-extend forward over the verified
-  window (SGLang ``eagle_worker_v2.py``).
+  tokens``; attention per query token (DSA: SGLang runs each draft token as its own decode row,
+  so top-k gathers and the lightning indexer's scan are paid per draft token; MLA/GQA: KV read
+  once per sequence plus the attention FLOPs of every extra query token). Draft
+  (:meth:`draft_time`): ``steps - 1`` draft decode forwards at ``batch x topk`` plus one
+  draft-extend forward over the verified window (SGLang ``eagle_worker_v2.py``).
 - A fixed kernel-chain latency per layer and op class (dense, MoE, MLA, DSA).
 - Decode/verify steps: GPU time overlapped with the scheduler's CPU time (a fixed part plus a
   part per running request), i.e. ``max(gpu, cpu)`` -- SGLang's overlap scheduler; decode batches
@@ -104,6 +104,8 @@ class StepCostModel:
     kv_bytes_per_token_gpu: float = 0.0
     host_link: float = PCIE5_X16_BYTES_PER_S
     expert_params: float = 0.0        # parameters of one routed expert (its GEMM FLOPs / 2)
+    # decode-kernel attention FLOPs per (query, key) pair per layer, all heads (0: 4 x attn_dim)
+    decode_pair_flops: float = 0.0
     # the GPU whose interconnect prices the all-reduces (None: the plain ring over ``link``)
     gpu: GPU | None = field(default=None, compare=False)
     # memo of the batch-size-only terms (pure functions of their arguments): the twin calls
@@ -313,20 +315,25 @@ class StepCostModel:
 
         ``queries == 1`` is exactly :meth:`_kv_read` (decode). Beyond one query token:
 
-        - DSA: every query token gathers its own top-k latents (FlashMLA sparse attention runs
-          per query row), so the latent term is ``queries x`` the decode one; the lightning
-          indexer scores all ``context`` keys and selects top-k per query row while the index
-          keys are read once per sequence, so its term is ``(1 - r + r x queries)`` times the
-          decode one, ``r = spec_index_query_share``. Source: the aiconfigurator 0.12.0 wheel's
-          SGLang kernel tables ``glm5_dsa_attn_module_perf`` (B200, batch 256, 1,024 cached
-          tokens: 0.133 ms at 1 query token per sequence, 0.448 ms at 4, 0.946 ms at 8) and
-          ``glm5_mqa_logits_module_perf`` + ``glm5_topk_module_perf``
-          (``benchmarks/spec_kernels.py``); the per-query index pairs are ``queries x context``
-          as in the DeepSeek-V3.2 report's indexer.
+        - DSA: SGLang expands every draft token into its own decode row
+          (``layers/attention/nsa_backend.py: NativeSparseAttnBackend.init_forward_metadata``,
+          target_verify / draft_extend: ``max_seqlen_q = 1``, the page table
+          ``repeat_interleave``'d per draft token, DeepGEMM's paged MQA-logits schedule over
+          the expanded seqlens), so each row gathers its own top-k latents (the latent term is
+          ``queries x`` the decode one) and the lightning indexer scores and selects over the
+          full context per row: ``(1 - r + r x queries)`` times the decode index term,
+          ``r = spec_index_query_share`` (1.0 for that expansion). The aiconfigurator 0.12.0
+          wheel's kernel tables agree on the latents (``glm5_dsa_attn_module_perf``, B200,
+          batch 256, 1,024 cached tokens: 0.133 ms at 1 query token per sequence, 0.448 ms at
+          4, 0.946 ms at 8); their batched ragged indexer reads keys once (r 0.22,
+          ``benchmarks/spec_kernels.py``).
         - MLA/GQA: the KV of a sequence is read once for all its query tokens (one kernel over
-          ``queries`` rows, FlashInfer/FlashMLA); each extra query token adds its attention
-          FLOPs, ``4 x heads x qk_head_dim`` per (query, key) pair per layer (FlashAttention's
-          count, as in :meth:`prefill_time`) at ``eta_attn`` of the bf16 peak.
+          ``queries`` rows: FlashMLA / FlashInfer with ``seq_len_q > 1``); each extra query
+          token adds its attention FLOPs, ``decode_pair_flops`` per (query, key) pair per layer
+          at ``eta_attn`` of the bf16 peak: for MLA the absorbed form, ``2 x heads x (2 x
+          kv_lora_rank + qk_rope_head_dim)`` (scores over the 576-wide latent, values over the
+          512-wide one; DeepSeek-V2 paper, sec. 2.1.3, weight absorption), for GQA
+          ``4 x heads x head_dim`` (FlashAttention's count, as in :meth:`prefill_time`).
         """
         base = self._kv_read(batch, context_sum, layers)
         extra = max(0, queries - 1)
@@ -338,7 +345,8 @@ class StepCostModel:
             index = base - latent
             r = self.eff.spec_index_query_share
             return queries * latent + index * (1 - r + r * queries)
-        flops = 4 * layers * self.attn_dim * extra * context_sum
+        pair = self.decode_pair_flops or 4.0 * self.attn_dim
+        flops = layers * pair * extra * context_sum
         return base + flops / (self.t * self.eff.eta_attn * self.f_bf16)
 
     def verify_time(self, batch: int, draft_tokens: int, context_sum: int) -> float:
@@ -504,4 +512,6 @@ def build_cost_model(config: ServingConfig, report: FitReport) -> StepCostModel:
         draft_flops_per_token=draft_flops, draft_moe=bool(model.n_routed_experts),
         kv_bytes_per_token_gpu=report.kv_bytes_per_token, host_link=host_link, gpu=gpu,
         expert_params=float(model.expert_params if model.n_routed_experts else 0),
+        decode_pair_flops=(2.0 * model.heads * (2 * model.kv_lora_rank + model.qk_rope_head_dim)
+                           if model.attention in ("mla", "dsa") else 0.0),
     )

@@ -309,6 +309,18 @@ def test_dsa_verify_prices_every_draft_token():
     assert c._verify_attention(b, 1, ctx, 10) == pytest.approx(c._kv_read(b, ctx, 10))
 
 
+def test_mla_verify_pays_absorbed_attention_flops_per_extra_query():
+    # MLA toy: KV read once (as decode) + 3 extra queries x 16,000 pairs x 10 layers x the
+    # absorbed pair FLOPs 1e5 / (2 GPUs x eta_attn 0.5 x 1e15)
+    c = toy(mla=True, decode_pair_flops=1e5)
+    assert c._verify_attention(8, 4, 16_000, 10) == pytest.approx(
+        c._kv_read(8, 16_000, 10) + 10 * 1e5 * 3 * 16_000 / (2 * 0.5 * 1e15))
+    ds = ServingConfig(model="deepseek-v3", gpu="H200", tp_size=8, weights="fp8")
+    m = get_model("deepseek-v3")  # 128 heads x (2 x 512 + 64): 278,528 FLOPs per pair
+    assert build_cost_model(ds, fit(ds)).decode_pair_flops == 2 * m.heads * (
+        2 * m.kv_lora_rank + m.qk_rope_head_dim) == 278_528
+
+
 def test_moe_tile_term_by_hand():
     eff = replace(EFF, moe_gemm_half_tokens=10.0)
     c = toy(moe=True, n_experts=4, top_k=2, moe_layers=1, expert_bytes=1e9, expert_params=1e9,
