@@ -58,13 +58,17 @@ Op classes:
 - ``eager_layer_s``: the extra cost per layer of a decode (or verify) step whose batch is above
   ``cuda_graph_max_bs_decode``: SGLang replays a captured graph only up to the largest captured
   batch (``model_executor/runner/decode_cuda_graph_runner.py:845`` ``can_run_graph``; larger
-  batches run the model eagerly), so every kernel of every layer is launched from Python one at
-  a time. Prior 80 us per layer: ~20 kernels per layer (norms, projections, rope, attention,
-  all-reduces, router and expert GEMMs) at ~4 us of launch latency each -- the same few-us-per-
-  kernel scale as aiconfigurator's 3 us per memory-bound op (estimators reference sec. 6); on a
-  78-layer GLM-5 that is 6.2 ms per eager step, the flat 6 ms the twin charged before. Fitted by
-  ``benchmarks/twin_fidelity.py --fit`` where measured rows run above the graph max (H200
-  Llama-3.1-8B at 352-512 clients; none on B200 or H100, which keep the prior).
+  batches run the model eagerly), so every kernel of every layer is dispatched from Python one
+  at a time and the GPU waits on the launches. Prior 170 us per layer, from the measured rows:
+  a one-parameter least-squares fit of log TPOT on the 8 H200 Llama-3.1-8B rows above the graph
+  max (352-512 clients, SGLang 0.5.6.post2) with the other committed H200 constants gives 170 us
+  (RMS error 3.6 %; median predicted/measured TPOT 0.87 at 1 us, 0.98 at 150 us, 1.07 at 250 us):
+  5.4 ms per step on 32 layers, the flat 6 ms the twin charged before. Physically ~20 kernels
+  per layer (norms, projections, rope, attention, all-reduces, router and expert GEMMs) at
+  ~8.5 us of eager PyTorch dispatch each (the launch itself is a few us -- aiconfigurator
+  charges 3 us per memory-bound op, estimators reference sec. 6 -- plus the Python op dispatch
+  around it). ``benchmarks/twin_fidelity.py --fit`` fits it with the rest where measured rows
+  run above the graph max (H200 only; H100 starts from H200's fit, B200 keeps the prior).
 - ``waiting_request_overhead_s``: CPU time per waiting request a scheduling pass matches
   against the radix tree. SGLang 0.5.23 computes the queue's priority on every pass that can
   admit (``managers/scheduler.py:4129`` ``calc_priority``): under LPM a ``match_kv_cache`` per
@@ -129,7 +133,7 @@ class Efficiency:
     # benchmarks/spec_kernels.py)
     spec_index_query_share: float = 1.0
     # per layer of a decode step above cuda_graph_max_bs_decode (eager launches; prior above)
-    eager_layer_s: float = 8.0e-5
+    eager_layer_s: float = 1.7e-4
     # CPU per waiting request of a scheduling pass that scans the queue (prior above)
     waiting_request_overhead_s: float = 1.0e-5
 

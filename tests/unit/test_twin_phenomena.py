@@ -143,7 +143,7 @@ def bursts(n: int = 2, size: int = 600, gap_s: float = 200.0, isl: int = 500,
 
 def test_over_admission_retracts_and_runs_eager_yet_a_cap_raises_ttft() -> None:
     # Where the cap binds (short prompts, long outputs, 600 at once): the engine default admits
-    # ~680 (the new-token ratio decayed to 0.098 reserves a tenth of the outputs), decodes
+    # ~650 (the new-token ratio decayed to 0.098 reserves a tenth of the outputs), decodes
     # above the 512 CUDA-graph max (eager) and retracts hundreds of requests that recompute
     # later; a cap of 256 removes both, but prefill-first scheduling with a per-token cost that
     # falls as the batch grows makes the capped server slower and its TTFT p50 tens of times
