@@ -972,8 +972,11 @@ def write_calibration(fitted: dict[str, Efficiency], source: dict[str, Any],
                       path: Path = CALIBRATION_PATH) -> None:
     """Write the fitted per-GPU constants and their fit source into the calibration JSON."""
     data = json.loads(path.read_text()) if path.is_file() else {}
-    data["default"] = UNCALIBRATED.as_dict()
-    data["gpus"] = {g: {k: float(f"{v:.4g}") for k, v in e.as_dict().items()}
+    data["default"] = {k: getattr(UNCALIBRATED, k) for k in FIT_NAMES}
+    # only the constants the fit moves, in both blocks: the others (priors such as
+    # tokenizer_tokens_per_s or the spec_* kernel constants) come from the dataclass defaults
+    # of domain/calibration.py, so a changed prior needs no refit to take effect
+    data["gpus"] = {g: {k: float(f"{getattr(e, k):.4g}") for k in FIT_NAMES}
                     for g, e in sorted(fitted.items())}
     data["fit"] = source
     data["note"] = (
