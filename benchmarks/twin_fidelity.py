@@ -26,9 +26,9 @@ give TPOT and TTFT. Two client models:
   points, with random lengths, run this way).
 
 Until the TTFT path was modelled the staggered loop was primary; on the measured rows the
-synchronized one is far closer on TTFT (median error 48 % against 82 % with the same constants,
-58 rows) and as close on TPOT, so the fit now records that one. Throughput per GPU is derived on
-both sides the same way (Little's law for a closed loop):
+synchronized one is far closer on TTFT (median error 45 % against 80 % with the same fitted
+constants, 234 rows; 2026-12-02) and closer on TPOT (7 % against 15 %), so the fit records it.
+Throughput per GPU is derived on both sides the same way (Little's law for a closed loop):
 ``concurrency x OSL / (TTFT + (OSL - 1) x TPOT) / GPUs``.
 
 ``--fit`` fits the efficiency constants of ``domain/calibration.py`` per GPU: Levenberg-Marquardt
@@ -202,7 +202,7 @@ LOMO_NOTE = (
     "client phases its requests. The twin's synchronized loop (bench_serving starts every "
     "client at once) keeps fixed-length cohorts together; the measured loops desynchronize "
     "partly (at 80-512 clients their TPOT includes interleaved prefill chunks, so the fit "
-    "raises step_overhead_s to its bound), and the rows do not record the phasing. (2) TPOT "
+    "raises step_overhead_s towards its bound), and the rows do not record the phasing. (2) TPOT "
     "and tok/s/GPU of a family whose attention kernel no other family shares: GLM-5 is the "
     "only DSA model and DeepSeek the only MLA one, so in their folds eta_dsa_index / "
     "dsa_layer_latency_s / eta_kv_mla stay at priors or come from the other one; what is "

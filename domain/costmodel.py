@@ -38,6 +38,12 @@ estimators reference, section 6):
 
 Efficiencies and latencies come from :mod:`domain.calibration` per GPU (fitted by
 ``benchmarks/twin_fidelity.py``). Units: seconds out; tokens in.
+
+Longer than 500 lines on purpose: every term of one step (linear layers, attention, the
+DSA indexer, all-reduces, verify and draft, eager launch, scheduler CPU) shares this class's
+constants and its memo of batch-size-only terms, and ``benchmarks/twin_fidelity.py`` patches
+``efficiency`` here to fit them; split across modules the fit's patch and the memo would have
+to follow each part.
 """
 
 from __future__ import annotations

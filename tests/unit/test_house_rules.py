@@ -15,7 +15,7 @@ PACKAGES = ("domain", "memory", "mcp_servers", "agents", "graph", "sandbox", "se
             "twin_http")
 MAX_LINES = 500
 # The only product files that may be longer, each with its reason in its module docstring.
-DESERVED = {"domain/twin/engine.py", "mcp_servers/cluster/local.py",
+DESERVED = {"domain/twin/engine.py", "domain/costmodel.py", "mcp_servers/cluster/local.py",
             "mcp_servers/cluster/kubernetes.py", "agents/claude.py", "sandbox/policy.py",
             "mcp_servers/source/analysis.py"}
 REASON = "Longer than 500 lines on purpose:"
