@@ -1048,8 +1048,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                                              for g in SYSTEMS.values()}},
             "method": "Levenberg-Marquardt on log(pred/measured) of TPOT (weight 1) and TTFT "
                       f"(weight {TTFT_WEIGHT}), soft-L1, prior weight {PRIOR_WEIGHT} towards the "
-                      f"starting values; {FIT_ROUNDS} rounds of recording the engine's schedule "
-                      "(staggered closed loop) and re-timing it; H100 starts from H200's fit",
+                      f"starting values ({PRIOR_WEIGHTS} where named); {FIT_ROUNDS} rounds of "
+                      "recording the engine's schedule (synchronized closed loop) and re-timing "
+                      "it; H100 starts from H200's fit",
             "fit_rows": "rows with a recorded backend_version (evaluation: all rows)",
             "fitted_names": names_fitted,
             "bounds": {n: list(BOUNDS[n]) for n in FIT_NAMES},
