@@ -10,9 +10,14 @@ Mechanics (SGLang 0.5.23 scheduler, ``managers/scheduler.py`` and ``schedule_pol
   enough KV: free plus evictable (unreferenced radix-cache) tokens minus the decode tokens
   reserved for running requests (remaining output x ``new_token_ratio``) must cover the new,
   uncached prompt tokens plus the request's own reservation. ``new_token_ratio`` starts at
-  0.7 x schedule_conservativeness, decays linearly to 0.14 x that over 600 decode steps and is
-  reset on retraction (SGLang's ``SGLANG_INIT_NEW_TOKEN_RATIO``,
-  ``SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR``, ``SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS`` defaults).
+  0.7 x schedule_conservativeness, decays linearly to 0.14 x that over 600 decode steps without
+  retraction, is re-estimated from the batch kept after a retraction and reset when the engine
+  idles (SGLang's ``SGLANG_INIT_NEW_TOKEN_RATIO``, ``SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR``,
+  ``SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS``, ``SGLANG_RETRACT_DECODE_STEPS`` defaults,
+  ``managers/scheduler_components/new_token_ratio_tracker.py``). An admission pass is skipped
+  while the running batch is full (SGLang's ``batch_is_full``: no slot, or the head did not
+  fit) until a request leaves; a pass that runs costs CPU per waiting request it matches
+  (:meth:`TwinEngine._admit`).
 - Radix prefix cache (:mod:`domain.twin.prefix_cache`): a request reuses its longest cached
   prefix (at least its last prompt token is recomputed); HiCache host hits are loaded back over
   the host link before the prefill, charged per token. Finished prompts stay cached until
@@ -21,7 +26,9 @@ Mechanics (SGLang 0.5.23 scheduler, ``managers/scheduler.py`` and ``schedule_pol
   a longer prompt is split into chunks over several iterations (one chunked request at a time).
 - Decode batches every running request (continuous batching); if the KV pool cannot hold the
   next step's tokens even after evicting the cache, the requests with the fewest generated tokens
-  are retracted to the front of the queue and recomputed later (``retract_decode``).
+  are retracted to the back of the queue and recomputed later (``retract_decode``,
+  :meth:`TwinEngine._make_room`). A decode batch above the CUDA-graph max runs eagerly
+  (:meth:`~domain.costmodel.StepCostModel.eager_time`).
 - Speculative decoding (EAGLE/NEXTN): each decode iteration is a draft + verify step that emits
   ``accept_length`` tokens per request on average (:mod:`domain.speculative`), at the cost of
   :meth:`~domain.costmodel.StepCostModel.verify_time` + ``draft_time``.
