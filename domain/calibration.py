@@ -29,6 +29,25 @@ Op classes:
   the running requests). SGLang's overlap scheduler (on by default since v0.4, "zero-overhead
   batch scheduler") runs it while the GPU executes the previous batch, so a decode step takes
   max(GPU time, CPU time). ``prefill_overhead_s`` is the fixed extra time of a prefill step.
+- ``request_fixed_s``: the TTFT path outside the GPU steps, per request: HTTP receive
+  (``entrypoints/http_server.py``, FastAPI/uvicorn), the hand-off of the tokenized request over
+  ZMQ to the scheduler, which reads its socket once per iteration (``managers/scheduler.py:
+  recv_requests``), and the way back of each token batch through the detokenizer process
+  (``managers/detokenizer_manager.py: DetokenizerManager.event_loop``) and the tokenizer manager's
+  streaming response (all SGLang 0.5.23, ``python/sglang/srt/``). The twin adds it to every
+  token's time (a pipeline delay: TTFT and E2E grow by it, inter-token gaps do not). Prior 3 ms:
+  two ZMQ hops and two asyncio/uvicorn hand-offs, each well under 1 ms on an idle host, plus the
+  first detokenize; the fit moves it (``benchmarks/twin_fidelity.py --fit``).
+- ``tokenizer_tokens_per_s``: tokenization throughput of the tokenizer manager, ONE process
+  (``managers/tokenizer_manager.py``: ``TokenizerManager`` "is a process that tokenizes the
+  text"; ``generate_request`` awaits ``_tokenize_one_request`` then ``_send_one_request``;
+  ``--tokenizer-worker-num`` defaults to 1, sglang-knobs reference). Requests queue behind each
+  other there: a request becomes schedulable ``input_tokens / tokenizer_tokens_per_s`` after the
+  tokenizer is free. Prior 5e5 tokens/s: the HuggingFace ``tokenizers`` README ("less than 20
+  seconds to tokenize a GB of text on a server's CPU", i.e. ~12 M tokens/s at ~4 bytes per
+  token over all cores of a server) divided over ~24 cores for one single-threaded
+  ``encode`` of one prompt; not fitted (the measured rows' prompts, <= 8k tokens, spend
+  <= 16 ms there).
 - ``moe_gemm_half_tokens``: tokens per touched expert at which an MoE grouped GEMM reaches
   half its compute efficiency (the M-tile padding of small expert GEMMs), fitted on the wheel's
   measured SGLang MoE kernel table by ``benchmarks/spec_kernels.py`` (not by the step fit).
@@ -96,10 +115,11 @@ class Efficiency:
     request_overhead_s: float = 0.0
     prefill_overhead_s: float = 2.5e-3
     allreduce_latency_s: float = 6e-6
-    # per layer of a decode step above cuda_graph_max_bs_decode (eager launches; prior above)
-    eager_layer_s: float = 1.7e-4
-    # CPU per waiting request of a scheduling pass that scans the queue (prior above)
-    waiting_request_overhead_s: float = 1.0e-5
+    # The per-request fixed latency of SGLang's serving path outside the GPU steps, added to
+    # TTFT (and to every token's time: it is a pipeline delay, so ITL/TPOT do not see it).
+    request_fixed_s: float = 3.0e-3
+    # Tokenization throughput of the ONE tokenizer-manager process (--tokenizer-worker-num 1).
+    tokenizer_tokens_per_s: float = 5.0e5
     # tokens per touched expert at which an MoE grouped GEMM reaches half its compute efficiency
     # (eta_compute_moe x m / (m + h)); median of the five SGLang 0.5.14 moe_perf fits of
     # benchmarks/spec_kernels.py (B200 nvfp4/fp8 TP4/TP8: 100, 62, 75, 54; H200 fp8 TP8: 28)
@@ -112,6 +132,10 @@ class Efficiency:
     # a batched kernel reading keys once would pay 0.22 (the wheel's ragged-kernel tables,
     # benchmarks/spec_kernels.py)
     spec_index_query_share: float = 1.0
+    # per layer of a decode step above cuda_graph_max_bs_decode (eager launches; prior above)
+    eager_layer_s: float = 1.7e-4
+    # CPU per waiting request of a scheduling pass that scans the queue (prior above)
+    waiting_request_overhead_s: float = 1.0e-5
 
     def updated(self, values: dict[str, float]) -> Efficiency:
         """A copy with ``values`` replacing fields of the same name.
@@ -129,6 +153,8 @@ class Efficiency:
                 raise ValueError(f"{k} = {v} is not a share of peak in (0, 1.5]")
             if k.endswith("_s") and v < 0:
                 raise ValueError(f"{k} = {v} s is negative")
+            if k == "tokenizer_tokens_per_s" and v <= 0:
+                raise ValueError(f"{k} = {v} tokens/s is not a positive throughput")
             if k.endswith("_share") and not 0 <= v <= 1:
                 raise ValueError(f"{k} = {v} is not a share in [0, 1]")
             if k.endswith("_tokens") and v < 0:

@@ -469,6 +469,25 @@ class StepCostModel:
         return (max(memory, compute) + attn + index + self._allreduce(n, self.mtp_layers)
                 + self._layer_latency(self.mtp_layers, moe))
 
+    # ---- the TTFT path outside the GPU steps (domain/calibration.py) ----
+    @property
+    def request_fixed_s(self) -> float:
+        """Seconds of a request's fixed serving-path latency (HTTP, ZMQ hops, detokenize).
+
+        ``Efficiency.request_fixed_s``; the engine adds it to every token's time of a request
+        (TTFT and E2E grow by it, inter-token gaps do not).
+        """
+        return self.eff.request_fixed_s
+
+    def tokenize_time(self, tokens: float) -> float:
+        """Seconds the ONE tokenizer-manager process spends tokenizing a ``tokens``-token prompt.
+
+        ``tokens / Efficiency.tokenizer_tokens_per_s`` (SGLang 0.5.23
+        ``managers/tokenizer_manager.py``: ``TokenizerManager`` is one process; requests queue
+        behind each other there, which the engine models).
+        """
+        return tokens / self.eff.tokenizer_tokens_per_s
+
     def host_load_time(self, tokens: int) -> float:
         """Seconds to load ``tokens`` KV tokens back from the HiCache host tier to each GPU.
 

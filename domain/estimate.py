@@ -195,12 +195,17 @@ def _decode_step(cost: StepCostModel, rep: FitReport, batch: int,
 
 
 def _throughput(cost: StepCostModel, rep: FitReport, batch: float, isl: float, osl: float,
-                hit: float) -> tuple[float, float, float]:
-    """(output tok/s, requests/s, T_pre s) of one replica at a running ``batch``."""
+                hit: float, outside_s: float = 0.0) -> tuple[float, float, float]:
+    """(output tok/s, requests/s, T_pre s) of one replica at a running ``batch``.
+
+    ``outside_s``: seconds per request a closed-loop client spends outside the engine's steps
+    (the TTFT path: tokenize + ``request_fixed_s``, ``domain/twin/engine.py``), added to the
+    cycle; 0 for an open-loop capacity.
+    """
     b = max(1, int(round(batch)))
     t_pre = _prefill_per_request(cost, isl, hit, rep.chunked_prefill_size)
     t_dec, acc = _decode_step(cost, rep, b, isl + osl / 2)
-    cycle = b * t_pre + max(osl - 1, 0.0) / acc * t_dec
+    cycle = b * t_pre + max(osl - 1, 0.0) / acc * t_dec + outside_s
     if cycle <= 0:
         return 0.0, 0.0, t_pre
     return b * osl / cycle, b / cycle, t_pre
@@ -272,7 +277,8 @@ def estimate(config: ServingConfig, saturation: SaturationSpec,
     if batch < 1:
         return Estimate(fits=False, batch=batch, output_tok_s_per_gpu=0.0,
                         why="the KV pool holds less than one request of the saturation run")
-    tok_s, _, _ = _throughput(cost, rep, batch, s.isl, s.osl, 0.0)
+    tok_s, _, _ = _throughput(cost, rep, batch, s.isl, s.osl, 0.0,
+                              cost.tokenize_time(s.isl) + cost.request_fixed_s)
     sat = tok_s * config.replicas / config.gpus
     if replay is None:
         return Estimate(fits=True, batch=batch, output_tok_s_per_gpu=sat)
@@ -298,8 +304,10 @@ def estimate(config: ServingConfig, saturation: SaturationSpec,
         ttft = math.inf
     else:
         e2e = t_pre + max(r.osl_mean - 1, 0.0) / acc * t_dec  # slot-seconds per request
+        # + the TTFT path outside the GPU (domain/twin/engine.py): tokenize, fixed latency
         ttft = (first + t_dec + _p99_exp_wait(rho_p, t_pre)
-                + _p99_slot_wait(rho, b_max, e2e)) * 1000
+                + _p99_slot_wait(rho, b_max, e2e)
+                + cost.tokenize_time(r.isl_p99) + cost.request_fixed_s) * 1000
     return Estimate(fits=True, batch=batch, output_tok_s_per_gpu=sat, capacity_req_s=mu,
                     utilization=rho, ttft_p99_ms=ttft)
 

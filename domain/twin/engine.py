@@ -33,7 +33,19 @@ Mechanics (SGLang 0.5.23 scheduler, ``managers/scheduler.py`` and ``schedule_pol
   ``accept_length`` tokens per request on average (:mod:`domain.speculative`), at the cost of
   :meth:`~domain.costmodel.StepCostModel.verify_time` + ``draft_time``; every prefill step also
   pays the draft layers' extend over its prompt tokens (``draft_prefill_time``).
-- The first token is produced by the last prefill chunk (TTFT = its end - arrival).
+- The first token is produced by the last prefill chunk.
+- The TTFT path outside the GPU (SGLang 0.5.23, ``python/sglang/srt/managers/``): a request is
+  tokenized by the ONE tokenizer-manager process (``tokenizer_manager.py``: ``TokenizerManager``
+  "is a process that tokenizes the text"; ``generate_request`` awaits ``_tokenize_one_request``
+  before ``_send_one_request`` hands it to the scheduler over ZMQ), so requests queue there:
+  request k becomes schedulable at ``ready_k = max(arrival_k, ready_{k-1}) +
+  cost.tokenize_time(input_k)`` (FIFO in arrival order). Every token then leaves
+  ``cost.request_fixed_s`` after the iteration that produced it (HTTP receive, ZMQ hops, the
+  detokenizer process and the streaming response: a constant pipeline delay), so
+  TTFT = tokenizer wait + tokenize + scheduler wait + prefill + ``request_fixed_s`` and the
+  inter-token gaps are unchanged. A closed-loop client sends its next request when it has seen
+  the last token (finish + ``request_fixed_s``). A step-cost model without these two members
+  (the tests' hand-checkable fakes) has neither delay.
 
 Implementation note: decode iterations are O(1) in the batch size. Every decode step appends its
 end time to ``T`` and the tokens it emits per request to the cumulative array ``C``; a request
@@ -108,6 +120,7 @@ class _Req:
     reprefill_times: list[float] = field(default_factory=list)
     cached: int = 0           # prompt tokens served from the cache on the last admission
     error: str | None = None
+    ready: float = 0.0        # when the tokenizer manager hands it to the scheduler
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +301,7 @@ class TwinEngine:
         self.now = 0.0
         self._reqs: list[_Req] = []
         self._pending: deque[_Req] = deque()
+        self._tokenizing: deque[_Req] = deque()          # in the tokenizer (ready ascending)
         self._waiting: deque[_Req] = deque()
         self._running: dict[int, _Req] = {}
         self._heap: list[tuple[float, int, int]] = []   # (cumulative-token target, epoch, idx)
@@ -313,6 +327,10 @@ class TwinEngine:
         self._finish_order: list[int] = []  # request indices in the order they ended
         self._lpm_dirty = True
         self._uses_spec = False
+        # the TTFT path outside the GPU steps (module docstring); 0 for costs without it
+        self._fixed = float(getattr(cost, "request_fixed_s", 0.0))
+        self._tokenize = getattr(cost, "tokenize_time", None)
+        self._tokenizer_free = 0.0                       # when the tokenizer is next idle
 
     # ------------------------------------------------------------------ public API
     def submit(self, arrival_s: float, input_tokens: int, output_tokens: int,
@@ -339,7 +357,24 @@ class TwinEngine:
     @property
     def busy(self) -> bool:
         """Whether a submitted request is not finished (there is work to simulate)."""
-        return bool(self._pending or self._waiting or self._running or self._chunked)
+        return bool(self._pending or self._tokenizing or self._waiting or self._running
+                    or self._chunked)
+
+    @property
+    def next_event_s(self) -> float:
+        """Virtual time of the next scheduler decision (inf when idle).
+
+        :attr:`now` while a request is running, waiting or mid-prefill; else the next arrival
+        or the next request leaving the tokenizer.
+        """
+        if self._running or self._waiting or self._chunked is not None:
+            return self.now
+        t = math.inf
+        if self._pending:
+            t = self._pending[0].arrival
+        if self._tokenizing:
+            t = min(t, self._tokenizing[0].ready)
+        return max(t, self.now) if t < math.inf else t
 
     @property
     def new_token_ratio(self) -> float:
@@ -365,8 +400,8 @@ class TwinEngine:
         done = not math.isnan(r.finish)
         if r.error is not None or math.isnan(r.first_token):
             return RequestProgress([], done, r.error, r.cached)
-        T, C = self._T, self._C
-        out: list[float] = [r.first_token] if since <= 0 else []
+        T, C, fixed = self._T, self._C, self._fixed
+        out: list[float] = [r.first_token + fixed] if since <= 0 else []
         n = 1  # tokens accounted for so far
         re = iter(r.reprefill_times)
         segs = r.segments
@@ -377,7 +412,7 @@ class TwinEngine:
             if a < 0:  # a recomputation's token
                 t = next(re)
                 if n >= since:
-                    out.append(t)
+                    out.append(t + fixed)
                 n += 1
                 continue
             if b <= a or tokens <= 0:
@@ -386,7 +421,7 @@ class TwinEngine:
                 for j in range(max(0, since - n), tokens):
                     # token j of the segment ends the first step whose cumulative count > j
                     m = bisect.bisect_left(C, C[a] + j + 1 - _EPS, a + 1, b + 1)
-                    out.append(T[m - 1])
+                    out.append(T[m - 1] + fixed)
             n += tokens
         return RequestProgress(out, done, None, r.cached)
 
@@ -395,7 +430,8 @@ class TwinEngine:
         chunked = 1 if self._chunked is not None else 0
         used = self.lim.kv_tokens - self._free() - self._evictable()
         return EngineLoad(running=len(self._running) + chunked,
-                          queued=len(self._waiting) + len(self._pending),
+                          queued=len(self._waiting) + len(self._pending)
+                          + len(self._tokenizing),
                           used_kv_tokens=max(0.0, used), kv_tokens=self.lim.kv_tokens)
 
     def abort(self, idx: int, message: str = "aborted by the client") -> bool:
@@ -418,6 +454,8 @@ class TwinEngine:
         elif r in self._waiting:
             self._waiting.remove(r)
             self._lpm_dirty = True
+        elif r in self._tokenizing:
+            self._tokenizing.remove(r)
         elif r in self._pending:
             self._pending.remove(r)
         self._fail(r, self.now, message)
@@ -473,6 +511,7 @@ class TwinEngine:
         """
         lim, cache = self.lim, self.cache
         pending, waiting, running = self._pending, self._waiting, self._running
+        tokenizing, tokenize = self._tokenizing, self._tokenize
         topk = lim.index_topk
         budget, mask, it = self.compute_budget, CHECK_EVERY - 1, 0
         while self.now < until:
@@ -488,7 +527,14 @@ class TwinEngine:
                                f"exceeds the KV pool ({lim.kv_tokens}) or context length "
                                f"({lim.context_len})")
                     continue
-                waiting.append(r)
+                # the one tokenizer process, FIFO in arrival order (module docstring)
+                ready = max(r.arrival, self._tokenizer_free)
+                if tokenize is not None:
+                    ready += tokenize(r.input)
+                r.ready = self._tokenizer_free = ready
+                tokenizing.append(r)
+            while tokenizing and tokenizing[0].ready <= now:
+                waiting.append(tokenizing.popleft())
                 self._lpm_dirty = True
             if now > max_virtual_s:
                 for r in self._reqs:
@@ -497,6 +543,7 @@ class TwinEngine:
                                            f"({max_virtual_s:g} s): the workload is far beyond "
                                            "what this config serves (check time_scale)")
                 pending.clear()
+                tokenizing.clear()
                 waiting.clear()
                 running.clear()
                 self._chunked = None
@@ -510,11 +557,13 @@ class TwinEngine:
             if running:
                 self._decode(min(until, max_virtual_s))
                 continue
-            # ---- idle: jump to the next arrival ----
+            # ---- idle: jump to the next arrival or tokenized request ----
             self._ratio = self._init_ratio  # on_idle resets the ratio (scheduler.py:5318)
-            if pending:
-                self.now = max(now, min(pending[0].arrival, until))
-                if self.now < pending[0].arrival:
+            if pending or tokenizing:
+                nxt = min(pending[0].arrival if pending else math.inf,
+                          tokenizing[0].ready if tokenizing else math.inf)
+                self.now = max(now, min(nxt, until))
+                if self.now < nxt:
                     break
                 continue
             if waiting:  # nothing runs and the head cannot be admitted: it never fits
@@ -533,7 +582,7 @@ class TwinEngine:
         admission pass before it (``self._scan_s``); a batch above the graph max runs eagerly.
         """
         cost, spec, running, pending = self.cost, self.lim.spec, self._running, self._pending
-        waiting = self._waiting
+        tokenizing, waiting = self._tokenizing, self._waiting
         T, C, heap, st = self._T, self._C, self._heap, self.stats
         budget, mask = self.compute_budget, CHECK_EVERY - 1
         while True:
@@ -592,7 +641,8 @@ class TwinEngine:
                 finished = True
             if (finished or not running or (waiting and not self._full)
                     or self._chunked is not None or self.now >= until
-                    or (pending and pending[0].arrival <= self.now)):
+                    or (pending and pending[0].arrival <= self.now)
+                    or (tokenizing and tokenizing[0].ready <= self.now)):
                 return
 
     # ------------------------------------------------------------------ helpers
@@ -847,15 +897,19 @@ class TwinEngine:
 
     def _finish(self, r: _Req, t: float) -> None:
         r.finish = t
-        self._finish_times.append(t)
+        seen = t + self._fixed  # the client has the last token
+        self._finish_times.append(seen)
         self._finish_order.append(r.idx)
         closed = self._closed
-        if closed is not None and t < closed[0] and (
+        if closed is not None and seen < closed[0] and (
                 not self._max_requests or len(self._reqs) < self._max_requests):
-            nr = _Req(idx=len(self._reqs), arrival=t, input=closed[1], output=closed[2],
+            nr = _Req(idx=len(self._reqs), arrival=seen, input=closed[1], output=closed[2],
                       path=[], block=0, target=closed[1])
             self._reqs.append(nr)
-            self._pending.appendleft(nr)
+            pending, i = self._pending, 0
+            while i < len(pending) and pending[i].arrival < seen:  # keep arrival order
+                i += 1
+            pending.insert(i, nr)
 
     def _fail(self, r: _Req, t: float, message: str) -> None:
         r.error, r.finish = message, t
@@ -883,7 +937,8 @@ class TwinEngine:
                                          error=r.error or "request did not finish"))
                 continue
             out.append(RequestRecord(
-                arrival_s=r.arrival, first_token_s=r.first_token, finish_s=r.finish,
+                arrival_s=r.arrival, first_token_s=r.first_token + self._fixed,
+                finish_s=r.finish + self._fixed,
                 input_tokens=r.input, output_tokens=r.output,
                 itl_s=self._itl(r, T, C)))
         return out

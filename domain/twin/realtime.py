@@ -269,16 +269,17 @@ class RealtimeTwin:
         """Virtual time of the next :meth:`poll` that can change something (inf: idle).
 
         The earliest of: the next known token time less ``ahead`` (the ``poll`` argument),
-        and the end of the iteration each busy replica is in (the next iteration is decided
-        then, never earlier).
+        and each busy replica's next scheduler decision
+        (:attr:`~domain.twin.engine.TwinEngine.next_event_s`: the end of the iteration it is in,
+        or, idle, the next request leaving its tokenizer).
         """
         t = math.inf
         for lv in self._live.values():
             if lv.times and lv.times[0] - ahead < t:
                 t = lv.times[0] - ahead
         for e in self.engines:
-            if e.busy and e.now < t:
-                t = e.now
+            if e.busy and e.next_event_s < t:
+                t = e.next_event_s
         return t
 
     # ------------------------------------------------------------------ introspection

@@ -55,7 +55,7 @@ def test_glm5_tp8_all_reduce_share_by_interconnect(tmp_path: Path, study_file: s
     if gpu == RTX_PRO_6000:
         assert share >= 0.40
         assert (f"GPU `{RTX_PRO_6000}`: uncalibrated (default twin constants; twin error on "
-                "calibrated GPUs (B200, H100, H200): TPOT median 9 %") in report
+                "calibrated GPUs (B200, H100, H200): TPOT median 7 %") in report
     else:
         assert share <= 0.15
         assert "GPU `B200`: calibrated" in report

@@ -3,7 +3,8 @@ NEXTN, 256 clients at ISL 1000 / OSL 250. SGLang resets an unset max_running_req
 speculative decoding is on, so the baseline's batch is held at 48 of the 256 clients. Before the
 rule the ovat brain's first move turned MTP off (that also lifts the cap) and ended at 515
 tok/s/GPU; the guided brain raised the cap to 256 with MTP on and reached 835 (486 and 732 since
-issue 20 prices verify per draft token and the MoE tile term). The ovat brain now
+issue 20 prices verify per draft token and the MoE tile term; 486 and 676 after issue 20's
+refit with the TTFT path). The ovat brain now
 raises the cap before it drops speculation, and ends where the guided brain does."""
 
 from __future__ import annotations
@@ -41,17 +42,17 @@ def test_ovat_raises_the_speculative_cap_before_dropping_speculation(tmp_path):
              (tmp_path / "runs" / "ovat" / "events.jsonl").read_text().splitlines()
              if '"plan"' in line]
     assert "its default 48" in next(p["rationale"] for p in plans if p.get("kind") == "plan")
-    assert first["objective"] > 2 * base["objective"]
+    assert first["objective"] > 1.8 * base["objective"]  # 1.96x (2.1x before the refit)
     # dropping MTP is still tried, after the raise, and loses to it
     off = [(s, b) for s, b in ovat if b["changed"] == "speculative=off"]
-    assert off and off[0][0] == "discard" and off[0][1]["objective"] < 0.7 * first["objective"]
+    assert off and off[0][0] == "discard" and off[0][1]["objective"] < 0.75 * first["objective"]
 
     best = max(b["objective"] or 0 for _, b in ovat)
     best_guided = max(b["objective"] or 0 for _, b in guided)
-    assert best == pytest.approx(best_guided, rel=0.01)  # both end at ~732 tok/s/GPU
-    # 732 vs 486 measured (before issue 20's per-draft-token verify pricing and MoE tile term:
-    # 835 vs 515)
-    assert 700 < best < 770 and 460 < off[0][1]["objective"] < 510
+    assert best == pytest.approx(best_guided, rel=0.01)  # both end at ~676 tok/s/GPU
+    # 676 vs 486 measured since issue 20's refit (732 vs 486 before it; before issue 20's
+    # per-draft-token verify pricing and MoE tile term: 835 vs 515)
+    assert 640 < best < 710 and 460 < off[0][1]["objective"] < 510
     # the same knowledge in the ledger: the baseline's row carries the pre-flight lint on the
     # speculative default cap (domain/preflight.py), the raised cap's row does not
     assert "SPEC_DEFAULT_CAP" in [n["code"] for n in base["lints"]]

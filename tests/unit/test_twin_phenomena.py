@@ -146,7 +146,7 @@ def test_over_admission_retracts_and_runs_eager_yet_a_cap_raises_ttft() -> None:
     # ~650 (the new-token ratio decayed to 0.098 reserves a tenth of the outputs), decodes
     # above the 512 CUDA-graph max (eager) and retracts hundreds of requests that recompute
     # later; a cap of 256 removes both, but prefill-first scheduling with a per-token cost that
-    # falls as the batch grows makes the capped server slower and its TTFT p50 tens of times
+    # falls as the batch grows makes the capped server slower and its TTFT p50 a few times
     # longer. The twin's faithful model predicts no cure from a cap (docs/validation.md).
     config, rep = ready(**PRACTICE)
     recs, st = simulate_open_loop(config, rep, bursts())
@@ -157,7 +157,9 @@ def test_over_admission_retracts_and_runs_eager_yet_a_cap_raises_ttft() -> None:
     assert st[0].max_running > rep.cuda_graph_max_bs_decode  # eager decode steps
     assert st[0].retractions > 50
     assert st_c[0].max_running == 256 and st_c[0].retractions == 0
-    assert capped.ttft_ms.p50 > 10 * default.ttft_ms.p50
+    # 2.7x with the 2026-12-02 refit (B200's 100 ms per-prefill-step overhead became the
+    # TTFT path's per-request latency: the capped server's many small prefills cost less)
+    assert capped.ttft_ms.p50 > 2 * default.ttft_ms.p50
     assert capped.output_tok_s_per_gpu < 0.8 * default.output_tok_s_per_gpu
 
 
