@@ -251,7 +251,9 @@ def test_new_fields_keep_old_ids():
                  "disable_radix_cache", "enable_hierarchical_cache", "hicache_ratio",
                  "mm_attention_backend", "context_length", "page_size", "disable_cuda_graph",
                  "moe_runner_backend", "fp4_gemm_runner_backend", "num_continuous_decode_steps",
-                 "enable_two_batch_overlap", "enable_single_batch_overlap"):  # issue 19's
+                 "enable_two_batch_overlap", "enable_single_batch_overlap",  # issue 19's
+                 "router_cache_threshold", "router_balance_abs_threshold",
+                 "router_balance_rel_threshold"):  # issue 20's router knobs
         del data[name]
     old = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
     assert config.config_id() == old
