@@ -219,7 +219,8 @@ def read_points(path: Path) -> list[dict[str, Any]]:
     try:
         points = json.loads(Path(path).read_text())["points"]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise SystemExit(f"--published {path}: not a published-points file ({e})") from None
+        raise SystemExit(f"--published {path}: not a published-points file (expected "
+                         f"{{\"points\": [...]}}: {type(e).__name__}: {e})") from None
     if not isinstance(points, list):
         raise SystemExit(f"--published {path}: 'points' is not a list")
     return points
@@ -440,12 +441,24 @@ def _offline_requests(row: Mapping[str, Any], isl: int, osl: int) -> tuple[int, 
 
 
 def map_row(row: Mapping[str, Any]) -> Scenario | Skip:
-    """The twin scenario of one published row, or the reason it is skipped."""
-    rid, eng = str(row.get("id", "?")), engine_name(row)
+    """The twin scenario of one published row, or the reason it is skipped.
+
+    A row that is not an object, or whose fields have the wrong shape (e.g. ``"load": "x"``),
+    is skipped as malformed with the Python error, so one bad row never stops the benchmark.
+    """
+    if not isinstance(row, Mapping):
+        return Skip("?", "?", f"malformed row: not an object ({type(row).__name__})")
+    rid = str(row.get("id", "?"))
+    try:
+        eng = engine_name(row)
+    except (AttributeError, TypeError, ValueError) as e:
+        return Skip(rid, "?", f"malformed row: {type(e).__name__}: {e}")
     try:
         return _map(row, rid, eng)
     except _Unmappable as e:
         return Skip(rid, eng, str(e))
+    except (AttributeError, TypeError, ValueError, KeyError) as e:
+        return Skip(rid, eng, f"malformed row: {type(e).__name__}: {e}")
 
 
 def _map(row: Mapping[str, Any], rid: str, eng: str) -> Scenario:

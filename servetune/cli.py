@@ -115,7 +115,7 @@ def run(
     router: Annotated[bool, typer.Option(
         "--router", help="local and kubernetes backends: the SGLang router (the config's "
                          "router_policy) in front of a trial's replicas; local: the pinned "
-                         "sglang-router 0.3.2 process (pip install 'servetune[router]'), "
+                         "sglang-router 0.3.2 process (pip install 'servetune\\[router]'), "
                          "refused when it is not installed")] = False,
 ) -> None:
     """Run (or resume) a study and write runs/<run-id>/ with report.md, plots and the ledger."""

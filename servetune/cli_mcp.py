@@ -99,7 +99,7 @@ def mcp_cluster(
     router: Annotated[bool, typer.Option(
         "--router", help="kubernetes and local backends: the SGLang router (config."
                          "router_policy) in front of the replicas; local: the pinned "
-                         "sglang-router 0.3.2 process (pip install 'servetune[router]'), "
+                         "sglang-router 0.3.2 process (pip install 'servetune\\[router]'), "
                          "refused when it is not installed")]
     = False,
     model_token_secret: ModelTokenSecretOpt = None,

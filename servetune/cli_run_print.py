@@ -109,6 +109,23 @@ def routing_notice(cluster: Any) -> None:
                       "sglang-router in front)", highlight=False, soft_wrap=True)
 
 
+def fronted_by(config: Any) -> str:
+    """What the winner line says fronts the replicas: the router with its flags, or the Service.
+
+    ``kube_service`` runs no router (the Kubernetes Service spreads connections); a
+    ``cache_aware`` router carries its threshold flags
+    (:meth:`domain.config.ServingConfig.router_args`) so the line is the command that was measured.
+
+    Args:
+        config: the winner's :class:`~domain.config.ServingConfig`.
+    """
+    args = config.router_args([])
+    if args is None:
+        return "behind a Kubernetes Service (no router)"
+    flags = " ".join(args[args.index("--policy") + 2:])
+    return f"behind the {config.router_policy} router" + (f" ({flags})" if flags else "")
+
+
 def print_spend(run_dir: Path, settings: Settings, out: Any) -> None:
     """One line: the run's Messages API calls, tokens and estimated USD so far (if any)."""
     from domain.usage import spend_line
@@ -178,9 +195,8 @@ def finish(study: Any, rid: str, run_dir: Path, stop_reason: str, trace_path: Pa
     winner = next((t for t in trials if t.status == "winner"), None)
     if winner is not None:
         console.print(f"winner: {winner.config.replicas} x "
-                      f"[bold]{escape(winner.config.launch_command())}[/] behind the "
-                      f"{escape(winner.config.router_policy)} router", highlight=False,
-                      soft_wrap=True)
+                      f"[bold]{escape(winner.config.launch_command())}[/] "
+                      f"{escape(fronted_by(winner.config))}", highlight=False, soft_wrap=True)
     else:
         console.print(f"no finalist met the SLO (TTFT p99 <= {study.slo.ttft_p99_ms:,.0f} ms)")
     console.print(f"stopped: {stop_reason or 'finished'}", highlight=False, markup=False)

@@ -57,7 +57,13 @@ def serve(config: ServingConfig, host: str = "127.0.0.1", port: int = 0,
         if port_file is not None:
             _write_port(port_file, bound)
         shown = f"[{host}]" if ":" in host else host
-        print(f"twin: {config.replicas} replica(s) of config {config.config_id()} at "
+        args = config.router_args([])
+        flags = [] if args is None else args[args.index("--policy") + 2:]
+        routed = ("" if config.replicas < 2 else
+                  " behind a Kubernetes Service (a random replica per connection)" if args is None
+                  else f" behind the {config.router_policy} router"
+                  + (f" ({' '.join(flags)})" if flags else ""))
+        print(f"twin: {config.replicas} replica(s) of config {config.config_id()}{routed} at "
               f"http://{shown}:{bound}, speedup {speedup:g}x", flush=True)
         print(READY_LINE, flush=True)
 

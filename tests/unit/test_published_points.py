@@ -130,6 +130,17 @@ def test_unexpressible_rows_get_their_exact_reason(change: dict[str, Any], reaso
     assert pp.map_row(_row(**change)) == pp.Skip("T1", "SGLang", reason)
 
 
+def test_a_malformed_row_is_skipped_with_its_error_not_a_crash(tmp_path: Path) -> None:
+    """A wrong-shaped field skips its row (the others still run); a wrong top level exits."""
+    assert pp.map_row(_row(load="x")) == pp.Skip(
+        "T1", "SGLang", "malformed row: AttributeError: 'str' object has no attribute 'get'")
+    assert pp.map_row("P99") == pp.Skip("?", "?", "malformed row: not an object (str)")
+    bad = tmp_path / "rows.json"
+    bad.write_text(json.dumps([_row()]))
+    with pytest.raises(SystemExit, match=r'expected \{"points": \[\.\.\.\]\}: TypeError'):
+        pp.read_points(bad)
+
+
 def test_lengths_are_the_measured_means_of_drawn_datasets() -> None:
     """Random/ShareGPT lengths run at their measured means; fixed ones at ISL/OSL; marked."""
     drawn = pp.map_row(_row())

@@ -76,6 +76,20 @@ def test_kube_service_pins_each_connection_to_a_seeded_random_pod() -> None:
                 for s in range(20)}) > 2  # spread, not a fixed split
 
 
+def test_the_winner_line_names_what_fronts_the_replicas() -> None:
+    from servetune.cli_run_print import fronted_by
+
+    cfg = ServingConfig(model="glm-5", gpu="B200", tp_size=4, weights="nvfp4", replicas=2,
+                        router_policy="cache_aware", router_cache_threshold=0.5,
+                        router_balance_abs_threshold=8, router_balance_rel_threshold=1.2)
+    assert fronted_by(cfg) == ("behind the cache_aware router (--cache-threshold 0.5 "
+                               "--balance-abs-threshold 8 --balance-rel-threshold 1.2)")
+    assert fronted_by(cfg.model_copy(update={"router_policy": "round_robin"})) \
+        == "behind the round_robin router"
+    assert fronted_by(cfg.model_copy(update={"router_policy": "kube_service"})) \
+        == "behind a Kubernetes Service (no router)"
+
+
 def test_router_knobs_are_study_knobs() -> None:
     base = ServingConfig(model="glm-5", gpu="B200", tp_size=4, weights="nvfp4", replicas=2)
     assert apply_knob(base, "router_policy", "kube_service", 8).router_policy == "kube_service"

@@ -16,7 +16,7 @@ import pytest
 from fixtures.configs import serving_config as cfg
 
 import domain.hardware as hw
-from domain.config import V1_FIELDS, ServingConfig
+from domain.config import ROUTER_FIELDS, V1_FIELDS, ServingConfig
 from domain.costmodel import build_cost_model
 from domain.engines.sglang.arch import resolved_backends
 from domain.errors import ConfigInvalid
@@ -196,7 +196,8 @@ def test_new_flags_reach_argv_and_default_configs_keep_their_id() -> None:
            "router_cache_threshold", "router_balance_abs_threshold",
            "router_balance_rel_threshold")
     data = {k: v for k, v in cfg().model_dump(mode="json").items() if k not in new
-            and (k not in V1_FIELDS or v != ServingConfig.model_fields[k].default)}
+            and (k not in (*V1_FIELDS, *ROUTER_FIELDS)
+                 or v != ServingConfig.model_fields[k].default)}
     blob = json.dumps(data, sort_keys=True).encode()
     assert cfg().config_id() == hashlib.sha256(blob).hexdigest()[:12]
     assert c.config_id() != cfg().config_id()
