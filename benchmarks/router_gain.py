@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--isl", type=int, default=1024)
     ap.add_argument("--osl", type=int, default=1024)
-    ap.add_argument("--duration", type=float, default=60.0, help="virtual s of new load")
+    ap.add_argument("--duration", type=float, default=240.0, help="virtual s of new load")
     args = ap.parse_args()
     print("| replicas | clients | router tok/s/GPU | gain mean | min | max | wall s |")
     print("|---|---|---|---|---|---|---|")

@@ -251,15 +251,18 @@ def test_cache_aware_router_beats_the_kubernetes_service_by_balancing_load() -> 
     """Synthetic saturation, 4 replicas, 128 clients of 1,024 + 1,024 tokens: the router sends
     each request to the least-loaded replica (synthetic prompts share no prefix), the
     Kubernetes Service pins each client's connection to a random pod. The practice measured
-    +8.8 % tok/s from the router over the Service; the twin's mean over 10 Service seeds is
-    +8.5 % (python benchmarks/router_gain.py)."""
+    +8.8 % tok/s from the router over the Service; the twin's mean over 6 Service seeds is
+    in the test's band (python benchmarks/router_gain.py)."""
     four = dict(PRACTICE, replicas=4)
     config, rep = ready(**four, router_policy="cache_aware")
     kube = config.model_copy(update={"router_policy": "kube_service"})
-    ca = summarize(simulate_closed_loop(config, rep, 128, 60.0, 1024, 1024)[0], config.gpus)
+    # 240 virtual s of load: a request takes ~30 s here, so a 60 s window counts only two
+    # cohorts and a pod with more clients than the mean finishes its second one late (the
+    # window alone then showed +17..+31 %)
+    ca = summarize(simulate_closed_loop(config, rep, 128, 240.0, 1024, 1024)[0], config.gpus)
     gains = [ca.output_tok_s_per_gpu / summarize(simulate_closed_loop(
-        kube, rep, 128, 60.0, 1024, 1024, router_seed=seed)[0], kube.gpus).output_tok_s_per_gpu
-        - 1 for seed in range(10)]
+        kube, rep, 128, 240.0, 1024, 1024, router_seed=seed)[0], kube.gpus).output_tok_s_per_gpu
+        - 1 for seed in range(6)]
     assert 0.03 <= sum(gains) / len(gains) <= 0.15
     assert min(gains) >= 0.0  # balancing never loses on identical replicas
 
