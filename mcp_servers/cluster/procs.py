@@ -152,8 +152,28 @@ def stop_groups(leaders: list[tuple[int, int, str]], grace_s: float,
                 except ProcessLookupError:
                     pass
         _wait_empty(signalled, 5.0, reap)
-    reap()
+    _wait_reaped(signalled, REAP_WAIT_S, reap)
     return out
+
+
+# How long a stopped leader may take from leaving its group's live members (state ``X``, still
+# exiting) to the zombie a parent can reap (``Z``): the kernel's exit path, well under a second
+# on a loaded host; bounded so a leader another process must reap cannot hold the teardown.
+REAP_WAIT_S = 2.0
+
+
+def _wait_reaped(leaders: list[int], timeout_s: float, reap: Callable[[], None]) -> None:
+    """Call ``reap`` until every leader in ``leaders`` is gone from /proc (or ``timeout_s``).
+
+    A leader seen exiting (``X``) is not yet a zombie, so one ``reap`` at that moment finds
+    nothing to collect and the zombie would outlive the teardown.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        reap()
+        if all(proc_stat(p) is None for p in leaders) or time.monotonic() >= deadline:
+            return
+        time.sleep(0.01)
 
 
 def _wait_empty(groups: list[int], timeout_s: float, reap: Callable[[], None]) -> bool:
