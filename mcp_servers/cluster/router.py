@@ -11,11 +11,10 @@ the replicas::
 
 ``POLICY`` is the config's ``router_policy`` (the router's own names: ``round_robin``,
 ``power_of_two``, ``cache_aware``); the routing arguments are the config's own rendering
-(``ServingConfig.router_args``, which the Kubernetes router Deployment uses too) when it has
-one, else the three thresholds are passed when the config has the router knobs
-``router_cache_threshold``, ``router_balance_abs_threshold`` and
-``router_balance_rel_threshold`` set (unset: the router's defaults 0.3, 64 and 1.5,
-sglang-knobs.md section 6). ``kube_service`` (the Kubernetes Service baseline) and a single
+(``ServingConfig.router_args``, which the Kubernetes router Deployment uses too: for
+``cache_aware`` the thresholds ``router_cache_threshold``, ``router_balance_abs_threshold`` and
+``router_balance_rel_threshold``, defaults 0.3, 64 and 1.5, sglang-knobs.md section 6).
+``kube_service`` (the Kubernetes Service baseline) and a single
 replica get no router: the bench client spreads requests over the replicas itself (one
 request after another, round-robin, :class:`~mcp_servers.bench.http.HttpRunner`), as a
 Service's per-connection spreading does with one connection per request.
@@ -52,10 +51,6 @@ READINESS_PATH = "/readiness"  # sglang-router 0.3.2 (sglang-knobs.md 6.4)
 ROUTER_LOG = "router.log"
 # The router's own policies (sglang-router 0.3.2 --policy choices) the config's names map to.
 ROUTER_POLICIES = ("round_robin", "power_of_two", "cache_aware")
-# Config field -> router flag, passed only when the config has the field set (router knobs).
-THRESHOLD_FLAGS = (("router_cache_threshold", "--cache-threshold"),
-                   ("router_balance_abs_threshold", "--balance-abs-threshold"),
-                   ("router_balance_rel_threshold", "--balance-rel-threshold"))
 # The router's log is colored (tracing's ANSI escapes, NO_COLOR is not honoured by 0.3.2)
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 INSTALL_HINT = (f"install the pinned router: pip install 'servetune[router]' (or pip install "
@@ -115,17 +110,10 @@ def router_argv(config: ServingConfig, workers: list[str], host: str, port: int,
     Raises:
         BackendError: the config's policy is not one the router has (``kube_service``).
     """
-    if config.router_policy not in ROUTER_POLICIES:
+    routing = config.router_args(workers)
+    if routing is None or config.router_policy not in ROUTER_POLICIES:
         raise BackendError(f"router_policy {config.router_policy!r} is not a policy of "
                            f"{ROUTER_PACKAGE} (it has {', '.join(ROUTER_POLICIES)})")
-    shared = getattr(config, "router_args", None)  # the config's own rendering, when it has one
-    routing = shared(workers) if shared is not None else None
-    if routing is None:
-        routing = ["--worker-urls", *workers, "--policy", config.router_policy]
-        for field, flag in THRESHOLD_FLAGS:
-            value = getattr(config, field, None)
-            if value is not None:
-                routing += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
     return [sys.executable, "-m", ROUTER_MODULE, *routing, "--host", host, "--port", str(port),
             "--prometheus-host", host, "--prometheus-port", str(metrics_port),
             "--log-level", "warn",
