@@ -282,6 +282,30 @@ class StepCostModel:
         return max(gpu, self.cpu_time(batch))
 
     # ---- step times ----
+    def _prefill_attention(self, attn_pairs: float, index_pairs: float,
+                           layers: int) -> tuple[float, float]:
+        """Seconds of prefill attention and of the DSA indexer over ``layers`` layers.
+
+        ``4 x layers x h x d x attn_pairs`` FLOPs at the bf16 peak and ``layers x`` indexer
+        FLOPs per pair ``x index_pairs`` at the fp8 peak, both at ``eta_attn`` (module
+        docstring). Returns (attention s, indexer s).
+        """
+        e = self.eff
+        attn = 4 * layers * self.attn_dim * attn_pairs / (self.t * e.eta_attn * self.f_bf16)
+        index = layers * self.index_flops_per_pair * index_pairs / (
+            self.t * e.eta_attn * self.f_fp8)
+        return attn, index
+
+    def _draft_weights(self, n_tokens: int) -> float:
+        """Seconds one draft forward at ``n_tokens`` tokens streams its weights.
+
+        The draft layers' non-expert bytes and the shared lm_head (``draft_static_bytes``) plus
+        the routed experts ``n_tokens`` touch in each MTP layer, at ``eta_mem`` of HBM.
+        """
+        touched = self._touched(n_tokens) if self.draft_moe else 0.0
+        read = self.draft_static_bytes + self.mtp_layers * touched * self.expert_bytes
+        return read / (self.t * self.eff.eta_mem * self.bw)
+
     def prefill_time(self, new_tokens: int, attn_pairs: float, index_pairs: float) -> float:
         """Seconds for a prefill (extend) step.
 
@@ -291,9 +315,7 @@ class StepCostModel:
             index_pairs: DSA only: sum over chunks of c x full context (indexer pairs).
         """
         e = self.eff
-        attn = 4 * self.layers * self.attn_dim * attn_pairs / (self.t * e.eta_attn * self.f_bf16)
-        index = self.layers * self.index_flops_per_pair * index_pairs / (
-            self.t * e.eta_attn * self.f_fp8)
+        attn, index = self._prefill_attention(attn_pairs, index_pairs, self.layers)
         return (self._linear(new_tokens) + attn + index
                 + self._allreduce(new_tokens, self.layers)
                 + self._layer_latency(self.layers, self.moe_layers) + e.prefill_overhead_s)
@@ -384,11 +406,8 @@ class StepCostModel:
         per query token (:meth:`_verify_attention`) and pays their all-reduces and per-layer
         latency.
         """
-        e = self.eff
         n = batch * max(1, tokens_per_seq)
-        touched = self._touched(n) if self.draft_moe else 0.0
-        read = self.draft_static_bytes + self.mtp_layers * touched * self.expert_bytes
-        memory = read / (self.t * e.eta_mem * self.bw)
+        memory = self._draft_weights(n)
         compute = n * self.draft_flops_per_token / (self.t * self.f_mlp * self.eta_mlp)
         if self.draft_moe:
             compute += self._moe_tile(n, self.mtp_layers)
@@ -453,18 +472,13 @@ class StepCostModel:
             return 0.0
         e = self.eff
         n = new_tokens
-        touched = self._touched(n) if self.draft_moe else 0.0
-        read = self.draft_static_bytes + self.mtp_layers * touched * self.expert_bytes
-        memory = read / (self.t * e.eta_mem * self.bw)
+        memory = self._draft_weights(n)
         layer_flops = self.draft_flops_per_token - self.draft_lm_head_flops
         compute = (n * layer_flops / (self.t * self.f_mlp * self.eta_mlp)
                    + requests * self.draft_lm_head_flops / (self.t * self.f_attn * e.eta_compute))
         if self.draft_moe:
             compute += self._moe_tile(n, self.mtp_layers)
-        attn = 4 * self.mtp_layers * self.attn_dim * attn_pairs / (
-            self.t * e.eta_attn * self.f_bf16)
-        index = self.mtp_layers * self.index_flops_per_pair * index_pairs / (
-            self.t * e.eta_attn * self.f_fp8)
+        attn, index = self._prefill_attention(attn_pairs, index_pairs, self.mtp_layers)
         moe = self.mtp_layers if self.draft_moe else 0
         return (max(memory, compute) + attn + index + self._allreduce(n, self.mtp_layers)
                 + self._layer_latency(self.mtp_layers, moe))
