@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 import shlex
 from typing import Annotated, Any, Literal
 
@@ -41,18 +43,28 @@ V1_FIELDS = ("schedule_conservativeness", "speculative_algorithm", "speculative_
 ROUTER_FIELDS = ("router_cache_threshold", "router_balance_abs_threshold",
                  "router_balance_rel_threshold")
 _NOT_FLAGS = ("engine", "engine_version", "model", "gpu", "weights", "replicas", "router_policy",
-              *ROUTER_FIELDS)
+              "pd", *ROUTER_FIELDS)
 _FLAG_DEFAULTS: tuple[tuple[str, Any], ...] | None = None  # (field, default) of the others
 # String fields whose values are the choices of the engine version's flag inventory.
 CHOICE_FIELDS = ("attention_backend", "mm_attention_backend", "moe_runner_backend",
-                 "fp4_gemm_runner_backend")
+                 "fp4_gemm_runner_backend", "moe_a2a_backend",
+                 "disaggregation_transfer_backend")
 # Fields passed through to the launch command as given whose effect on memory and speed the
 # twin does not model: the report and ``servetune check`` list them as "not modelled".
 PASSED_THROUGH = ("fp4_gemm_runner_backend", "num_continuous_decode_steps",
-                  "enable_two_batch_overlap", "enable_single_batch_overlap")
+                  "enable_single_batch_overlap")
 # Fields added by issue 19; config_id() leaves them out while unset, as it does V1_FIELDS.
 V19_FIELDS = ("context_length", "page_size", "disable_cuda_graph", "moe_runner_backend",
-              *PASSED_THROUGH)
+              "enable_two_batch_overlap", *PASSED_THROUGH)
+# Parallel layouts (issue 21); config_id() leaves them out while they hold their default.
+LAYOUT_FIELDS = ("attn_dp_size", "dp_size", "ep_size", "moe_a2a_backend", "deepep_mode",
+                 "moe_dense_tp_size", "enable_eplb", "ep_num_redundant_experts", "pp_size",
+                 "enable_dp_lm_head", "disaggregation_mode", "disaggregation_transfer_backend",
+                 "pd")
+# The fields a PD worker group may set for itself (the rest it shares with the config).
+PD_GROUP_FIELDS = ("tp_size", "attn_dp_size", "ep_size", "pp_size", "moe_a2a_backend",
+                   "deepep_mode", "moe_dense_tp_size", "max_running_requests",
+                   "chunked_prefill_size", "cuda_graph_max_bs_decode", "mem_fraction_static")
 
 
 def _gpu_name(name: str) -> str:
@@ -66,11 +78,74 @@ def _gpu_name(name: str) -> str:
     return GPUS.resolve(name) or name
 
 
+class PDGroup(BaseModel):
+    """One worker group of a prefill/decode (PD) disaggregated layout.
+
+    ``workers`` servers of this role, each with the config's layout except the fields given
+    here (None = the config's own value; see ``PD_GROUP_FIELDS``).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    workers: int = Field(1, ge=1, le=256, description="servers of this role")
+    tp_size: int | None = Field(None, ge=1, le=512, description="--tp-size of each server")
+    attn_dp_size: int | None = Field(None, ge=1, le=512, description="--attn-dp-size")
+    ep_size: int | None = Field(None, ge=1, le=512, description="--ep-size")
+    pp_size: int | None = Field(None, ge=1, le=64, description="--pp-size")
+    moe_a2a_backend: str | None = Field(None, description="--moe-a2a-backend")
+    deepep_mode: Literal["auto", "normal", "low_latency"] | None = Field(
+        None, description="--deepep-mode")
+    moe_dense_tp_size: int | None = Field(None, ge=1, le=512,
+                                          description="--moe-dense-tp-size")
+    max_running_requests: int | None = Field(None, ge=1, le=65536,
+                                             description="--max-running-requests")
+    chunked_prefill_size: int | None = Field(None, ge=-1, le=1 << 20,
+                                             description="--chunked-prefill-size")
+    cuda_graph_max_bs_decode: int | None = Field(None, ge=1, le=4096,
+                                                 description="--cuda-graph-max-bs-decode")
+    mem_fraction_static: float | None = Field(None, gt=0.0, lt=1.0,
+                                              description="--mem-fraction-static")
+
+
+class PDLayout(BaseModel):
+    """A prefill/decode disaggregated layout: a prefill group, a decode group, a PD router.
+
+    Prefill servers run ``--disaggregation-mode prefill``, decode servers ``--disaggregation-mode
+    decode``; the KV of each prompt moves from a prefill to a decode server over the config's
+    ``disaggregation_transfer_backend``; sglang-router runs with ``--pd-disaggregation``
+    (sglang-knobs reference 1.11 and 6.3). A study may write it ``"<n>P<m>D"`` (e.g. ``"1P1D"``:
+    one prefill and one decode server with the config's layout).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    prefill: PDGroup = Field(default_factory=PDGroup)
+    decode: PDGroup = Field(default_factory=PDGroup)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            m = re.fullmatch(r"\s*(\d+)\s*[pP]\s*(\d+)\s*[dD]\s*", data)
+            if m is None:
+                raise ValueError(f"pd {data!r} is not a layout: write <n>P<m>D (e.g. 1P1D) or "
+                                 "give prefill and decode groups")
+            return {"prefill": {"workers": int(m.group(1))},
+                    "decode": {"workers": int(m.group(2))}}
+        return data
+
+    def label(self) -> str:
+        """``"1P1D"``-style name (group overrides not included)."""
+        return f"{self.prefill.workers}P{self.decode.workers}D"
+
+
 class ServingConfig(BaseModel):
     """One SGLang serving configuration for a pool of GPUs.
 
-    The pool runs ``replicas`` independent servers of ``tp_size`` GPUs each, and load is spread
-    over them by ``router_policy``.
+    The pool runs ``replicas`` independent servers of ``gpus_per_server`` GPUs each (``tp_size x
+    pp_size x dp_size``; attention DP and expert parallelism split work inside the TP group),
+    and load is spread over them by ``router_policy``; or, with ``pd``, a prefill and a decode
+    group behind the router in PD mode (:meth:`servers`).
 
     Numbers and booleans are strict: ``true`` is not 1, ``"8"`` is not 8, ``8.0`` is not an
     integer and ``1`` is not true (a float field takes a whole number). Strings and ``Literal``
@@ -173,9 +248,52 @@ class ServingConfig(BaseModel):
         None, ge=1, le=1024, description="--num-continuous-decode-steps; passed through, not "
         "modelled")
     enable_two_batch_overlap: bool = Field(
-        False, description="--enable-two-batch-overlap; passed through, not modelled")
+        False, description="--enable-two-batch-overlap: split a batch into two micro-batches "
+        "so one's all-to-all/all-reduce overlaps the other's compute")
     enable_single_batch_overlap: bool = Field(
         False, description="--enable-single-batch-overlap; passed through, not modelled")
+    # Parallel layouts (issue 21; SGLang 0.5.23 flags, sglang-knobs reference 1.1, 1.9, 1.11).
+    # The engine's rules for them (divisibility, what requires what) are refused pre-flight
+    # with the engine's words (domain/engines/sglang/startup.py), not here.
+    attn_dp_size: int = Field(
+        1, ge=1, le=512, description="--attn-dp-size: attention data-parallel ranks inside the "
+        "TP group (each its own scheduler, KV pool and share of max_running_requests; the "
+        "MoE/MLP stays tensor/expert parallel over all tp_size GPUs); emitted as --dp-size N "
+        "--enable-dp-attention for SGLang before 0.5.23")
+    dp_size: int = Field(
+        1, ge=1, le=64, description="--dp-size: full data-parallel copies inside one server, "
+        "each tp_size x pp_size GPUs with its own scheduler (spread by --load-balance-method)")
+    ep_size: int = Field(
+        1, ge=1, le=512, description="--ep-size: expert-parallel width of the MoE layers "
+        "(experts sharded over ep_size GPUs; moe TP = tp_size / ep_size)")
+    moe_a2a_backend: str | None = Field(
+        None, description="--moe-a2a-backend: all-to-all token dispatch of expert parallelism "
+        "(deepep, mooncake, ...); None = 'none' (all-gather/all-reduce MoE)")
+    deepep_mode: Literal["auto", "normal", "low_latency"] | None = Field(
+        None, description="--deepep-mode: DeepEP dispatch kernels (normal for prefill, "
+        "low_latency for decode; auto picks per batch); None = auto")
+    moe_dense_tp_size: int | None = Field(
+        None, ge=1, le=512, description="--moe-dense-tp-size: TP width of the dense MLP "
+        "layers (1 or tp_size); None = tp_size")
+    enable_eplb: bool = Field(
+        False, description="--enable-eplb: rebalance expert placement from routing statistics")
+    ep_num_redundant_experts: int = Field(
+        0, ge=0, le=4096, description="--ep-num-redundant-experts: extra expert replicas "
+        "for EPLB")
+    pp_size: int = Field(
+        1, ge=1, le=64, description="--pp-size: pipeline stages (layers split over them)")
+    enable_dp_lm_head: bool = Field(
+        False, description="--enable-dp-lm-head: vocab-parallel lm_head inside each attention "
+        "DP group (skips the all-gather over the whole TP group)")
+    disaggregation_mode: Literal["null", "prefill", "decode"] = Field(
+        "null", description="--disaggregation-mode of one server: null (colocated), prefill "
+        "or decode (set on the workers of ``pd``, not by a study)")
+    disaggregation_transfer_backend: str | None = Field(
+        None, description="--disaggregation-transfer-backend: KV transfer between PD servers "
+        "(mooncake, nixl, ...); None = mooncake")
+    pd: PDLayout | None = Field(
+        None, description="prefill/decode disaggregation: the prefill and decode worker groups "
+        "(None = aggregated: every server prefills and decodes)")
 
     @model_validator(mode="after")
     def _chunk(self) -> ServingConfig:
@@ -239,21 +357,92 @@ class ServingConfig(BaseModel):
                                  f"{self.engine_version}: {', '.join(choices)}")
         return self
 
+    @model_validator(mode="after")
+    def _pd_shape(self) -> ServingConfig:
+        if self.pd is not None and self.replicas != 1:
+            raise ValueError("a PD layout (pd) sets its own worker counts: give replicas 1 "
+                             "(prefill.workers and decode.workers are the servers)")
+        if self.pd is not None and self.disaggregation_mode != "null":
+            raise ValueError("pd and disaggregation_mode are exclusive: pd describes the whole "
+                             "layout, disaggregation_mode one of its servers")
+        return self
+
+    @property
+    def attn_tp_size(self) -> int:
+        """GPUs of one attention TP group: ``tp_size // attn_dp_size``.
+
+        SGLang 0.5.23 ``layers/dp_attention.py compute_dp_attention_world_info``.
+        """
+        return max(1, self.tp_size // self.attn_dp_size)
+
+    @property
+    def moe_tp_size(self) -> int:
+        """TP width of each expert: ``tp_size // ep_size`` (SGLang ``moe_tp_size``)."""
+        return max(1, self.tp_size // self.ep_size)
+
+    @property
+    def gpus_per_server(self) -> int:
+        """GPUs of one server: ``tp_size x pp_size x dp_size`` (attention DP lives inside TP)."""
+        return self.tp_size * self.pp_size * self.dp_size
+
+    @property
+    def schedulers(self) -> int:
+        """Schedulers in one server (each its own queue, KV pool and cap): dp x attn_dp."""
+        return self.dp_size * self.attn_dp_size
+
+    def nnodes(self, gpus_per_node: int) -> int:
+        """Nodes one server spans (``--nnodes``): ``ceil(gpus_per_server / gpus_per_node)``."""
+        return max(1, math.ceil(self.gpus_per_server / max(1, gpus_per_node)))
+
+    def pd_worker(self, role: Literal["prefill", "decode"]) -> ServingConfig:
+        """The config of one ``role`` server of this PD layout.
+
+        The group's fields (``PD_GROUP_FIELDS``) replace the config's, ``pd`` is cleared,
+        ``replicas`` is 1 and ``disaggregation_mode`` is ``role``.
+
+        Raises:
+            ValueError: the config has no PD layout, or the worker's fields are invalid.
+        """
+        if self.pd is None:
+            raise ValueError("not a PD layout: pd is None")
+        group = self.pd.prefill if role == "prefill" else self.pd.decode
+        data = self.model_dump()
+        data.update(pd=None, replicas=1, disaggregation_mode=role)
+        for name in PD_GROUP_FIELDS:
+            value = getattr(group, name)
+            if value is not None:
+                data[name] = value
+        return ServingConfig.model_validate(data)
+
+    def servers(self) -> list[tuple[str, int, ServingConfig]]:
+        """``(role, count, server config)`` for every server group of this config.
+
+        Aggregated: ``[("server", replicas, self)]``; PD: the prefill and the decode group
+        (:meth:`pd_worker`), in that order.
+        """
+        if self.pd is None:
+            return [("server", self.replicas, self)]
+        return [("prefill", self.pd.prefill.workers, self.pd_worker("prefill")),
+                ("decode", self.pd.decode.workers, self.pd_worker("decode"))]
+
     @property
     def gpus(self) -> int:
-        """GPUs the whole config uses (tp_size x replicas)."""
-        return self.tp_size * self.replicas
+        """GPUs the whole config uses: every server's ``gpus_per_server`` x its count.
+
+        Aggregated: ``tp_size x pp_size x dp_size x replicas``.
+        """
+        return sum(n * c.gpus_per_server for _, n, c in self.servers())
 
     def config_id(self) -> str:
         """Stable 12-hex-digit id of this config (sha256 of its canonical JSON).
 
-        Fields added in twin v1 (``V1_FIELDS``), by issue 19 (``V19_FIELDS``) and the router
-        knobs (``ROUTER_FIELDS``) enter the JSON
+        Fields added in twin v1 (``V1_FIELDS``), by issue 19 (``V19_FIELDS``), the router
+        knobs (``ROUTER_FIELDS``) and the parallel layouts (``LAYOUT_FIELDS``) enter the JSON
         only when set, so every config that leaves them at their default keeps the id it had
         before (ledgers stay resumable).
         """
         data = self.model_dump(mode="json")
-        for name in (*V1_FIELDS, *V19_FIELDS, *ROUTER_FIELDS):
+        for name in (*V1_FIELDS, *V19_FIELDS, *ROUTER_FIELDS, *LAYOUT_FIELDS):
             if data[name] == ServingConfig.model_fields[name].default:
                 del data[name]
         blob = json.dumps(data, sort_keys=True).encode()

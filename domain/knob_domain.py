@@ -216,6 +216,9 @@ def _plain_domain(field: str, ann: Any, info: Any, nullable: bool) -> FieldDomai
         # the catalog's keys and every precision a user's model may name (model.checkpoints)
         keys = sorted({k for m in MODELS for k in get_model(m).checkpoints} | set(PRECISION_KEYS))
         return FieldDomain(field, nullable, choices=tuple(keys))
+    if field == "pd":  # a PD layout: its "<n>P<m>D" names (group overrides are not a domain)
+        return FieldDomain(field, nullable, choices=tuple(
+            f"{p}P{d}D" for p in range(1, 5) for d in range(1, 5)))
     if field in CHOICE_FIELDS:
         keys = sorted({str(c) for v in engine("sglang").versions
                        for c in (engine("sglang", v).flag_inventory().get(field) or {})

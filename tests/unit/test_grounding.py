@@ -19,7 +19,7 @@ from fixtures.pinned_index import pinned_index_fixture  # noqa: F401
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from domain.config import ServingConfig
+from domain.config import LAYOUT_FIELDS, ServingConfig
 from domain.grounding import (
     FlagAtom,
     GuardFacts,
@@ -214,8 +214,8 @@ def test_grounded_condition_rules_on_hand_made_facts():
     with pytest.raises(NotGrounded, match="cps > x"):
         grounded_condition(b200, two)
     # a decided-false conjunction is skipped; a non-knob flag at a literal default adds nothing
-    mode = FlagAtom(dest="disaggregation_mode", op="ne", value="decode", default="null",
-                    default_known=True, text="cfg.disaggregation_mode != 'decode'")
+    mode = FlagAtom(dest="skip_server_warmup", op="ne", value=True, default=False,
+                    default_known=True, text="not cfg.skip_server_warmup")
     tp = FlagAtom(dest="tp_size", op="ge", value=2, text="tp_size >= 2")
     other = facts.model_copy(update={"disjuncts": [[sm.model_copy(update={"value": 11})],
                                                    [mode, tp]]})
@@ -253,7 +253,8 @@ def test_new_fields_keep_old_ids():
                  "moe_runner_backend", "fp4_gemm_runner_backend", "num_continuous_decode_steps",
                  "enable_two_batch_overlap", "enable_single_batch_overlap",  # issue 19's
                  "router_cache_threshold", "router_balance_abs_threshold",
-                 "router_balance_rel_threshold"):  # issue 20's
+                 "router_balance_rel_threshold",  # issue 20's
+                 *LAYOUT_FIELDS):  # issue 21's
         del data[name]
     old = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
     assert config.config_id() == old

@@ -16,7 +16,7 @@ import pytest
 from fixtures.configs import serving_config as cfg
 
 import domain.hardware as hw
-from domain.config import ROUTER_FIELDS, V1_FIELDS, ServingConfig
+from domain.config import LAYOUT_FIELDS, ROUTER_FIELDS, V1_FIELDS, ServingConfig
 from domain.costmodel import build_cost_model
 from domain.engines.sglang.arch import resolved_backends
 from domain.errors import ConfigInvalid
@@ -194,7 +194,7 @@ def test_new_flags_reach_argv_and_default_configs_keep_their_id() -> None:
            "fp4_gemm_runner_backend", "num_continuous_decode_steps",
            "enable_two_batch_overlap", "enable_single_batch_overlap",
            "router_cache_threshold", "router_balance_abs_threshold",
-           "router_balance_rel_threshold")
+           "router_balance_rel_threshold", *LAYOUT_FIELDS)
     data = {k: v for k, v in cfg().model_dump(mode="json").items() if k not in new
             and (k not in (*V1_FIELDS, *ROUTER_FIELDS)
                  or v != ServingConfig.model_fields[k].default)}
@@ -218,12 +218,11 @@ def test_knobs_take_the_new_values_and_refuse_an_unknown_runner() -> None:
 def test_passed_through_flags_are_not_modelled_in_check_and_lints() -> None:
     rep = check_command(["sglang", "serve", "--model-path", "zai-org/GLM-5-FP8", "--tp-size",
                          "8", "--fp4-gemm-backend", "flashinfer_cutlass",
-                         "--num-continuous-decode-steps", "3", "--enable-two-batch-overlap"],
+                         "--num-continuous-decode-steps", "3"],
                         "B200", 8)
     info = next(f for f in rep.findings if f.code == "UNMODELLED_FLAGS")
     assert "not modelled" in info.message
-    for flag in ("--fp4-gemm-backend", "--num-continuous-decode-steps",
-                 "--enable-two-batch-overlap"):
+    for flag in ("--fp4-gemm-backend", "--num-continuous-decode-steps"):
         assert flag in info.message
     assert "NOT_MODELLED" not in [f.code for f in rep.findings]  # the parser said it
     lint = {f.code: f for f in arch_lints(cfg(enable_single_batch_overlap=True))}

@@ -88,6 +88,8 @@ class SglangEngine:
         if dest in self._dests or flags.renamed_dest(dest, self.version) \
                 or not flags.known_dest(dest):
             return None
+        if dest == "attn_dp_size" and "enable_dp_attention" in self._dests:
+            return None  # spelled --dp-size N --enable-dp-attention before 0.5.23 (flags.argv)
         return flags.missing_flag_line(dest, self.version)
 
     def flag_for(self, dest: str, value: Any = None) -> str:

@@ -194,12 +194,51 @@ def argv(config: ServingConfig, version: str) -> list[str]:
         value = getattr(config, name)
         if value is not None:
             pairs.append((name, value))
+    pairs += _layout_pairs(config, version)
     out = list(PROGRAM)
     for dest, value in pairs:
         out += [flag_for(dest, version, value), str(value)]
     # store_true flags: passed bare, and only when on
     for name in ("speculative_adaptive", "disable_radix_cache", "enable_hierarchical_cache",
-                 "disable_cuda_graph", "enable_two_batch_overlap", "enable_single_batch_overlap"):
+                 "disable_cuda_graph", "enable_two_batch_overlap", "enable_single_batch_overlap",
+                 "enable_eplb", "enable_dp_lm_head"):
         if getattr(config, name):
             out.append(flag_for(name, version))
+    if config.attn_dp_size > 1 and "attn_dp_size" not in flag_inventory(version):
+        out.append(flag_for("enable_dp_attention", version))
     return out
+
+
+def _layout_pairs(config: ServingConfig, version: str) -> list[tuple[str, Any]]:
+    """The ``(dest, value)`` pairs of a config's parallel layout, in argv order.
+
+    Only values off their default are passed. ``attn_dp_size`` is ``--attn-dp-size N`` from
+    0.5.23; before it existed (0.5.9, 0.5.19) it is ``--dp-size N`` plus the bare
+    ``--enable-dp-attention`` that :func:`argv` appends (sglang-knobs reference, "DP
+    attention spelling changed in 0.5.23"; 0.5.23 ``arg_groups/parallel_hook.py
+    handle_deprecated_dp_attention`` rewrites the old spelling the same way).
+    """
+    pairs: list[tuple[str, Any]] = []
+    if config.pp_size != 1:
+        pairs.append(("pp_size", config.pp_size))
+    if config.attn_dp_size > 1 and "attn_dp_size" not in flag_inventory(version):
+        pairs.append(("dp_size", config.attn_dp_size))
+    else:
+        if config.dp_size != 1:
+            pairs.append(("dp_size", config.dp_size))
+        if config.attn_dp_size != 1:
+            pairs.append(("attn_dp_size", config.attn_dp_size))
+    if config.ep_size != 1:
+        pairs.append(("ep_size", config.ep_size))
+    for name in ("moe_a2a_backend", "deepep_mode", "moe_dense_tp_size"):
+        value = getattr(config, name)
+        if value is not None:
+            pairs.append((name, value))
+    if config.ep_num_redundant_experts:
+        pairs.append(("ep_num_redundant_experts", config.ep_num_redundant_experts))
+    if config.disaggregation_mode != "null":
+        pairs.append(("disaggregation_mode", config.disaggregation_mode))
+        if config.disaggregation_transfer_backend is not None:
+            pairs.append(("disaggregation_transfer_backend",
+                          config.disaggregation_transfer_backend))
+    return pairs
