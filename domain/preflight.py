@@ -295,13 +295,16 @@ def lint_config(config: ServingConfig, study: Study | None = None, *,
                 f"memory) or --max-running-requests {ceiling}"))
     if config.speculative_algorithm is not None and config.max_running_requests is None:
         load = ""
+        dp = config.attn_dp_size
+        per_rank = (f", {SPEC_MAX_RUNNING_REQUESTS // dp} per attention-DP rank x {dp}"
+                    if dp > 1 else "")
         if study is not None and study.saturation.concurrency > SPEC_MAX_RUNNING_REQUESTS:
             load = f"; the study runs {study.saturation.concurrency} clients"
         out.append(Finding(
             severity="warn", code="SPEC_DEFAULT_CAP",
             message=f"--speculative-algorithm {config.speculative_algorithm} without "
                     f"--max-running-requests caps the server at {SPEC_MAX_RUNNING_REQUESTS} "
-                    f"running requests (speculative_hook.py){load}",
+                    f"running requests{per_rank} (speculative_hook.py){load}",
             fix="set --max-running-requests to the concurrency you serve (e.g. 256)"))
     if trace is not None:
         page = rep.page_size if page_size in (None, config.page_size) else page_size
