@@ -40,7 +40,11 @@ import re
 
 from domain.config import ServingConfig
 from domain.engines import engine_for
-from domain.engines.sglang.arch import BLACKWELL_SM_MAJORS, TRTLLM_GEN_MOE_RUNNERS
+from domain.engines.sglang.arch import (
+    BLACKWELL_SM_MAJORS,
+    TRTLLM_GEN_MOE_RUNNERS,
+    resolved_backends,
+)
 from domain.engines.sglang.refusals import (
     CUDA_ERROR_HINT,
     CUDA_GRAPH_CAPTURE_FAILED_LINES,
@@ -178,10 +182,12 @@ def layout_refusal(config: ServingConfig, nnodes: int | None = None
     """The first :data:`REFUSALS` key (and its message fields) the parallel layout trips.
 
     SGLang 0.5.23, in the engine's order (each row names its ``file:line``):
+    ``handle_pd_disaggregation`` -- a prefill server with the ``fake`` transfer backend;
     ``handle_data_parallelism`` -- ``--dp-size`` with ``--attn-dp-size``, then ``attn_dp_size``
     must divide ``tp_size`` (a bare assert); ``_dp_lm_head_validation`` --
     ``--enable-dp-lm-head`` without attention DP (with one DP rank the flag is silently reset,
-    ``overrides.py:1367-1370``, so only ``--dp-size`` > 1 reaches it); ``handle_a2a_moe`` --
+    ``overrides.py:1367-1370``, so only ``--dp-size`` > 1 reaches it); the MoE runner's EP
+    asserts (:func:`moe_kernel_refusal`); ``handle_a2a_moe`` --
     FlashInfer MegaMOE needs ``attn_dp_size == tp_size``, pplx at least 2 attention-DP ranks
     (an a2a backend's ``ep_size = tp_size`` is a resolution, :func:`domain.fit.resolved_ep_size`,
     never a refusal); ``handle_eplb_and_dispatch`` -- ``--enable-eplb`` needs ``ep_size`` > 1;
@@ -197,12 +203,17 @@ def layout_refusal(config: ServingConfig, nnodes: int | None = None
     """
     nodes = nnodes if nnodes is not None else config.nnodes(get_gpu(config.gpu).gpus_per_node)
     t, dp = config.tp_size, config.attn_dp_size
+    if config.disaggregation_mode == "prefill" and config.disaggregation_transfer_backend == "fake":
+        return "pd_prefill_fake", {}
     if dp > 1 and config.dp_size > 1:
         return "dp_with_attn_dp", {"dp": config.dp_size, "attn_dp": dp}
     if dp > 1 and t % dp:
         return "attn_dp_divides_tp", {}
     if config.enable_dp_lm_head and dp == 1 and config.schedulers > 1:
         return "dp_lm_head_without_attn_dp", {}
+    moe = moe_kernel_refusal(config)
+    if moe is not None:
+        return moe, {}
     if config.moe_a2a_backend == "flashinfer_megamoe" and not (dp > 1 and dp == t):
         return "megamoe_attn_dp", {}
     if config.moe_a2a_backend == "pplx" and dp < 2:
@@ -221,6 +232,31 @@ def layout_refusal(config: ServingConfig, nnodes: int | None = None
         return "multi_node_dp", {}
     if config.moe_dense_tp_size not in (None, 1, t):
         return "moe_dense_tp", {}
+    return None
+
+
+def moe_kernel_refusal(config: ServingConfig) -> str | None:
+    """The MoE runner's EP asserts (``moe_hook.py:79-163``, ``handle_moe_kernel_config``).
+
+    They read ``ep_size`` before an a2a backend resolves it (``handle_a2a_moe`` runs next,
+    ``pipeline.py:294-295``): flashinfer_cutlass and flashinfer_cutedsl need ``ep_size`` 1 or
+    ``tp_size`` (``:89``, ``:102``); cutlass on an fp8 checkpoint ``ep_size`` 1 (``:161``). The
+    runner is the resolved one (:func:`domain.engines.sglang.arch.resolved_backends`: an
+    explicit ``--moe-runner-backend`` or the GPU's default); dense models build none.
+    """
+    runner = resolved_backends(config).get("moe_runner_backend")
+    ep, t = config.ep_size, config.tp_size
+    quant = get_model(config.model).checkpoint(config.weights).quantization
+    # each EP assert follows its runner's quantization assert (:81, :96), not modelled here:
+    # the twin claims the EP one only where that one passes
+    if runner == "flashinfer_cutlass" and ep not in (1, t) \
+            and quant in ("modelopt_fp4", "modelopt_fp8", "modelopt_mixed", None):
+        return "cutlass_moe_ep"
+    if runner == "flashinfer_cutedsl" and ep not in (1, t) \
+            and quant in ("modelopt_fp4", "modelopt_mixed", "nvfp4_online"):
+        return "cutedsl_moe_ep"
+    if runner == "cutlass" and quant in ("fp8", "mxfp8") and ep != 1:
+        return "cutlass_fp8_ep"
     return None
 
 
