@@ -489,6 +489,8 @@ def start(config: ServingConfig, nnodes: int | None = None) -> Startup:
         log += _graph_lines(rep)
     requested = config.max_running_requests or (
         SPEC_MAX_RUNNING_REQUESTS if rep.speculative is not None else None)
+    if requested is not None:  # the cap is per attention-DP rank (kv_cache_configurator.py)
+        requested = max(1, requested // config.attn_dp_size)
     if requested is not None and rep.max_running_requests < requested:
         log.append(f"max_running_requests was reduced from the requested {requested} to "
                    f"{rep.max_running_requests} (per dp worker) due to the available KV cache "
