@@ -1,5 +1,8 @@
 """Memory fit: weights per GPU, KV bytes per token, the KV pool, and SGLang's default rules.
 
+The derived defaults live in :mod:`domain.memory_defaults` and the per-stage weights of a
+parallel layout in :mod:`domain.layout_memory`; both are re-exported here.
+
 Everything is per GPU of one replica unless named otherwise. Units: bytes for memory (GB = 1e9
 bytes in messages), tokens for pool sizes.
 
@@ -28,15 +31,38 @@ SGLang 0.5.23 rules reproduced here (servetune's sglang-knobs reference, section
 
 from __future__ import annotations
 
-from functools import cache
-
 from pydantic import BaseModel, ConfigDict
 
 from domain.config import ServingConfig
-from domain.engines import DerivedDefaults
 from domain.errors import DoesNotFit, InvalidCombination
-from domain.graph_memory import graph_capture_bytes
+from domain.graph_memory import deepep_buffer_bytes, graph_capture_bytes
 from domain.hardware import GPU, get_gpu
+from domain.layout_memory import (
+    A2A_EP_SPANNING_BACKENDS as A2A_EP_SPANNING_BACKENDS,
+)
+from domain.layout_memory import (
+    DP_ATTENTION_CONSERVATIVENESS,
+    PD_EXTRA_SLOTS_MAX_PER_WORKER,
+    StageMemory,
+)
+from domain.layout_memory import default_layout as default_layout
+from domain.layout_memory import layout_label as layout_label
+from domain.layout_memory import pp_layer_ranges as pp_layer_ranges
+from domain.layout_memory import resolved_ep_size as resolved_ep_size
+from domain.layout_memory import stage_memory as stage_memory
+from domain.memory_defaults import GIB as GIB
+from domain.memory_defaults import MIB as MIB
+from domain.memory_defaults import default_chunked_prefill as default_chunked_prefill
+from domain.memory_defaults import default_decode_graph_bs as default_decode_graph_bs
+from domain.memory_defaults import (
+    default_max_running_requests as default_max_running_requests,
+)
+from domain.memory_defaults import default_mem_fraction as default_mem_fraction
+from domain.memory_defaults import prefill_capture_sizes as prefill_capture_sizes
+from domain.memory_defaults import (
+    resolve_max_running_requests as resolve_max_running_requests,
+)
+from domain.memory_defaults import version_defaults as version_defaults
 from domain.model_arch import mamba_state_split
 from domain.models import ModelArch, get_model
 from domain.speculative import (
@@ -45,8 +71,6 @@ from domain.speculative import (
     resolve_speculative,
 )
 
-GIB = 2**30
-MIB = 2**20
 # CUDA context, NCCL buffers and allocator slack present before weights load (~1.5 GB per GPU in
 # SGLang startup logs: "Load weight begin. avail mem=" sits about this far below the HBM size).
 CONTEXT_OVERHEAD_BYTES = 1.5e9
@@ -60,6 +84,11 @@ KV_BYTES = {"bf16": 2.0, "fp8_e4m3": 1.0}
 MEMORY_FIELDS = ("weights", "tp_size", "kv_cache_dtype", "mem_fraction_static",
                  "max_running_requests", "chunked_prefill_size", "cuda_graph_max_bs_decode",
                  "speculative_algorithm")
+# The layout fields that also size one GPU's memory (issue 21; domain/layout_memory.py): a
+# memory lesson about a layout config conditions on those it sets off their default.
+LAYOUT_MEMORY_FIELDS = ("attn_dp_size", "ep_size", "moe_a2a_backend", "deepep_mode",
+                        "moe_dense_tp_size", "ep_num_redundant_experts", "enable_dp_lm_head",
+                        "pp_size", "disaggregation_mode")
 # HiCache host pool (SGLang 0.5.23): hicache_ratio when unset (hicache_hook.py:
 # handle_hicache_ratio_default); each process keeps HICACHE_HOST_MEMORY_RESERVE_BYTES = 10 GiB of
 # host memory free (pool_host/base.py); an unset ratio is shrunk to fit 80 % of the host memory
@@ -74,6 +103,17 @@ class FitReport(BaseModel):
     and GPU; ``draft_kv_bytes_per_token`` the speculative draft layers' (0 when off), and the
     pool holds ``kv_tokens`` tokens of both. ``host_kv_tokens`` is the HiCache host tier per GPU
     process (0 when off) at ``kv_bytes_per_token`` each.
+
+    Per scheduler: ``kv_tokens``, ``max_running_requests`` and ``chunked_prefill_size`` are one
+    scheduler's (one attention-DP rank: each holds its own pool; one ``--dp-size`` copy);
+    ``schedulers`` is how many a server runs (``config.schedulers``). With pipeline
+    parallelism the per-GPU fields are the stage that bounds the pool (the engine MIN-reduces
+    the stages' token capacities). ``deepep_buffer_bytes_per_gpu``: the DeepEP all-to-all
+    buffers (0 without ``--moe-a2a-backend deepep``); ``graph_bytes_per_gpu``: the decode CUDA
+    graphs; both outside the static pool. ``decode_extra_slots``: request slots a PD decode
+    server adds for transfers in flight; ``conservativeness_scale``: the factor the engine
+    applies to ``schedule_conservativeness`` (0.3 under attention DP);
+    ``radix_cache_off_by_role``: a PD decode server runs without the radix cache.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -99,6 +139,13 @@ class FitReport(BaseModel):
     host_kv_tokens: int = 0
     hicache_ratio: float = 0.0
     host_kv_bytes_per_gpu: float = 0.0
+    # Parallel layouts (issue 21): per scheduler = one attention-DP rank or one dp copy.
+    schedulers: int = 1
+    deepep_buffer_bytes_per_gpu: float = 0.0
+    graph_bytes_per_gpu: float = 0.0
+    decode_extra_slots: int = 0
+    conservativeness_scale: float = 1.0
+    radix_cache_off_by_role: bool = False
 
     @property
     def kv_pool_gb(self) -> float:
@@ -136,108 +183,6 @@ def resolve_attention_backend(config: ServingConfig, model: ModelArch,
     from domain.engines import engine_for
 
     return engine_for(config).attention_backend(config, model, gpu)
-
-
-@cache
-def version_defaults(version: str | None = None) -> DerivedDefaults:
-    """The derived-default rules of SGLang ``version`` (None: 0.5.23).
-
-    Or its nearest modelled release's (``domain/engines/sglang/versions.py``: 0.5.9, 0.5.19,
-    0.5.23, file:line each).
-
-    Raises:
-        ValueError: a version without a flag inventory (the line names the fetch command).
-    """
-    from domain.engines import engine
-
-    return engine("sglang", version).memory_defaults()
-
-
-def default_chunked_prefill(gpu: GPU, version: str | None = None) -> int:
-    """``chunked_prefill_size`` when unset, by GPU memory tier (memory_hook.py), tokens.
-
-    0.5.23 tiers of nvidia-smi memory: < 20 GiB 2048; < 35 GiB 4096; < 60 GiB 4096; < 90 GiB
-    8192; < 160 GiB 8192; else 16384 (sglang-knobs reference 2.3); 0.5.9 and 0.5.19 use 2048
-    below 35 GiB (:func:`version_defaults`).
-    """
-    return version_defaults(version).chunked_prefill(gpu.hbm_bytes / GIB)
-
-
-def default_decode_graph_bs(gpu: GPU, tp_size: int, version: str | None = None) -> int:
-    """Largest decode CUDA-graph batch size when unset, by GPU memory tier (memory_hook.py).
-
-    0.5.23: < 20 GiB 8; < 35 GiB 48 (TP < 4) / 160; < 60 GiB 32 / 160; < 160 GiB 256 / 512;
-    else 512 (sglang-knobs reference 2.3); 0.5.9 and 0.5.19: 24 / 80 below 35 GiB.
-    """
-    return version_defaults(version).decode_graph_bs(gpu.hbm_bytes / GIB, tp_size)
-
-
-def prefill_capture_sizes(max_tokens: int) -> list[int]:
-    """Token counts the prefill CUDA graph captures, up to ``max_tokens``.
-
-    Source: ``cuda_graph_hook.py`` (sglang-knobs reference 2.3): 4..32 step 4, 48..256 step 16,
-    288..512 step 32, 576..1024 step 64, 1280..4096 step 256, then step 512 (58 sizes for 8192).
-    """
-    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))
-             + list(range(576, 1025, 64)) + list(range(1280, 4097, 256))
-             + list(range(4608, max(max_tokens, 4608) + 1, 512)))
-    return [s for s in sizes if s <= max_tokens]
-
-
-def default_mem_fraction(model: ModelArch, gpu: GPU, tp_size: int, chunked: int,
-                         graph_bs: int, version: str | None = None,
-                         speculative: str | None = None, prefill_graphs: bool = True) -> float:
-    """``mem_fraction_static`` when unset (memory_hook.py: handle_gpu_memory_settings).
-
-    Reserved MiB = 512 + 1.5 x max(chunked, 2048) + tp/8 x 1024 + 2 x decode graph max bs
-    + prefill graph reserve (flat 1,536 MiB for MLA/DSA models, else 8 MiB per captured prefill
-    size up to ``chunked``: 50 sizes for 4096 tokens, 58 for 8192, 74 for 16384); at least
-    10,240 MiB when the GPU has more than 60 GiB. The fraction is rounded to 3 decimals.
-    SGLang 0.5.9 (``version``) reserves no prefill graph and adds 2 GiB for EAGLE-like
-    ``speculative`` algorithms (6 GiB STANDALONE) after the floor (:func:`version_defaults`).
-    ``--disable-cuda-graph`` (``graph_bs`` 0, ``prefill_graphs`` False) reserves neither graph
-    term (0.5.23 ``memory_hook.py:359-398`` reserve_for_graph_mb: only phases not DISABLED).
-    """
-    rules = version_defaults(version)
-    gpu_mib = gpu.hbm_mib
-    prefill_graph = 1536 if model.attention in ("mla", "dsa") \
-        else 8 * len(prefill_capture_sizes(chunked))
-    if not rules.prefill_graph_reserve or not prefill_graphs:
-        prefill_graph = 0
-    reserved = 512 + 1.5 * max(chunked, 2048) + tp_size / 8 * 1024 + 2 * graph_bs + prefill_graph
-    if gpu_mib > 60 * 1024:
-        reserved = max(reserved, 10240)
-    reserved += rules.speculative_reserve(speculative)
-    return round((gpu_mib - reserved) / gpu_mib, 3)
-
-
-def default_max_running_requests(kv_tokens: int, context_len: int) -> int:
-    """The engine default (kv_cache_configurator.py: resolve_max_num_reqs), requests."""
-    estimate = min(max(int(kv_tokens / context_len * 512), 2048), 4096)
-    return min(estimate, kv_tokens // 2)
-
-
-def resolve_max_running_requests(requested: int | None, kv_tokens: int, context_len: int,
-                                 speculative: bool, version: str | None = None) -> int:
-    """``max_running_requests`` per replica as ``resolve_max_num_reqs`` sets it, requests.
-
-    Args:
-        requested: ``--max-running-requests`` (None: unset).
-        kv_tokens: KV pool size, tokens.
-        context_len: the model's context length, tokens.
-        speculative: a speculative algorithm is on (unset then means 48, speculative_hook.py).
-        version: SGLang release (None: 0.5.23); 0.5.19 bounds an explicit value by
-            ``kv_tokens // 2`` only, 0.5.9 takes it as given (:func:`version_defaults`).
-
-    Returns:
-        ``min(max(1, value), kv_tokens // 2)`` for an explicit (or speculative 48) value, else
-        :func:`default_max_running_requests`; 0 when the pool holds fewer than 2 tokens.
-    """
-    if requested is None and speculative:
-        requested = SPEC_MAX_RUNNING_REQUESTS
-    if requested is None:
-        return default_max_running_requests(kv_tokens, context_len)
-    return version_defaults(version).explicit_running(requested, kv_tokens)
 
 
 def hicache_host_pool(config: ServingConfig, gpu: GPU, kv_tokens: int,
@@ -295,12 +240,37 @@ def _lenient_spec(config: ServingConfig) -> SpecParams | None:
         return None
 
 
-def fit(config: ServingConfig) -> FitReport:
-    """Resolve the memory layout of one replica of ``config``, or raise ``DoesNotFit``.
+def fit_servers(config: ServingConfig) -> list[tuple[str, int, ServingConfig, FitReport]]:
+    """``(role, count, server config, its fit)`` of every server group of ``config``.
 
-    Flag combinations SGLang refuses while resolving arguments are not checked here (see
-    ``domain/engines/sglang/startup.py``), nor is the HiCache host pool against host memory
-    (:func:`host_pool_shortfall`).
+    Aggregated: ``[("server", replicas, config, fit(config))]``; PD: the prefill then the
+    decode group (:meth:`ServingConfig.servers`), each fitted as one server of its role.
+
+    Raises:
+        DoesNotFit: a group's servers do not fit (the first that does not).
+        ConfigInvalid: unknown model, GPU or checkpoint.
+    """
+    return [(role, n, c, fit(c)) for role, n, c in config.servers()]
+
+
+def fit(config: ServingConfig) -> FitReport:
+    """Resolve the memory layout of one server of ``config``, or raise ``DoesNotFit``.
+
+    Per GPU and per scheduler (see :class:`FitReport`); with a PD layout, one decode server's
+    (:func:`fit_servers` fits every group). Flag combinations SGLang refuses while resolving
+    arguments are not checked here (see ``domain/engines/sglang/startup.py``), nor is the
+    HiCache host pool against host memory (:func:`host_pool_shortfall`).
+
+    Layouts (:func:`stage_memory` for the weights): the KV pool of each attention-DP rank holds
+    GQA KV heads over ``attn_tp_size`` (an MLA latent whole on every GPU) of its stage's layers;
+    the pool's tokens are the smallest over the PP stages; ``chunked_prefill_size`` is divided
+    by ``attn_dp_size`` after the memory fraction is resolved (``parallel_hook.py:326-336``);
+    the explicit or speculative ``max_running_requests`` is split over the ranks
+    (:func:`resolve_max_running_requests`); DeepEP's buffers
+    (:func:`domain.graph_memory.deepep_buffer_bytes`) and the decode graphs sit outside the
+    static pool; a PD prefill server captures no decode graph and a decode server no prefill
+    graph (``cuda_graph_hook.py:557-576``); ``--deepep-mode normal`` disables both graphs
+    after the fraction is resolved (``moe_hook.py:383-398``).
 
     Raises:
         DoesNotFit: phase ``weights_load`` when the weight shard (draft layers included) plus
@@ -311,23 +281,33 @@ def fit(config: ServingConfig) -> FitReport:
             max_running_requests is 0 (cause ``zero_requests``, ``tp_worker.py:420``), or
             ``min(context_len, tokens) - 1 <= 0`` (cause ``pool_too_small``,
             ``tp_worker.py:425``; with ``tokens // 2`` requests that needs a one-token context);
-            and ``cuda_graph`` when 1 - mem_fraction_static
-            leaves less than the prefill activations and decode graphs need.
+            and ``cuda_graph`` when 1 - mem_fraction_static leaves less than the prefill
+            activations, the decode graphs and the DeepEP buffers need.
         ConfigInvalid: unknown model, GPU or checkpoint.
     """
+    if config.pd is not None:
+        return fit(config.pd_worker("decode"))
     model, gpu = get_model(config.model), get_gpu(config.gpu)
     if config.context_length is not None:  # --context-length: the context the server runs
         model = model.model_copy(update={"context_len": config.context_length})
     t = config.tp_size
     spec = _lenient_spec(config)
     total_w = model.weight_bytes(config.weights)
-    w = total_w / t
-    draft_w = model.draft_weight_bytes(config.weights) / t if spec else 0.0
+    stages = stage_memory(config, model, spec is not None)
+    tp_only = default_layout(config)
+    heavy = max(stages, key=lambda st: st.weight_bytes + st.draft_weight_bytes)
+    w, draft_w = heavy.weight_bytes, heavy.draft_weight_bytes
     M = gpu.hbm_bytes
     exact = " (model.safetensors.index.json total_size)" \
         if model.checkpoint(config.weights).exact_total_bytes is not None else ""
-    head = (f"{config.weights} weights{exact} {total_w / 1e9:.1f} GB / TP{t} = "
-            f"{w / 1e9:.1f} GB per GPU; {gpu.name} has {gpu.hbm_gb:.0f} GB")
+    if tp_only:
+        head = (f"{config.weights} weights{exact} {total_w / 1e9:.1f} GB / TP{t} = "
+                f"{w / 1e9:.1f} GB per GPU; {gpu.name} has {gpu.hbm_gb:.0f} GB")
+    else:
+        where = f" on the largest of {len(stages)} stages" if len(stages) > 1 else ""
+        head = (f"{config.weights} weights{exact} {total_w / 1e9:.1f} GB over "
+                f"{layout_label(config)} = {w / 1e9:.1f} GB per GPU{where}; {gpu.name} has "
+                f"{gpu.hbm_gb:.0f} GB")
     if draft_w:
         head += f"; draft (MTP) layers {draft_w / 1e9:.2f} GB per GPU"
     if w + draft_w + CONTEXT_OVERHEAD_BYTES > M:
@@ -337,6 +317,8 @@ def fit(config: ServingConfig) -> FitReport:
                          f"{CONTEXT_OVERHEAD_BYTES / 1e9:.1f} GB CUDA context > "
                          f"{gpu.hbm_gb:.0f} GB")
     ver = config.engine_version
+    role = config.disaggregation_mode
+    dp = config.attn_dp_size
     chunked = config.chunked_prefill_size or default_chunked_prefill(gpu, ver)
     if chunked == -1:
         chunked = 16384  # max_prefill_tokens default when chunking is disabled
@@ -345,14 +327,27 @@ def fit(config: ServingConfig) -> FitReport:
         graph_bs = min(graph_bs, config.max_running_requests)
     if config.cuda_graph_max_bs_decode is not None:
         graph_bs = config.cuda_graph_max_bs_decode
-    if config.disable_cuda_graph:  # cuda_graph_hook.py:55-57: decode and prefill DISABLED
+    if config.disable_cuda_graph or role == "prefill":  # cuda_graph_hook.py:55-57, :559-566
         graph_bs = 0
+    deepep = config.moe_a2a_backend == "deepep"
+    prefill_graphs = (not config.disable_cuda_graph and config.pp_size == 1
+                      and not config.enable_two_batch_overlap
+                      and config.moe_a2a_backend in (None, "none", "deepep", "megamoe",
+                                                     "flashinfer"))
     f_default = config.mem_fraction_static is None
-    f = default_mem_fraction(model, gpu, t, chunked, graph_bs, ver,
-                             spec.algorithm if spec else None,
-                             prefill_graphs=not config.disable_cuda_graph) if f_default \
+    # a PD decode server runs decode batches only (memory_hook.py:298-303 sizes its activations
+    # by them); every other server its prefill chunk
+    decode_tokens = (config.max_running_requests or graph_bs or 1) \
+        * (config.speculative_num_draft_tokens or 1)
+    act_tokens = max(decode_tokens, 2048) if role == "decode" else chunked
+    f = default_mem_fraction(
+        model, gpu, t, chunked, graph_bs, ver, spec.algorithm if spec else None,
+        prefill_graphs=prefill_graphs, pp_size=config.pp_size, attn_dp_size=dp, role=role,
+        deepep=deepep, decode_tokens=decode_tokens) if f_default \
         else config.mem_fraction_static
     assert f is not None
+    if deepep and (config.deepep_mode or "auto") == "normal":  # moe_hook.py:383-398
+        graph_bs = 0
     budget = f * M
     if w + draft_w >= budget:
         raise DoesNotFit("kv_pool", (w + draft_w) / 1e9, budget / 1e9,
@@ -364,22 +359,37 @@ def fit(config: ServingConfig) -> FitReport:
     paged = page if config.page_size is not None and page != resolve_attention_backend(
         config.model_copy(update={"page_size": None}), model, gpu)[1] else 1
     kv_dtype = resolve_kv_dtype(config, model, gpu)
-    per_tok = model.kv_bytes_per_token(KV_BYTES[kv_dtype], t)
-    draft_per_tok = per_tok / model.layers * model.mtp_layers if spec else 0.0
-    pool = budget - w - draft_w
-    # hybrid linear-attention/Mamba models: the per-request state pool takes ratio/(1 + ratio)
-    # of the room and caps the requests (domain/model_arch.py:mamba_state_split)
-    pool, state_slots, state_txt = mamba_state_split(model, t, pool)
-    kv_tokens = int(pool // (per_tok + draft_per_tok))
-    kv_tokens = kv_tokens // paged * paged  # whole pages (pool_configurator.py:646)
+    full_tok = model.kv_bytes_per_token(KV_BYTES[kv_dtype], config.attn_tp_size)
+    # the pool of each stage; the engine runs the smallest (the pipeline MIN-reduce)
+    best: tuple[int, StageMemory, float, float, float, int | None, str] | None = None
+    for st in stages:
+        per_tok = full_tok * st.kv_share
+        draft_per_tok = full_tok / model.layers * model.mtp_layers \
+            if spec and st.draft_weight_bytes else 0.0
+        if per_tok + draft_per_tok <= 0:
+            continue  # a stage without attention layers holds no KV
+        pool = budget - st.weight_bytes - st.draft_weight_bytes
+        # hybrid linear-attention/Mamba models: the per-request state pool takes ratio/(1 +
+        # ratio) of the room and caps the requests (domain/model_arch.py:mamba_state_split)
+        pool, state_slots, state_txt = mamba_state_split(model, config.attn_tp_size, pool)
+        tokens = int(pool // (per_tok + draft_per_tok))
+        tokens = tokens // paged * paged  # whole pages (pool_configurator.py:646)
+        if best is None or tokens < best[0]:
+            best = (tokens, st, per_tok, draft_per_tok, pool, state_slots, state_txt)
+    assert best is not None
+    kv_tokens, st, per_tok, draft_per_tok, pool, state_slots, state_txt = best
+    w, draft_w = st.weight_bytes, st.draft_weight_bytes
     mrr = resolve_max_running_requests(config.max_running_requests, kv_tokens,
-                                       model.context_len, spec is not None, ver)
+                                       model.context_len, spec is not None, ver,
+                                       attn_dp_size=dp)
     if state_slots is not None:
         mrr = min(mrr, state_slots)
     kv_txt = (f"{kv_dtype} KV {per_tok:,.0f} B/token"
               + (f" + draft {draft_per_tok:,.0f} B/token" if draft_per_tok else ""))
+    stage_txt = f" (stage layers {st.layers[0]}-{st.layers[1] - 1})" if len(stages) > 1 else ""
     pool_txt = (f"{head}; pool = {f} x {gpu.hbm_gb:.0f} GB - {(w + draft_w) / 1e9:.1f} GB"
-                f"{state_txt} = {pool / 1e9:.3f} GB; {kv_txt} -> {kv_tokens:,} tokens")
+                f"{stage_txt}{state_txt} = {pool / 1e9:.3f} GB; {kv_txt} -> {kv_tokens:,} "
+                f"tokens" + (" per attention-DP rank" if dp > 1 else ""))
     if kv_tokens <= 0:  # pool_configurator.py:95 (MemoryPoolConfig: max_total_num_tokens <= 0)
         raise DoesNotFit("kv_pool", (w + draft_w + per_tok + draft_per_tok) / 1e9, budget / 1e9,
                          f"{pool_txt}: not one token", cause="no_room")
@@ -391,37 +401,60 @@ def fit(config: ServingConfig) -> FitReport:
         raise DoesNotFit("kv_pool", 2 * (per_tok + draft_per_tok) / 1e9, pool / 1e9,
                          f"{pool_txt}; the longest request would be {kv_tokens - 1} tokens",
                          cause="pool_too_small")
-    # Outside the static pool the engine needs prefill activations and the decode CUDA graphs;
-    # captured sizes stop at the request-slot pool (max_running_requests).
+    # Outside the static pool the engine needs prefill activations, the decode CUDA graphs and
+    # the DeepEP buffers; captured sizes stop at the request-slot pool (max_running_requests).
     captured_bs = min(graph_bs, mrr)
     outside = (1 - f) * M
     graphs = 0.0 if config.disable_cuda_graph else graph_capture_bytes(
-        model, t, captured_bs, backend, spec is not None, gpu.sm_major,
+        model, config.attn_tp_size, captured_bs, backend, spec is not None, gpu.sm_major,
         spec.draft_tokens if spec is not None else 1)
-    need = chunked * ACTIVATION_BYTES_PER_TOKEN + graphs
+    a2a = 0.0
+    if deepep and model.n_routed_experts:
+        a2a = deepep_buffer_bytes(model.hidden, resolved_ep_size(config),
+                                  model.n_routed_experts + config.ep_num_redundant_experts,
+                                  config.deepep_mode or "auto")
+    need = act_tokens * ACTIVATION_BYTES_PER_TOKEN + graphs + a2a
     if need > outside - CONTEXT_OVERHEAD_BYTES:
+        a2a_txt = f" + DeepEP buffers {a2a / 1e9:.2f} GB" if a2a else ""
         raise DoesNotFit("cuda_graph", (need + CONTEXT_OVERHEAD_BYTES) / 1e9, outside / 1e9,
                          f"(1 - {f}) x {gpu.hbm_gb:.0f} GB = {outside / 1e9:.1f} GB outside the "
-                         f"static pool < {need / 1e9:.1f} GB activations for {chunked} tokens + "
-                         f"graphs for batch {captured_bs} + "
+                         f"static pool < {need / 1e9:.1f} GB activations for {act_tokens} tokens + "
+                         f"graphs for batch {captured_bs}{a2a_txt} + "
                          f"{CONTEXT_OVERHEAD_BYTES / 1e9:.1f} GB")
     ratio, host_tokens = hicache_host_pool(config, gpu, kv_tokens, per_tok)
     arithmetic = f"{pool_txt}; max_running_requests {mrr}"
+    requested = config.max_running_requests or (SPEC_MAX_RUNNING_REQUESTS if spec else None)
+    if dp > 1 and requested is not None:
+        arithmetic += f" ({requested} // attn_dp_size {dp} per rank, x {dp} ranks)"
     if spec:
         arithmetic += (f" ({SPEC_MAX_RUNNING_REQUESTS} with speculative decoding unless set); "
                        f"{spec.algorithm} steps {spec.num_steps} topk {spec.topk} draft tokens "
                        f"{spec.draft_tokens}")
+    rank_chunk = chunked
+    if dp > 1 and config.chunked_prefill_size != -1:  # parallel_hook.py:326-336
+        rank_chunk = chunked // dp
+        arithmetic += f"; chunked_prefill_size {chunked} // {dp} = {rank_chunk} per rank"
+    if a2a:
+        arithmetic += (f"; DeepEP {config.deepep_mode or 'auto'} buffers {a2a / 1e9:.2f} GB "
+                       f"per GPU (EP{resolved_ep_size(config)})")
     if host_tokens:
         arithmetic += (f"; HiCache host pool {ratio:.2f} x {kv_tokens:,} = {host_tokens:,} tokens "
                        f"= {host_tokens * per_tok / 1e9:.1f} GB per GPU")
+    extra = 0
+    if role == "decode" and config.max_running_requests is not None:  # pd_..._hook.py:133-143
+        per_worker = max(1, config.max_running_requests // config.schedulers)
+        extra = 2 * per_worker if per_worker <= PD_EXTRA_SLOTS_MAX_PER_WORKER else 0
     return FitReport(
         weight_bytes_per_gpu=w, gpu_bytes=M, mem_fraction_static=f,
         mem_fraction_was_default=f_default, kv_dtype=kv_dtype, kv_bytes_per_token=per_tok,
         kv_pool_bytes_per_gpu=pool, kv_tokens=kv_tokens, context_len=model.context_len,
-        max_running_requests=mrr, chunked_prefill_size=chunked,
+        max_running_requests=mrr, chunked_prefill_size=rank_chunk,
         cuda_graph_max_bs_decode=captured_bs, arithmetic=arithmetic,
         attention_backend=backend, page_size=page, speculative=spec,
         draft_weight_bytes_per_gpu=draft_w, draft_kv_bytes_per_token=draft_per_tok,
         host_kv_tokens=host_tokens, hicache_ratio=ratio,
-        host_kv_bytes_per_gpu=host_tokens * per_tok,
+        host_kv_bytes_per_gpu=host_tokens * per_tok, schedulers=config.schedulers,
+        deepep_buffer_bytes_per_gpu=a2a, graph_bytes_per_gpu=graphs, decode_extra_slots=extra,
+        conservativeness_scale=DP_ATTENTION_CONSERVATIVENESS if dp > 1 else 1.0,
+        radix_cache_off_by_role=role == "decode",
     )

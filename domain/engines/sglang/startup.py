@@ -40,12 +40,21 @@ import re
 
 from domain.config import ServingConfig
 from domain.engines import engine_for
-from domain.engines.sglang.arch import BLACKWELL_SM_MAJORS, TRTLLM_GEN_MOE_RUNNERS
+from domain.engines.sglang.arch import (
+    BLACKWELL_SM_MAJORS,
+    TRTLLM_GEN_MOE_RUNNERS,
+)
+from domain.engines.sglang.layout_rules import (
+    expert_refusal,
+    layout_refusal,
+    tbo_refusal,
+)
 from domain.engines.sglang.refusals import (
     CUDA_ERROR_HINT,
     CUDA_GRAPH_CAPTURE_FAILED_LINES,
     HICACHE_SMALL_HOST_WARNING,
     REFUSALS,
+    attention_split_width,
     tp_refusal,
 )
 from domain.errors import DoesNotFit, InvalidCombination, UnknownFlag
@@ -55,6 +64,8 @@ from domain.fit import (
     fit,
     host_pool_shortfall,
     resolve_attention_backend,
+    resolved_ep_size,
+    stage_memory,
 )
 from domain.hardware import get_gpu
 from domain.models import ModelArch, get_model
@@ -170,7 +181,8 @@ def _traceback(e: InvalidCombination) -> list[str]:
     return ["Traceback (most recent call last):", *frame, e.line]
 
 
-def _resolve(config: ServingConfig) -> tuple[SpecResolution, list[str]]:
+def _resolve(config: ServingConfig, nnodes: int | None = None
+             ) -> tuple[SpecResolution, list[str]]:
     """Run the checks of SGLang's resolution pipeline in its order.
 
     Returns:
@@ -193,9 +205,21 @@ def _resolve(config: ServingConfig) -> tuple[SpecResolution, list[str]]:
     backend_key = attention_backend_refusal(config)
     if backend_key in ("backend_trtllm_mla_sm", "backend_cutedsl_sm"):
         raise _refuse(backend_key)
+    layout = layout_refusal(config, nnodes)
+    if layout is not None:
+        raise _refuse(layout[0], **layout[1])
     if config.schedule_conservativeness is not None and config.schedule_conservativeness < 0:
         raise _refuse("schedule_conservativeness")
-    return spec, list(spec.log)
+    tbo = tbo_refusal(config)
+    if tbo is not None:
+        raise _refuse(tbo)
+    log = list(spec.log)
+    ep = resolved_ep_size(config)
+    if ep != config.ep_size:  # overrides.py:1611-1620: a resolution, logged
+        log.append(f"{config.moe_a2a_backend} MoE is enabled. The expert parallel size is "
+                   f"adjusted from {config.ep_size} to the tensor parallel size "
+                   f"[{config.tp_size}].")
+    return spec, log
 
 
 def _load_lines(name: str, w: float, avail: float) -> list[str]:
@@ -214,8 +238,9 @@ def _failed_memory(config: ServingConfig, model: ModelArch, e: DoesNotFit, log: 
                    spec_on: bool) -> Startup:
     """The log and phase of a startup that ``fit`` rules out with ``e``."""
     gpu = get_gpu(config.gpu)
-    w = model.weight_bytes(config.weights) / config.tp_size
-    draft_w = model.draft_weight_bytes(config.weights) / config.tp_size if spec_on else 0.0
+    heavy = max(stage_memory(config, model, spec_on),
+                key=lambda st: st.weight_bytes + st.draft_weight_bytes)
+    w, draft_w = heavy.weight_bytes, heavy.draft_weight_bytes
     avail = gpu.hbm_bytes - CONTEXT_OVERHEAD_BYTES
     if e.phase == "weights_load":
         if w > avail:  # the target's own shard does not fit
@@ -281,12 +306,16 @@ def _argparse_error(violation: str) -> str:
     return f"unrecognized arguments: --{dest.replace('_', '-')}"
 
 
-def start(config: ServingConfig) -> Startup:
+def start(config: ServingConfig, nnodes: int | None = None) -> Startup:
     """Simulate ``sglang serve`` for one replica of ``config`` and return what happened.
 
     Never raises for a config the engine would reject: the rejection is the result (see the
     module docstring for the phases and their messages). Startup time (virtual s) is weight
     loading at ``LOAD_BYTES_PER_S`` per GPU plus ``FIXED_STARTUP_S``.
+
+    ``nnodes``: the launch's ``--nnodes``; None: the argv's (a server wider than one node gets
+    ``--nnodes``, :func:`domain.engines.sglang.flags.argv`). A launch on fewer nodes than its
+    GPUs need (a pasted command without ``--nnodes``) fails as a one-node launch does.
     """
     try:
         argv = engine_for(config).argv(config)
@@ -297,17 +326,22 @@ def start(config: ServingConfig) -> Startup:
     model, gpu = get_model(config.model), get_gpu(config.gpu)
     log = [f"server_args={' '.join(argv[2:])}"]
     try:  # the launcher resolves the arguments before it starts any scheduler process
-        spec, warnings = _resolve(config)
+        spec, warnings = _resolve(config, nnodes)
     except InvalidCombination as e:
         log += _traceback(e)
         return Startup(ready=False, phase="resolve", exit_code=1, log=log)
     log += warnings
-    if config.tp_size > gpu.gpus_per_node:  # one node, no --nnodes: rank 8+ has no device
+    nodes = nnodes if nnodes is not None else config.nnodes(gpu.gpus_per_node)
+    if config.gpus_per_server > gpu.gpus_per_node * nodes:  # rank 8+ of a node has no device
         log += ["Init torch distributed begin.",
                 *REFUSALS["multi_node_device_ordinal"].traceback(), *CUDA_ERROR_HINT]
         return Startup(ready=False, phase="init_distributed", exit_code=1, log=log)
-    tp_key = tp_refusal(hf_architecture(model), model.heads,
-                        model.kv_heads if model.attention == "gqa" else None, config.tp_size)
+    if expert_refusal(config) is not None:  # the model runner, before the model is built
+        log += REFUSALS["ep_divides_experts"].traceback()
+        return Startup(ready=False, phase="model_init", exit_code=1, log=log)
+    arch = hf_architecture(model)
+    tp_key = tp_refusal(arch, model.heads, model.kv_heads if model.attention == "gqa" else None,
+                        attention_split_width(arch, config.tp_size, config.attn_tp_size))
     tp_key = tp_key or mm_backend_refusal(config)  # the vision encoder is built with it
     if tp_key is not None:  # the attention layer's __init__: the loader builds the model
         # after "Load weight begin" and before any weight is read
@@ -324,8 +358,8 @@ def start(config: ServingConfig) -> Startup:
         if not (refusal and e.phase == "cuda_graph"):
             return _failed_memory(config, model, e, log, spec.params is not None)
         # the attention backend is built before the CUDA graphs are captured
-        log += _load_lines(model.name, model.weight_bytes(config.weights) / config.tp_size,
-                           avail)
+        log += _load_lines(model.name, max(st.weight_bytes for st in stage_memory(
+            config, model, spec.params is not None)), avail)
         log += REFUSALS[refusal].traceback(**fields)
         return Startup(ready=False, phase="model_init", exit_code=1, log=log)
     log += _load_lines(model.name, rep.weight_bytes_per_gpu, avail)
@@ -351,6 +385,8 @@ def start(config: ServingConfig) -> Startup:
         log += _graph_lines(rep)
     requested = config.max_running_requests or (
         SPEC_MAX_RUNNING_REQUESTS if rep.speculative is not None else None)
+    if requested is not None:  # the cap is per attention-DP rank (kv_cache_configurator.py)
+        requested = max(1, requested // config.attn_dp_size)
     if requested is not None and rep.max_running_requests < requested:
         log.append(f"max_running_requests was reduced from the requested {requested} to "
                    f"{rep.max_running_requests} (per dp worker) due to the available KV cache "
