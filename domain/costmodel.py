@@ -143,6 +143,8 @@ class StepCostModel:
     dense_bytes: float = 0.0          # dense MLP layers
     shared_bytes: float = 0.0         # shared experts (all MoE layers)
     routed_flops_per_token: float = 0.0   # 2 x routed active expert params (part of mlp_flops)
+    lm_head_bytes: float = 0.0        # the lm_head's weights (on the last PP stage)
+    lm_head_params: float = 0.0       # vocab x hidden
     # memo of the batch-size-only terms (pure functions of their arguments): the twin calls
     # them once per simulated step with few distinct batch sizes
     _memo: dict[tuple[object, ...], float] = field(default_factory=dict, init=False,
@@ -670,6 +672,7 @@ def build_cost_model(config: ServingConfig, report: FitReport) -> StepCostModel:
         embed_bytes=groups["embed"] * b["embed"], dense_bytes=groups["dense_mlp"] * b["dense_mlp"],
         shared_bytes=shared,
         routed_flops_per_token=2.0 * model.moe_layers * model.experts_per_tok * model.expert_params,
+        lm_head_bytes=float(lm_head * b["embed"]), lm_head_params=float(lm_head),
     )
 
 

@@ -150,6 +150,11 @@ def test_pp_round_and_bubble() -> None:
     # round: max(T, pp x cpu) + 1 boundary of 2 tensors x 3 x 1000 x 2 B / link + 2 latencies
     assert pp_round(m, lay, 0.01, 0.004, 3) == pytest.approx(0.01 + 12_000 / 1e11 + 2 * 2e-5)
     assert pp_round(m, lay, 0.001, 0.004, 3) == pytest.approx(0.008 + 12_000 / 1e11 + 4e-5)
+    # 5 layers on 2 stages: the last holds 3 and the lm_head (1e9 B over 2 GPUs at 0.5 x 1 TB/s
+    # = 1 ms, its 2 x 5e8 FLOPs per token far below), and both slots last as long as it
+    odd = toy(lay, layers=5, lm_head_bytes=1e9, lm_head_params=5e8)
+    assert pp_round(odd, lay, 0.01, 0.0, 3) == pytest.approx(
+        2 * (0.01 * 3 / 5 + 1e-3) + 12_000 / 1e11 + 2 * 2e-5)
     # the bubble: one sequence costs the round of two (one micro-batch slot stays empty)
     assert m.decode_time(1, 100) == pytest.approx(m.decode_time(2, 200))
     # a round of 4 sequences is one micro-batch of 2 through both stages
