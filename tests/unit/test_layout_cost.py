@@ -269,3 +269,15 @@ def test_pp_gains_nothing_from_the_allreduce_over_nvlink() -> None:
     for ctx in (1500, 3000):
         n = kv // ctx
         assert m8.decode_time(n, n * ctx) / mpp.decode_time(n, n * ctx) <= 1.02
+
+
+def test_p2p_link_between_pipeline_stages() -> None:
+    from domain.hardware import get_gpu
+    from domain.interconnect import p2p_link_bytes_per_s
+
+    rtx = get_gpu("RTX-PRO-6000").interconnect  # PCIe Gen5 x16, NUMA 0-3 | 4-7 at 40 GB/s
+    assert p2p_link_bytes_per_s(0, 4, 4, rtx) == 40e9          # TP4+PP2 crosses the NUMA hop
+    assert p2p_link_bytes_per_s(0, 2, 2, rtx) == pytest.approx(16 * 3.938e9)  # inside NUMA 0
+    h200 = get_gpu("H200").interconnect
+    assert p2p_link_bytes_per_s(0, 4, 4, h200) == 450e9         # NVLink inside the node
+    assert p2p_link_bytes_per_s(0, 8, 8, h200) == 50e9          # TP8+PP2: the next host's NIC
