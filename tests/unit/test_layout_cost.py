@@ -223,15 +223,17 @@ def eplb_eff(c: ServingConfig) -> float:
 
 
 def _tput(c: ServingConfig, conc: int, ctx: int) -> float:
+    """Decode tok/s of ``conc`` sequences of ``ctx`` KV tokens spread over the schedulers, each
+    at most the batch its KV pool and running cap allow."""
     r = fit(c)
     m = build_cost_model(c, r)
-    per = max(1, conc // c.schedulers)
+    per = max(1, min(conc // c.schedulers, r.kv_tokens // ctx, r.max_running_requests))
     return per * c.schedulers / m.decode_time(per, per * ctx)
 
 
 def test_dsv3_dp_attention_ep_slower_at_8_faster_at_256() -> None:
     """issue 21 'done when', cost level: DeepSeek-V3 FP8 on 8x H200, TP8 + attention DP 8 +
-    EP8 (deepep) against TP8, 1,500 KV tokens per sequence (the pool holds both batches)."""
+    EP8 (deepep) against TP8, 1,500 KV tokens per sequence, at the batch each pool allows."""
     tp8 = ServingConfig(model="deepseek-v3", gpu="H200", weights="fp8", tp_size=8)
     dpep = tp8.model_copy(update={"attn_dp_size": 8, "ep_size": 8, "moe_a2a_backend": "deepep"})
     assert _tput(dpep, 8, 1500) < _tput(tp8, 8, 1500)
