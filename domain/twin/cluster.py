@@ -97,8 +97,11 @@ ROUTED_CLOSED_LOOP = ("round_robin", "power_of_two")
 SimProgress = Callable[[int, int], None]
 PROGRESS_EVERY = 1000  # requests routed between two open-loop progress calls
 # Wall cost of one attention-DP rank's lockstep step over a lone engine's step (the compute
-# budget's estimate, _step_weight): measured by benchmarks/twin_speed.py --estimate
-LOCKSTEP_STEP_WEIGHT = 4.0
+# budget's estimate, _step_weight). benchmarks/twin_speed.py prints estimate and wall per row:
+# with 6 the DeepSeek-V3 attention-DP 8 saturation run is estimated at 0.6 s (wall 0.3-0.6 s on
+# the 2-core machine), its Mooncake replay at 5.5 s (wall 11-13 s; the TP rows: 1.15 s, wall
+# 1.0-1.4 s); docs/benchmarks.md
+LOCKSTEP_STEP_WEIGHT = 6.0
 
 
 class ReplicaStats(BaseModel):

@@ -163,6 +163,7 @@ class DPServer:
         self._rank_req: list[list[int]] = [[] for _ in ranks]  # rank index -> request
         self._aborted: dict[int, str] = {}  # dropped before reaching a rank -> message
         self._aborted_at: list[float] = []  # their drop times (non-decreasing)
+        self._by_batch: dict[int, tuple[float, bool]] = {}  # decode batch -> (all-reduce, eager)
 
     # ------------------------------------------------------------------ worker API
     def submit(self, arrival_s: float, input_tokens: int, output_tokens: int,
@@ -406,8 +407,11 @@ class DPServer:
             n = max(x.tokens for x in dec)
             ctx = int(max(x.attn for x in dec))
             gpu = cost.decode_time(n, ctx)
-            ar, roof, eager = (cost.decode_allreduce_time(n), cost.decode_roofline_time(n, ctx),
-                               cost.eager(n))
+            by_n = self._by_batch.get(n)
+            if by_n is None:  # functions of the batch alone: computed once per batch size
+                by_n = self._by_batch[n] = (cost.decode_allreduce_time(n), cost.eager(n))
+            ar, eager = by_n
+            roof = cost.decode_roofline_time(n, ctx)
             for e in self.ranks:
                 if e.step_shape is not None and not e.step_shape.extend:
                     e.count_shared_decode(ar, roof, eager)
