@@ -27,16 +27,17 @@ to one rank by ``--load-balance-method``:
 Attention-DP ranks step together: every rank joins each forward for the MoE's collectives
 (``managers/scheduler_components/dp_attn.py:519-700`` ``prepare_mlp_sync_batch_raw``: the
 ranks all-gather their token counts and a rank without work runs an idle batch while any rank
-has one), and the decode CUDA graph pads every rank to the largest rank's batch
-(``layers/dp_attention.py:185-201``, MAX_LEN padding). :class:`DPServer` therefore advances its
-attention-DP ranks in lockstep: each forms its iteration (:meth:`TwinEngine.plan_step`), the
-step lasts the slowest rank's own step time, and every rank's clock moves by it
-(:meth:`TwinEngine.commit_step`); a rank that prefills stalls the others' decode for its
-prefill. Each rank's time comes from the per-scheduler cost model unchanged (whose contract is
-that every rank runs the same batch, so the MoE is priced for ``ranks x`` that batch: the
-slowest rank's batch sets the MoE's price, an upper estimate when ranks are uneven). ``dp_size``
-copies are independent TP groups (``launch_dp_schedulers``, 420-467) and are simulated
-independently.
+has one). :class:`DPServer` therefore advances its attention-DP ranks in lockstep: each forms
+its iteration (:meth:`TwinEngine.plan_step`), the server prices the forward they share
+(:meth:`DPServer._price`) and every rank's clock moves by it (:meth:`TwinEngine.commit_step`).
+The cost model prices one rank whose peers run the same batch (its MoE sees ``ranks x`` the
+rank's tokens), so a shared step is priced at an equivalent uniform batch: a decode-only step
+at the largest rank's batch and KV read (the decode CUDA graph pads every rank to the largest
+batch, ``layers/dp_attention.py:185-201``, MAX_LEN); a step with a prefill on any rank, whose
+MoE gathers the sum of the ranks' tokens (SUM_LEN for extend), as a rank's prefill of the mean
+tokens per rank with the slowest rank's attention pairs, and no shorter than the decode ranks'
+step. ``dp_size`` copies are independent TP groups (``launch_dp_schedulers``, 420-467) and are
+simulated independently.
 """
 
 from __future__ import annotations
