@@ -230,3 +230,17 @@ def test_a_request_dropped_before_its_rank_ends_at_the_server():
     assert (recs[a].first_token_s, recs[a].finish_s) == pytest.approx((1.5, 2.5))
     assert recs[b].error == "aborted by the client"
     assert srv.sent == [1, 0]
+
+
+def test_the_report_names_schedulers_inside_a_replica():
+    from domain.twin.cluster import ReplicaStats
+    from servetune.report.seen import seen_line
+
+    def row(replica, rank):
+        return ReplicaStats(replica=replica, rank=rank, requests=3, prefill_steps=1,
+                            decode_steps=2, retractions=0, max_running=1,
+                            mean_decode_batch=1.0, busy_s=1.0)
+
+    assert seen_line([row(0, k) for k in range(8)]).startswith(
+        "1 replica x 8 schedulers (per scheduler): requests 3..3;")
+    assert seen_line([row(0, 0), row(1, 0)]).startswith("2 replicas: requests 3 / 3;")
