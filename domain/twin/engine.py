@@ -339,6 +339,9 @@ class TwinEngine:
         self._stalled = False              # the head waits on held KV (prefill role)
         self._pd_extra_slots = 0
         self._pd_reserved = 0
+        self._pd_joins = 0                 # decode role: requests joined (prealloc_fits' cache)
+        self._pd_max_key: tuple[int, ...] = ()
+        self._pd_max_total = 0
 
     # ------------------------------------------------------------------ public API
     def submit(self, arrival_s: float, input_tokens: int, output_tokens: int,
@@ -1010,8 +1013,13 @@ class TwinEngine:
         if active >= self.lim.max_running_requests + self._pd_extra_slots:
             return False
         retractable = self._ctx_running
-        single = (max(x.input + x.output for x in running.values()) - retractable
-                  if running else 0.0)
+        # the running batch changes only on a join, a finish, a retraction or a re-prefill
+        key = (self._pd_joins, len(self._finish_order), self.stats.retractions,
+               self.stats.prefill_steps)
+        if key != self._pd_max_key:
+            self._pd_max_key = key
+            self._pd_max_total = max((x.input + x.output for x in running.values()), default=0)
+        single = self._pd_max_total - retractable if running else 0.0
         allocatable = self._free() + self._evictable() - max(self._pd_reserved * active,
                                                              single)
         required = max(input_tokens + self._pd_reserved,
@@ -1051,6 +1059,7 @@ class TwinEngine:
         cap, now = self.lim.max_running_requests, self.now
         while self._transferred and len(self._running) < cap:
             r = self._transferred.popleft()
+            self._pd_joins += 1
             self._held_kv -= r.private
             r.prefilled = r.target = r.input
             r.generated = 1

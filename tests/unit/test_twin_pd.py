@@ -9,6 +9,7 @@ event time can be checked in the comment above its assertion.
 from __future__ import annotations
 
 import pytest
+from fixtures.benchmarks import load_benchmark
 from fixtures.step_cost import StepCost
 
 from domain.config import ServingConfig
@@ -153,3 +154,19 @@ def test_cluster_dispatches_a_pd_config():
     assert all(r.transfer_s > 0 and r.ttft_s > r.transfer_s for r in recs)
     assert [s.role for s in stats] == ["prefill", "decode"]
     assert [s.requests for s in stats] == [6, 6]
+
+
+# ---------------------------------------------------------------- issue 21 "done when"
+def test_pd_split_keeps_the_decode_itl_flat_where_the_aggregated_pair_stalls():
+    # benchmarks/pd_split.py on a small window: the first 120 s of the Mooncake conversation
+    # trace at 2x (339 requests), Llama-3.1-8B FP8 TP4 on 8 H200: 2 aggregated vs 1P1D
+    bench = load_benchmark("pd_split")
+    reqs = bench.workload(0.0, 120.0, 2.0)
+    agg, split = bench.configs()
+    a, p = bench.run(agg, reqs), bench.run(split, reqs)
+    assert a["errors"] == p["errors"] == 0
+    assert p["itl_p99"] / p["itl_p50"] <= 1.5
+    assert a["itl_p99"] / a["itl_p50"] >= 2.0
+    # the split's TTFT holds its transfers; the aggregated pair's none
+    assert 0 < p["share"] < 1 and a["share"] == 0
+    assert p["transfer_p50"] > 0
