@@ -243,3 +243,18 @@ def test_every_request_completes_under_tight_pools(seed):
     assert all(r.error is None for r in recs)
     assert all(len(r.itl_s) == r.output_tokens - 1 for r in recs)
     assert all(r.ttft_s >= r.transfer_s >= 0.25 for r in recs)
+
+
+def test_a_pd_runs_counters_average_over_the_servers_doing_that_work():
+    from agents.analyst import replica_mean
+
+    sim = pd_sim()
+    for _ in range(2):
+        sim.add(0.0, 10, 3)
+    sim.run()
+    stats = sim.stats()
+    prefill, decode = stats
+    # the decode server's decode steps alone (the prefill server has none), and the prefill
+    # server's cache alone (the decode server has none)
+    assert replica_mean(stats, "decode_allreduce_share") == decode.decode_allreduce_share == 0.4
+    assert replica_mean(stats, "cache_hit_rate") == prefill.cache_hit_rate
