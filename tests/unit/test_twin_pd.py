@@ -95,6 +95,11 @@ def test_ttft_is_prefill_plus_transfer_plus_the_decode_servers_next_iteration():
     assert b.ttft_s == pytest.approx(2.2 + 4.65 + 0.6)
     assert b.finish_s == pytest.approx(9.45)
     assert ttft_transfer_share([a, b]) == pytest.approx((2.25 + 4.65) / (4.45 + 7.45))
+    pa, pb = sim.ttft_parts([a, b])
+    assert (pa.prealloc_wait_s, pa.prefill_s, pa.transfer_s, pa.decode_wait_s) == \
+        pytest.approx((0.0, 2.2, 2.25, 0.0))
+    assert (pb.prealloc_wait_s, pb.prefill_s, pb.transfer_s, pb.decode_wait_s) == \
+        pytest.approx((0.0, 2.2, 4.65, 0.6))
     prefill, decode = sim.stats()
     assert (prefill.role, prefill.prefill_steps, prefill.decode_steps) == ("prefill", 1, 0)
     assert (decode.role, decode.prefill_steps) == ("decode", 0)
@@ -115,6 +120,11 @@ def test_decode_admission_waits_on_the_prealloc_queue():
     # prefills 5.25 -> 6.25, KV 6.25 + 2.25 = 8.5 (first token), decode 9.5, 10.5
     assert b.first_token_s == pytest.approx(8.5) and b.finish_s == pytest.approx(10.5)
     assert b.transfer_s == pytest.approx(2.25)
+    # B's TTFT 8.5 = 5.25 in the prealloc queue + 1 prefill + 2.25 transfer + 0 decode wait
+    parts = sim.ttft_parts([a, b])[1]
+    assert parts is not None
+    assert (parts.prealloc_wait_s, parts.prefill_s, parts.transfer_s, parts.decode_wait_s) == \
+        pytest.approx((5.25, 1.0, 2.25, 0.0))
 
 
 def test_the_prefill_server_holds_the_kv_until_its_transfer_ends():
