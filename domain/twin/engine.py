@@ -340,6 +340,7 @@ class TwinEngine:
         self._pd_extra_slots = 0
         self._pd_reserved = 0
         self._pd_joins = 0                 # decode role: requests joined (prealloc_fits' cache)
+        self._kv_sent: list[tuple[float, int, int]] = []  # prefill role: (s, request, tokens)
         self._pd_max_key: tuple[int, ...] = ()
         self._pd_max_total = 0
 
@@ -811,6 +812,9 @@ class TwinEngine:
         self.stats.busy_s += dt
         self.stats.count_load(len(self._running) + len(self._waiting) + len(chunks), dt)
         for r, c in chunks:
+            if self._role == "prefill":  # PD: each chunk's KV is sent when it is computed
+                self._kv_sent.append((now, r.idx, c + (r.cached if r.prefilled == r.cached
+                                                       else 0)))
             r.prefilled += c
             r.private += c
             if r.prefilled < r.target:
@@ -974,6 +978,17 @@ class TwinEngine:
     def pd_reserved_tokens(self) -> int:
         """Decode role: KV tokens the preallocation budget reserves per active request."""
         return self._pd_reserved
+
+    def kv_sent_since(self, n: int) -> list[tuple[float, int, int]]:
+        """Prefill role: the KV chunks computed after the first ``n``, in order.
+
+        Returns:
+            ``(end of the prefill step s, request index, tokens)``: a chunked prompt sends each
+            chunk's KV as the chunk is computed (``prefill.py:1412-1458``
+            ``process_prefill_chunk`` -> ``send_kv_chunk``), its cached prefix with the first
+            one (``maybe_send_cached_prefix_chunk``, 1460).
+        """
+        return self._kv_sent[n:]
 
     def release_held(self, idx: int, t: float) -> None:
         """Prefill role: request ``idx``'s KV transfer ended at ``t``: free its KV and slot.

@@ -25,12 +25,14 @@ docstrings and the functions cited):
    does (chunked prefill, radix cache, ``max_new_tokens`` set to 1: ``prefill.py:478-482``)
    and produces the first token; the request keeps its KV and its slot until the transfer
    ends (:meth:`TwinEngine.release_held`).
-4. **Transfer.** The prompt's KV leaves when its prefill ends: every GPU holding the request
-   (the attention TP group times the PP stages) sends its share over its own NIC at
+4. **Transfer.** Each prefill chunk's KV leaves when the chunk is computed (the cached prefix
+   with the first; :meth:`TwinEngine.kv_sent_since`): every GPU holding the request (the
+   attention TP group times the PP stages) sends its share over its own NIC at
    ``pd_transfer_eta`` of ``gpu.interconnect.nic_bytes_per_s`` (:class:`TransferLink`);
-   transfers from one prefill scheduler go one after another (its NICs are one FIFO link), and
-   each request adds ``pd_transfer_latency_s``. ``RequestRecord.transfer_s`` is the time from
-   the prefill's end to the KV on the decode server (queue on the link + wire + latency).
+   chunks from one prefill scheduler go one after another (its NICs are one FIFO link), and
+   each request adds ``pd_transfer_latency_s`` after its last chunk. ``RequestRecord.
+   transfer_s`` is the time from the prefill's end to the KV on the decode server (what is left
+   of the link queue and wire, plus the latency).
 5. **Decode.** The request joins the decode server's running batch at its next iteration
    boundary (up to ``max_running_requests`` running), its first token is streamed then, and
    its remaining output tokens are decoded there; the radix cache is off on decode servers
@@ -218,6 +220,7 @@ class _Flight:
     transfer_s: float = 0.0
     prealloc_s: float = math.nan    # the decode server reserved its slot and KV
     prefill_end_s: float = math.nan  # its prefill produced the first token
+    kv_sent_s: float = 0.0          # its last KV chunk left the link
     error: str | None = None
 
 
@@ -291,6 +294,7 @@ class PDSimulation:
         self._p_map: list[list[int]] = [[] for _ in prefill]        # engine idx -> flight
         self._d_map: list[list[int]] = [[] for _ in decode]
         self._p_seen = [0] * len(prefill)
+        self._p_kv_seen = [0] * len(prefill)
         self._d_seen = [0] * len(decode)
         self._p_last = [0.0] * len(prefill)   # latest submission per prefill engine
         self._link_free = [0.0] * len(prefill)
@@ -427,9 +431,15 @@ class PDSimulation:
     def _step_prefill(self, k: int) -> None:
         e = self.P.engines[k]
         e.advance(e.next_event_s + _STEP)
+        link, p_map, flights = self.link, self._p_map[k], self.flights
+        sent = e.kv_sent_since(self._p_kv_seen[k])
+        self._p_kv_seen[k] += len(sent)
+        for at, idx, tokens in sent:  # each chunk's KV queues on this scheduler's link
+            f = flights[p_map[idx]]
+            f.kv_sent_s = self._link_free[k] = max(at, self._link_free[k]) + \
+                link.wire_seconds(tokens)
         new = e.ended_since(self._p_seen[k])
         self._p_seen[k] += len(new)
-        link = self.link
         for idx, end in new:
             fid = self._p_map[k][idx]
             f = self.flights[fid]
@@ -440,10 +450,7 @@ class PDSimulation:
                 self.D.engines[f.d].release_held(f.d_idx, end)
                 continue
             f.prefill_end_s = end
-            start = max(end, self._link_free[k])
-            wire = link.wire_seconds(f.inp)
-            self._link_free[k] = start + wire
-            done = start + wire + (link.latency_s if link.moves_kv else 0.0)
+            done = max(end, f.kv_sent_s) + (link.latency_s if link.moves_kv else 0.0)
             f.transfer_s = done - end
             heapq.heappush(self._transfers, (done, fid))
 

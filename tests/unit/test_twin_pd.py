@@ -268,3 +268,19 @@ def test_a_pd_runs_counters_average_over_the_servers_doing_that_work():
     # server's cache alone (the decode server has none)
     assert replica_mean(stats, "decode_allreduce_share") == decode.decode_allreduce_share == 0.4
     assert replica_mean(stats, "cache_hit_rate") == prefill.cache_hit_rate
+
+
+def test_a_chunked_prompt_sends_each_chunks_kv_as_it_is_computed():
+    p = TwinEngine(StepCost(), lim(chunked_prefill_size=4), PrefixCache(PathIndex()))
+    p.set_role("prefill")
+    d = TwinEngine(StepCost(), lim(radix_cache=False), None)
+    d.set_role("decode", reserved_decode_tokens=5)
+    sim = PDSimulation([p], [d], LINK, Router("round_robin", 1), Router("round_robin", 1))
+    sim.add(0.0, 10, 2)
+    sim.run()
+    (a,) = sim.records()
+    # chunks of 4, 4, 2 tokens end at 0.4, 0.8, 1.0; on the link (0.2 s per token) they take
+    # 0.4 -> 1.2, 1.2 -> 2.0, 2.0 -> 2.4; + 0.25 -> KV on decode at 2.65 (first token), decode
+    # 3.65. The transfer inside TTFT: 2.65 - 1.0 = 1.65 s (2.25 s for the prompt sent whole)
+    assert a.transfer_s == pytest.approx(1.65)
+    assert (a.first_token_s, a.finish_s) == pytest.approx((2.65, 3.65))
