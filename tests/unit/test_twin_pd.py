@@ -284,3 +284,19 @@ def test_a_chunked_prompt_sends_each_chunks_kv_as_it_is_computed():
     # 3.65. The transfer inside TTFT: 2.65 - 1.0 = 1.65 s (2.25 s for the prompt sent whole)
     assert a.transfer_s == pytest.approx(1.65)
     assert (a.first_token_s, a.finish_s) == pytest.approx((2.65, 3.65))
+
+
+def test_the_compute_budget_estimates_cover_a_pd_layout():
+    from domain.twin.cluster import estimate_closed_loop, estimate_open_loop
+
+    cfg = ServingConfig(model="llama-3.1-8b", gpu="H200", tp_size=4, weights="bf16", pd="1P1D")
+    report = fit_servers(cfg)[1][3]
+    reqs = [(0.5 * i, 2000, 50) for i in range(6)]
+    est = estimate_open_loop(cfg, report, reqs)
+    # every request is recorded by its prefill and its decode engine; 50 output tokens each
+    assert (est.requests, est.tokens) == (12, 300)
+    recs, stats = simulate_open_loop(cfg, report, reqs)
+    steps = sum(s.prefill_steps + s.decode_steps for s in stats)
+    assert 0 < est.steps <= steps  # a lower estimate, as the aggregated one
+    closed = estimate_closed_loop(cfg, report, 8, 10.0, 1000, 100)
+    assert closed.steps > 0 and closed.tokens > 0
