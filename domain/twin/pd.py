@@ -29,7 +29,8 @@ docstrings and the functions cited):
    with the first; :meth:`TwinEngine.kv_sent_since`): every GPU holding the request (the
    attention TP group times the PP stages) sends its share over its own NIC at
    ``pd_transfer_eta`` of ``gpu.interconnect.nic_bytes_per_s`` (:class:`TransferLink`);
-   chunks from one prefill scheduler go one after another (its NICs are one FIFO link), and
+   a chunk goes when both the sending scheduler's NICs and the receiving one's are free (each
+   side is one FIFO link: several prefill servers feeding one decode server share its NICs), and
    each request adds ``pd_transfer_latency_s`` after its last chunk. ``RequestRecord.
    transfer_s`` is the time from the prefill's end to the KV on the decode server (what is left
    of the link queue and wire, plus the latency).
@@ -297,7 +298,8 @@ class PDSimulation:
         self._p_kv_seen = [0] * len(prefill)
         self._d_seen = [0] * len(decode)
         self._p_last = [0.0] * len(prefill)   # latest submission per prefill engine
-        self._link_free = [0.0] * len(prefill)
+        self._link_free = [0.0] * len(prefill)   # each prefill scheduler's NICs (sending)
+        self._recv_free = [0.0] * len(decode)    # each decode scheduler's NICs (receiving)
         self._p_sent = [0] * len(self.P.ranks)   # requests routed per prefill server
         self._p_done = [0] * len(self.P.ranks)   # of those, transferred or failed
         self._d_sent = [0] * len(self.D.ranks)
@@ -434,10 +436,11 @@ class PDSimulation:
         link, p_map, flights = self.link, self._p_map[k], self.flights
         sent = e.kv_sent_since(self._p_kv_seen[k])
         self._p_kv_seen[k] += len(sent)
-        for at, idx, tokens in sent:  # each chunk's KV queues on this scheduler's link
+        recv = self._recv_free
+        for at, idx, tokens in sent:  # each chunk's KV queues on both ends' NICs
             f = flights[p_map[idx]]
-            f.kv_sent_s = self._link_free[k] = max(at, self._link_free[k]) + \
-                link.wire_seconds(tokens)
+            end = max(at, self._link_free[k], recv[f.d]) + link.wire_seconds(tokens)
+            f.kv_sent_s = self._link_free[k] = recv[f.d] = end
         new = e.ended_since(self._p_seen[k])
         self._p_seen[k] += len(new)
         for idx, end in new:

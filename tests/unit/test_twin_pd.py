@@ -300,3 +300,22 @@ def test_the_compute_budget_estimates_cover_a_pd_layout():
     assert 0 < est.steps <= steps  # a lower estimate, as the aggregated one
     closed = estimate_closed_loop(cfg, report, 8, 10.0, 1000, 100)
     assert closed.steps > 0 and closed.tokens > 0
+
+
+def test_two_prefill_servers_share_the_decode_servers_nics():
+    prefill = []
+    for _ in range(2):
+        p = TwinEngine(StepCost(), lim(), PrefixCache(PathIndex()))
+        p.set_role("prefill")
+        prefill.append(p)
+    d = TwinEngine(StepCost(), lim(radix_cache=False), None)
+    d.set_role("decode", reserved_decode_tokens=5)
+    sim = PDSimulation(prefill, [d], LINK, Router("round_robin", 2), Router("round_robin", 1))
+    sim.add(0.0, 10, 2)
+    sim.add(0.0, 10, 2)
+    sim.run()
+    a, b = sim.records()
+    # both prefill 0 -> 1 on their own servers; A's KV takes the decode NICs 1 -> 3 (+0.25:
+    # first token 3.25), B's waits for them: 3 -> 5, + 0.25 = 5.25
+    assert (a.transfer_s, b.transfer_s) == pytest.approx((2.25, 4.25))
+    assert (a.first_token_s, b.first_token_s) == pytest.approx((3.25, 5.25))
