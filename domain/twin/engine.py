@@ -156,6 +156,27 @@ class EngineLimits:
 
 
 @dataclass(frozen=True, slots=True)
+class StepShape:
+    """The work of one rank's next iteration, for a caller that prices ranks together.
+
+    Attributes:
+        extend: a prefill (extend) step; else a plain decode step.
+        tokens: new tokens (extend) or sequences in the batch (decode).
+        attn: extend: query-key pairs (``sum c x attended context``); decode: KV tokens held.
+        index: extend, DSA: indexer pairs; else 0.
+        chunks: extend: requests in the batch.
+        loaded: extend: HiCache tokens loaded back before the forward.
+    """
+
+    extend: bool
+    tokens: int
+    attn: float
+    index: float = 0.0
+    chunks: int = 0
+    loaded: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class RequestProgress:
     """What one request has produced so far in the simulation.
 
@@ -183,12 +204,15 @@ class EngineLoad:
         queued: requests that arrived and are not admitted (SGLang's waiting queue).
         used_kv_tokens: KV tokens held by live requests (pool - free - evictable cache).
         kv_tokens: the KV pool, tokens.
+        queued_tokens: tokens the queued requests will prefill (prompt, plus generated for a
+            retracted one: SGLang's ``seqlen`` of a waiting request, ``load_inquirer.py:145``).
     """
 
     running: int
     queued: int
     used_kv_tokens: float
     kv_tokens: int
+    queued_tokens: int = 0
 
 
 @dataclass
@@ -290,10 +314,14 @@ class TwinEngine:
         budget: compute budget checked every ``CHECK_EVERY`` scheduler iterations and records
             (None: unbounded); :meth:`advance` and :meth:`records` then raise
             :class:`~domain.errors.ComputeBudgetExceeded` when it runs out or is cancelled.
+        tokenize: whether this engine runs the server's tokenizer queue (False for one rank of
+            a server with several schedulers, whose tokenizer sits before the DP controller:
+            :mod:`domain.twin.dp`).
     """
 
     def __init__(self, cost: StepCostModel, limits: EngineLimits,
-                 cache: PrefixCache | None = None, budget: ComputeBudget | None = None) -> None:
+                 cache: PrefixCache | None = None, budget: ComputeBudget | None = None,
+                 tokenize: bool = True) -> None:
         self.cost, self.lim = cost, limits
         self.compute_budget = budget
         self.stats = EngineStats()
@@ -329,8 +357,24 @@ class TwinEngine:
         self._uses_spec = False
         # the TTFT path outside the GPU steps (module docstring); 0 for costs without it
         self._fixed = float(getattr(cost, "request_fixed_s", 0.0))
-        self._tokenize = getattr(cost, "tokenize_time", None)
+        self._tokenize = getattr(cost, "tokenize_time", None) if tokenize else None
         self._tokenizer_free = 0.0                       # when the tokenizer is next idle
+        # lockstep (domain.twin.dp): the iteration plan_step formed, for commit_step
+        self._plan: tuple[list[tuple[_Req, int]], int, float, int] | None = None
+        # lockstep with shared pricing: the step plan_step formed (see StepShape), or None
+        self.step_shape: StepShape | None = None
+        # PD disaggregation roles (:meth:`set_role`, driven by domain.twin.pd)
+        self._role = "null"
+        self._held: dict[int, _Req] = {}   # KV and a slot held outside the batch (PD)
+        self._held_kv = 0.0                # their KV tokens
+        self._transferred: deque[_Req] = deque()  # decode role: KV arrived, not yet running
+        self._stalled = False              # the head waits on held KV (prefill role)
+        self._pd_extra_slots = 0
+        self._pd_reserved = 0
+        self._pd_joins = 0                 # decode role: requests joined (prealloc_fits' cache)
+        self._kv_sent: list[tuple[float, int, int]] = []  # prefill role: (s, request, tokens)
+        self._pd_max_key: tuple[int, ...] = ()
+        self._pd_max_total = 0
 
     # ------------------------------------------------------------------ public API
     def submit(self, arrival_s: float, input_tokens: int, output_tokens: int,
@@ -358,7 +402,7 @@ class TwinEngine:
     def busy(self) -> bool:
         """Whether a submitted request is not finished (there is work to simulate)."""
         return bool(self._pending or self._tokenizing or self._waiting or self._running
-                    or self._chunked)
+                    or self._chunked or self._transferred)
 
     @property
     def next_event_s(self) -> float:
@@ -367,7 +411,8 @@ class TwinEngine:
         :attr:`now` while a request is running, waiting or mid-prefill; else the next arrival
         or the next request leaving the tokenizer.
         """
-        if self._running or self._waiting or self._chunked is not None:
+        if (self._running or self._waiting or self._chunked is not None
+                or self._transferred) and not self._stalled:
             return self.now
         t = math.inf
         if self._pending:
@@ -375,6 +420,14 @@ class TwinEngine:
         if self._tokenizing:
             t = min(t, self._tokenizing[0].ready)
         return max(t, self.now) if t < math.inf else t
+
+    @property
+    def next_arrival_s(self) -> float:
+        """When the next request arrives or leaves the tokenizer (inf when none will)."""
+        t = self._pending[0].arrival if self._pending else math.inf
+        if self._tokenizing:
+            t = min(t, self._tokenizing[0].ready)
+        return t
 
     @property
     def new_token_ratio(self) -> float:
@@ -429,10 +482,11 @@ class TwinEngine:
         """Running and queued requests and the KV in use, at :attr:`now` (see EngineLoad)."""
         chunked = 1 if self._chunked is not None else 0
         used = self.lim.kv_tokens - self._free() - self._evictable()
+        queued = (self._waiting, self._pending, self._tokenizing)
         return EngineLoad(running=len(self._running) + chunked,
-                          queued=len(self._waiting) + len(self._pending)
-                          + len(self._tokenizing),
-                          used_kv_tokens=max(0.0, used), kv_tokens=self.lim.kv_tokens)
+                          queued=sum(len(q) for q in queued),
+                          used_kv_tokens=max(0.0, used), kv_tokens=self.lim.kv_tokens,
+                          queued_tokens=sum(r.target for q in queued for r in q))
 
     def abort(self, idx: int, message: str = "aborted by the client") -> bool:
         """Drop request ``idx`` now (a client disconnect): free its slot, KV and cache locks.
@@ -473,6 +527,94 @@ class TwinEngine:
         """
         return list(zip(self._finish_order[n:], self._finish_times[n:], strict=True))
 
+    @property
+    def ended(self) -> int:
+        """Requests that ended (finished or failed) so far."""
+        return len(self._finish_times)
+
+    # ------------------------------------------------------------------ lockstep (DP ranks)
+    def plan_step(self, max_virtual_s: float = 1e7, shared: bool = False) -> float | None:
+        """Form this engine's next iteration at :attr:`now`; return its own duration, s.
+
+        For attention-DP ranks that step together (:mod:`domain.twin.dp`): the caller takes
+        the slowest rank's duration and passes it to every rank's :meth:`commit_step`. The
+        iteration is formed as :meth:`advance` forms it (arrivals taken, admission, retraction
+        to make room), so its state changes are made here. None: nothing to run (the rank
+        joins the others' forward with an idle batch, or all are idle).
+
+        ``shared``: a prefill step and a plain (not speculative) decode step are priced by the
+        caller for all ranks at once; the engine then sets :attr:`step_shape` to the step's
+        work, returns only its CPU floor (the queue scan of the admission pass that formed it,
+        else 0) and takes a shared decode step's statistics from :meth:`count_shared_decode`.
+        """
+        now = self.now
+        self.step_shape = None
+        if self._pending or self._tokenizing:
+            self._intake(now)
+        if now > max_virtual_s:
+            self._give_up(now, max_virtual_s)
+            return None
+        while True:
+            if self._running and self._chunked is None and (self._full or not self._waiting):
+                chunks: list[tuple[_Req, int]] = []  # what _admit returns at once
+                loaded = 0
+                self._scan_s = 0.0
+            else:
+                chunks, loaded = self._admit()
+            if chunks:
+                self._plan = (chunks, 0, 0.0, 0)
+                if shared:
+                    new_tok, attn, index = self._prefill_shape(chunks, self.lim.index_topk)
+                    self.step_shape = StepShape(True, new_tok, attn, index, len(chunks), loaded)
+                    return self._scan_s
+                return self._prefill_time(chunks, loaded, self.lim.index_topk)
+            if self._running:
+                retracted = self.stats.retractions
+                n = self._make_room(len(self._running))
+                if shared and self.lim.spec is None:
+                    self._plan = ([], n, 1.0, retracted)
+                    self.step_shape = StepShape(False, n, float(int(self._ctx_running)))
+                    self.stats.waiting_sum += len(self._waiting)
+                    floor = 0.0
+                    if self._scan_s:
+                        floor = self.cost.cpu_time(n) + self._scan_s
+                        self._scan_s = 0.0
+                    return floor
+                dt, acc = self._decode_time(n)
+                self._plan = ([], n, acc, retracted)
+                return dt
+            self._ratio = self._init_ratio  # on_idle (scheduler.py:5318)
+            if self._waiting and not self._pending and not self._tokenizing:
+                self._fail(self._waiting.popleft(), now,
+                           "request exceeds the KV pool after reservations")
+                continue
+            return None
+
+    def count_shared_decode(self, allreduce_s: float, roofline_s: float, eager: bool) -> None:
+        """Count the statistics of a decode step priced for all ranks (:meth:`plan_step`)."""
+        st = self.stats
+        st.decode_allreduce_s += allreduce_s
+        st.decode_roofline_s += roofline_s
+        if eager:
+            st.eager_decode_steps += 1
+
+    def commit_step(self, dt: float) -> None:
+        """Run the iteration :meth:`plan_step` formed, lasting ``dt`` s (>= its own duration).
+
+        Without a planned iteration the engine's clock moves on by ``dt`` (an idle batch).
+        """
+        plan, self._plan = self._plan, None
+        if plan is None:
+            self.now += dt
+            return
+        chunks, n, acc, retracted = plan
+        if chunks:
+            self._prefill_commit(chunks, dt)
+        else:
+            self._decode_commit(n, dt, acc, retracted)
+        if self.cache is not None:
+            self.stats.evicted_tokens = self.cache.evicted_tokens
+
     def run(self, arrivals: Sequence[tuple[float, int, int]] = (), *,
             closed_loop: tuple[int, float, int, int] | None = None,
             max_virtual_s: float = 1e7, max_requests: int = 0) -> list[RequestRecord]:
@@ -509,44 +651,22 @@ class TwinEngine:
         Raises:
             ComputeBudgetExceeded: the engine's budget ran out or was cancelled.
         """
-        lim, cache = self.lim, self.cache
+        cache = self.cache
         pending, waiting, running = self._pending, self._waiting, self._running
-        tokenizing, tokenize = self._tokenizing, self._tokenize
-        topk = lim.index_topk
+        tokenizing = self._tokenizing
+        topk = self.lim.index_topk
         budget, mask, it = self.compute_budget, CHECK_EVERY - 1, 0
         while self.now < until:
             it += 1
             if budget is not None and not it & mask:
                 budget.check()
+            self._stalled = False
+            if self._transferred:
+                self._join_transferred()
             now = self.now
-            while pending and pending[0].arrival <= now:
-                r = pending.popleft()
-                if r.input + r.output > lim.context_len or r.input + 1 > lim.kv_tokens:
-                    self._fail(r, r.arrival,
-                               f"The input ({r.input} tokens) plus max_new_tokens ({r.output}) "
-                               f"exceeds the KV pool ({lim.kv_tokens}) or context length "
-                               f"({lim.context_len})")
-                    continue
-                # the one tokenizer process, FIFO in arrival order (module docstring)
-                ready = max(r.arrival, self._tokenizer_free)
-                if tokenize is not None:
-                    ready += tokenize(r.input)
-                r.ready = self._tokenizer_free = ready
-                tokenizing.append(r)
-            while tokenizing and tokenizing[0].ready <= now:
-                waiting.append(tokenizing.popleft())
-                self._lpm_dirty = True
+            self._intake(now)
             if now > max_virtual_s:
-                for r in self._reqs:
-                    if math.isnan(r.finish):
-                        self._fail(r, now, f"not finished within the twin's virtual time cap "
-                                           f"({max_virtual_s:g} s): the workload is far beyond "
-                                           "what this config serves (check time_scale)")
-                pending.clear()
-                tokenizing.clear()
-                waiting.clear()
-                running.clear()
-                self._chunked = None
+                self._give_up(now, max_virtual_s)
                 break
             # ---- try to form a prefill batch ----
             chunks, loaded = self._admit()
@@ -559,6 +679,7 @@ class TwinEngine:
                 continue
             # ---- idle: jump to the next arrival or tokenized request ----
             self._ratio = self._init_ratio  # on_idle resets the ratio (scheduler.py:5318)
+            self._stalled = bool(waiting) and bool(self._held)  # PD: waits for held KV
             if pending or tokenizing:
                 nxt = min(pending[0].arrival if pending else math.inf,
                           tokenizing[0].ready if tokenizing else math.inf)
@@ -566,12 +687,52 @@ class TwinEngine:
                 if self.now < nxt:
                     break
                 continue
+            if self._stalled:  # PD: the head waits for held KV to be released
+                break
             if waiting:  # nothing runs and the head cannot be admitted: it never fits
                 r = waiting.popleft()
                 self._fail(r, now, "request exceeds the KV pool after reservations")
                 continue
             break
         self.stats.evicted_tokens = cache.evicted_tokens if cache else 0
+
+    def _intake(self, now: float) -> None:
+        """Move the requests that arrived by ``now`` into the tokenizer, and tokenized ones on.
+
+        A request the KV pool or the context cannot hold fails at its arrival.
+        """
+        lim, pending, tokenizing, tokenize = self.lim, self._pending, self._tokenizing, \
+            self._tokenize
+        while pending and pending[0].arrival <= now:
+            r = pending.popleft()
+            if r.input + r.output > lim.context_len or r.input + 1 > lim.kv_tokens:
+                self._fail(r, r.arrival,
+                           f"The input ({r.input} tokens) plus max_new_tokens ({r.output}) "
+                           f"exceeds the KV pool ({lim.kv_tokens}) or context length "
+                           f"({lim.context_len})")
+                continue
+            # the one tokenizer process, FIFO in arrival order (module docstring)
+            ready = max(r.arrival, self._tokenizer_free)
+            if tokenize is not None:
+                ready += tokenize(r.input)
+            r.ready = self._tokenizer_free = ready
+            tokenizing.append(r)
+        while tokenizing and tokenizing[0].ready <= now:
+            self._waiting.append(tokenizing.popleft())
+            self._lpm_dirty = True
+
+    def _give_up(self, now: float, max_virtual_s: float) -> None:
+        """Fail every unfinished request: the virtual-time cap ``max_virtual_s`` was passed."""
+        for r in self._reqs:
+            if math.isnan(r.finish):
+                self._fail(r, now, f"not finished within the twin's virtual time cap "
+                                   f"({max_virtual_s:g} s): the workload is far beyond "
+                                   "what this config serves (check time_scale)")
+        self._pending.clear()
+        self._tokenizing.clear()
+        self._waiting.clear()
+        self._running.clear()
+        self._chunked = None
 
     def _decode(self, until: float) -> None:
         """Run decode steps: one, or a run of them while nothing else could be scheduled.
@@ -581,75 +742,94 @@ class TwinEngine:
         same as one step per iteration. A step's CPU side includes the waiting-queue scan of the
         admission pass before it (``self._scan_s``); a batch above the graph max runs eagerly.
         """
-        cost, spec, running, pending = self.cost, self.lim.spec, self._running, self._pending
-        tokenizing, waiting = self._tokenizing, self._waiting
-        T, C, heap, st = self._T, self._C, self._heap, self.stats
+        running, pending = self._running, self._pending
+        tokenizing, waiting, st = self._tokenizing, self._waiting, self.stats
         budget, mask = self.compute_budget, CHECK_EVERY - 1
         while True:
             if budget is not None and not st.decode_steps & mask:
                 budget.check()
             retracted = st.retractions
             n = self._make_room(len(running))
-            ctx = int(self._ctx_running)
-            steps = steps_for_batch(spec, n) if spec is not None else 0
-            if spec is not None and steps > 0:
-                acc = accept_length(spec, n)
-                draft = draft_tokens_for_batch(spec, n)
-                dt = (cost.verify_time(n, draft, ctx)
-                      + cost.draft_time(n, steps, spec.topk, ctx, draft))
-                st.decode_allreduce_s += cost.decode_allreduce_time(n, draft, steps, spec.topk)
-                self._uses_spec = True
-            else:
-                acc = 1.0
-                dt = cost.decode_time(n, ctx)
-                st.decode_allreduce_s += cost.decode_allreduce_time(n)
-            if self._scan_s:  # the admission pass's queue scan, on the CPU side of the step
-                dt = max(dt, cost.cpu_time(n) + self._scan_s)
-                self._scan_s = 0.0
-            if cost.eager(n):
-                st.eager_decode_steps += 1
-            st.waiting_sum += len(waiting)
-            st.decode_roofline_s += acc * cost.decode_roofline_time(n, ctx)
-            self.now += dt
-            T.append(self.now)
-            C.append(C[-1] + acc)
-            st.decode_steps += 1
-            st.decode_batch_sum += n
-            st.count_load(n + len(waiting), dt)
-            st.spec_tokens += n * acc
-            if n > st.max_running:
-                st.max_running = n
-            st.busy_s += dt
-            st.decode_busy_s += dt
-            grown = n * acc
-            self._priv_running += grown
-            self._ctx_running += grown
-            self._rem_out -= grown
-            if st.retractions == retracted:  # decays on a step without retraction (4542)
-                self._ratio = max(self._min_ratio, self._ratio - self._decay)
-            k = len(T)  # C[k] is the cumulative count after this step
-            finished = False
-            while heap and heap[0][0] <= C[k] + _EPS:
-                _, ep, idx = heapq.heappop(heap)
-                done = running.get(idx)
-                if done is None or done.epoch != ep:
-                    continue
-                self._leave_running(done)
-                done.segments.append((done.seg_start, k, done.output - done.seg_gen))
-                done.generated = done.output
-                self._finish(done, self.now)
-                finished = True
+            dt, acc = self._decode_time(n)
+            finished = self._decode_commit(n, dt, acc, retracted)
             if (finished or not running or (waiting and not self._full)
                     or self._chunked is not None or self.now >= until
                     or (pending and pending[0].arrival <= self.now)
                     or (tokenizing and tokenizing[0].ready <= self.now)):
                 return
 
+    def _decode_time(self, n: int) -> tuple[float, float]:
+        """``(seconds, tokens per request)`` of the next decode step of batch ``n``.
+
+        Counts the step's all-reduce, roofline and eager statistics (the step will run).
+        """
+        cost, spec, st = self.cost, self.lim.spec, self.stats
+        ctx = int(self._ctx_running)
+        steps = steps_for_batch(spec, n) if spec is not None else 0
+        if spec is not None and steps > 0:
+            acc = accept_length(spec, n)
+            draft = draft_tokens_for_batch(spec, n)
+            dt = (cost.verify_time(n, draft, ctx)
+                  + cost.draft_time(n, steps, spec.topk, ctx, draft))
+            st.decode_allreduce_s += cost.decode_allreduce_time(n, draft, steps, spec.topk)
+            self._uses_spec = True
+        else:
+            acc = 1.0
+            dt = cost.decode_time(n, ctx)
+            st.decode_allreduce_s += cost.decode_allreduce_time(n)
+        if self._scan_s:  # the admission pass's queue scan, on the CPU side of the step
+            dt = max(dt, cost.cpu_time(n) + self._scan_s)
+            self._scan_s = 0.0
+        if cost.eager(n):
+            st.eager_decode_steps += 1
+        st.waiting_sum += len(self._waiting)
+        st.decode_roofline_s += acc * cost.decode_roofline_time(n, ctx)
+        return dt, acc
+
+    def _decode_commit(self, n: int, dt: float, acc: float, retracted: int) -> bool:
+        """Run the decode step of batch ``n`` lasting ``dt`` s; True if a request finished.
+
+        ``retracted``: the retraction count before the step's room was made (the new-token
+        ratio decays only on a step without retraction).
+        """
+        running, heap, st = self._running, self._heap, self.stats
+        T, C = self._T, self._C
+        self.now += dt
+        T.append(self.now)
+        C.append(C[-1] + acc)
+        st.decode_steps += 1
+        st.decode_batch_sum += n
+        st.count_load(n + len(self._waiting), dt)
+        st.spec_tokens += n * acc
+        if n > st.max_running:
+            st.max_running = n
+        st.busy_s += dt
+        st.decode_busy_s += dt
+        grown = n * acc
+        self._priv_running += grown
+        self._ctx_running += grown
+        self._rem_out -= grown
+        if st.retractions == retracted:  # decays on a step without retraction (4542)
+            self._ratio = max(self._min_ratio, self._ratio - self._decay)
+        k = len(T)  # C[k] is the cumulative count after this step
+        finished = False
+        while heap and heap[0][0] <= C[k] + _EPS:
+            _, ep, idx = heapq.heappop(heap)
+            done = running.get(idx)
+            if done is None or done.epoch != ep:
+                continue
+            self._leave_running(done)
+            done.segments.append((done.seg_start, k, done.output - done.seg_gen))
+            done.generated = done.output
+            self._finish(done, self.now)
+            finished = True
+        return finished
+
     # ------------------------------------------------------------------ helpers
     def _free(self) -> float:
         dev = self.cache.device_tokens if self.cache else 0
         chunk_priv = self._chunked.private if self._chunked is not None else 0.0
-        return self.lim.kv_tokens - dev - self._priv_running - chunk_priv
+        return self.lim.kv_tokens - dev - self._priv_running - chunk_priv - self._held_kv
 
     def _evictable(self) -> int:
         return self.cache.evictable_tokens if self.cache else 0
@@ -721,7 +901,7 @@ class TwinEngine:
             self._full = False
         if chunked is None and (self._full or not waiting):
             return chunks, 0
-        n_slots = len(self._running) + (1 if chunked is not None else 0)
+        n_slots = len(self._running) + (1 if chunked is not None else 0) + len(self._held)
         if chunked is None and n_slots >= lim.max_running_requests:
             self._full = True
             return chunks, 0
@@ -773,6 +953,11 @@ class TwinEngine:
         return chunks, loaded
 
     def _prefill(self, chunks: list[tuple[_Req, int]], loaded: int, topk: int) -> None:
+        self._prefill_commit(chunks, self._prefill_time(chunks, loaded, topk))
+
+    def _prefill_shape(self, chunks: list[tuple[_Req, int]], topk: int
+                       ) -> tuple[int, float, float]:
+        """(new tokens, attention pairs, indexer pairs) of a prefill step; evicts room for it."""
         new_tok = sum(c for _, c in chunks)
         attn = index = 0.0
         for r, c in chunks:
@@ -780,12 +965,20 @@ class TwinEngine:
             attn += c * (min(ctx, topk) if topk else ctx)
             index += c * ctx if topk else 0.0
         self._ensure_free(new_tok)
+        return new_tok, attn, index
+
+    def _prefill_time(self, chunks: list[tuple[_Req, int]], loaded: int, topk: int) -> float:
+        """Seconds the prefill step of ``chunks`` takes (evicting the cache for its tokens)."""
+        new_tok, attn, index = self._prefill_shape(chunks, topk)
         dt = self.cost.prefill_time(new_tok, attn, index)
         if self.lim.spec is not None:  # the draft layers extend over the same prompt tokens
             dt += self.cost.draft_prefill_time(new_tok, attn, index, len(chunks))
         if loaded:  # HiCache load-back before the forward (not overlapped: conservative)
             dt += self.cost.host_load_time(loaded)
-        dt = max(dt, self._scan_s)  # the pass that formed the batch overlaps the GPU work
+        return max(dt, self._scan_s)  # the pass that formed the batch overlaps the GPU work
+
+    def _prefill_commit(self, chunks: list[tuple[_Req, int]], dt: float) -> None:
+        """Run the prefill step of ``chunks`` lasting ``dt`` s: first tokens, joins, finishes."""
         self.now += dt
         now = self.now
         self.stats.prefill_steps += 1
@@ -793,6 +986,9 @@ class TwinEngine:
         self.stats.busy_s += dt
         self.stats.count_load(len(self._running) + len(self._waiting) + len(chunks), dt)
         for r, c in chunks:
+            if self._role == "prefill":  # PD: each chunk's KV is sent when it is computed
+                self._kv_sent.append((now, r.idx, c + (r.cached if r.prefilled == r.cached
+                                                       else 0)))
             r.prefilled += c
             r.private += c
             if r.prefilled < r.target:
@@ -806,6 +1002,9 @@ class TwinEngine:
             else:  # recomputation after a retraction also yields the next token
                 r.segments.append((-1, -1, 1))
                 r.reprefill_times.append(now)
+            if self._role == "prefill":  # PD: its KV waits for the transfer (set_role)
+                self._hold(r, now)
+                continue
             if r.generated >= r.output:
                 r.segments.append((0, 0, 0))
                 self._release(r)
@@ -916,6 +1115,162 @@ class TwinEngine:
         last = self._finish_times[-1] if self._finish_times else t
         self._finish_times.append(max(t, last))  # kept sorted for finished_by()
         self._finish_order.append(r.idx)
+
+    # ------------------------------------------------------------------ PD roles
+    def set_role(self, role: str, extra_slots: int = 0, reserved_decode_tokens: int = 0) -> None:
+        """Make this engine one server of a prefill/decode layout (:mod:`domain.twin.pd`).
+
+        ``"prefill"``: a request leaves the batch once its prefill yields the first token but
+        keeps its KV (and its cache locks) and its request slot until :meth:`release_held` (its
+        KV transfer ended); :meth:`ended_since` reports it at the prefill's end. SGLang 0.5.23
+        ``disaggregation/prefill.py``: ``process_batch_result_disagg_prefill`` (901) moves it
+        to the inflight queue, ``process_disagg_prefill_inflight_queue`` (1151-1250) frees its
+        KV on ``KVPoll.Success``; the rows it holds count against admission
+        (``managers/scheduler.py:4027-4050`` ``get_num_allocatable_reqs``).
+
+        ``"decode"``: requests arrive prefilled: :meth:`prealloc_fits` and :meth:`preallocate`
+        reserve a request slot and the prompt's KV before the transfer, :meth:`join_prefilled`
+        hands the request over when its KV has arrived (SGLang ``disaggregation/decode.py``).
+
+        Args:
+            role: ``"prefill"`` or ``"decode"``.
+            extra_slots: decode: request slots beyond ``max_running_requests`` for requests
+                preallocated or in transfer (``--disaggregation-decode-extra-slots``).
+            reserved_decode_tokens: decode: KV tokens reserved per active request by the
+                preallocation budget (``--num-reserved-decode-tokens``).
+
+        Raises:
+            ValueError: for another role.
+        """
+        if role not in ("prefill", "decode"):
+            raise ValueError(f"unknown PD role {role!r}: prefill or decode")
+        self._role = role
+        self._pd_extra_slots = extra_slots
+        self._pd_reserved = reserved_decode_tokens
+
+    @property
+    def pd_reserved_tokens(self) -> int:
+        """Decode role: KV tokens the preallocation budget reserves per active request."""
+        return self._pd_reserved
+
+    def kv_sent_since(self, n: int) -> list[tuple[float, int, int]]:
+        """Prefill role: the KV chunks computed after the first ``n``, in order.
+
+        Returns:
+            ``(end of the prefill step s, request index, tokens)``: a chunked prompt sends each
+            chunk's KV as the chunk is computed (``prefill.py:1412-1458``
+            ``process_prefill_chunk`` -> ``send_kv_chunk``), its cached prefix with the first
+            one (``maybe_send_cached_prefix_chunk``, 1460).
+        """
+        return self._kv_sent[n:]
+
+    def release_held(self, idx: int, t: float) -> None:
+        """Prefill role: request ``idx``'s KV transfer ended at ``t``: free its KV and slot.
+
+        The KV is freed at the engine's next iteration boundary at or after ``t`` (the
+        inflight queue is polled once per scheduler loop, ``prefill.py:684-722``); an idle
+        engine moves to ``t``. Its cached prefix stays in the radix cache, unlocked.
+        """
+        r = self._held.pop(idx)
+        self._held_kv -= r.private
+        self._release(r)
+        self._full = False
+        self._stalled = False
+        if not (self._running or self._chunked is not None) and self.now < t:
+            self.now = t
+
+    def prealloc_fits(self, input_tokens: int, output_tokens: int) -> bool:
+        """Decode role: whether preallocation admits one more request now.
+
+        SGLang 0.5.23 ``disaggregation/decode.py`` ``pop_preallocated`` (1333-1620, FIFO, the
+        queue stops at the first request that does not fit): a free request row
+        (``max_running_requests + extra_slots`` rows, ``DecodeReqToTokenPool`` 171-216) and
+        ``required <= allocatable`` with (radix cache off on decode servers)
+
+        - ``required = max(input + reserved, input + output - retractable)``
+          (``_required_admission_tokens``, 508-517),
+        - ``allocatable = free KV - max(reserved x active, max over the running batch of
+          (input + output) - retractable)`` (``_allocatable_token_budgets`` and
+          ``_need_space_for_single_req``, 2027-2137),
+
+        where ``retractable`` = prompt + generated tokens of the running batch and ``active``
+        = requests running, preallocated, in transfer or waiting.
+        """
+        running = self._running
+        active = (len(running) + len(self._held) + len(self._transferred) + len(self._waiting)
+                  + (1 if self._chunked is not None else 0))
+        if active >= self.lim.max_running_requests + self._pd_extra_slots:
+            return False
+        retractable = self._ctx_running
+        # the running batch changes only on a join, a finish, a retraction or a re-prefill
+        key = (self._pd_joins, len(self._finish_order), self.stats.retractions,
+               self.stats.prefill_steps)
+        if key != self._pd_max_key:
+            self._pd_max_key = key
+            self._pd_max_total = max((x.input + x.output for x in running.values()), default=0)
+        single = self._pd_max_total - retractable if running else 0.0
+        allocatable = self._free() + self._evictable() - max(self._pd_reserved * active,
+                                                             single)
+        required = max(input_tokens + self._pd_reserved,
+                       input_tokens + output_tokens - retractable)
+        return required <= allocatable
+
+    def preallocate(self, t: float, input_tokens: int, output_tokens: int) -> int:
+        """Decode role: reserve a slot and ``input_tokens`` of KV for a request at ``t``.
+
+        Returns:
+            The request's index in :meth:`records` (its arrival there is ``t``).
+        """
+        r = _Req(idx=len(self._reqs), arrival=t, input=input_tokens, output=output_tokens,
+                 path=[], block=0, target=input_tokens)
+        self._reqs.append(r)
+        r.private = float(input_tokens)
+        self._held[r.idx] = r
+        self._held_kv += r.private
+        return r.idx
+
+    def join_prefilled(self, idx: int, t: float) -> None:
+        """Decode role: request ``idx``'s KV arrived at ``t``; it joins the running batch.
+
+        It joins at the engine's next iteration boundary at or after ``t`` while the batch has
+        room (``_get_new_prebuilt_batch``, ``decode.py:3375-3456``: up to
+        ``max_running_requests`` running), with the first token (computed by the prefill
+        server) streamed then (``process_batch_result_prebuilt``,
+        ``managers/scheduler_components/batch_result_processor.py:117-134``): that is its
+        first-token time; no forward runs for it.
+        """
+        r = self._held.pop(idx)
+        if not self.busy:
+            self.now = max(self.now, t)
+        self._transferred.append(r)
+        self._stalled = False
+
+    def _join_transferred(self) -> None:
+        cap, now = self.lim.max_running_requests, self.now
+        while self._transferred and len(self._running) < cap:
+            r = self._transferred.popleft()
+            self._pd_joins += 1
+            self._held_kv -= r.private
+            r.prefilled = r.target = r.input
+            r.generated = 1
+            r.first_token = now
+            self.stats.prompt_tokens += r.input
+            if r.generated >= r.output:
+                r.segments.append((0, 0, 0))
+                r.private = 0.0
+                self._finish(r, now)
+                continue
+            self._join_running(r)
+
+    def _hold(self, r: _Req, now: float) -> None:
+        """Prefill role: ``r`` produced its first token; it keeps its KV until released."""
+        r.segments.append((0, 0, 0))
+        r.finish = now
+        last = self._finish_times[-1] if self._finish_times else now
+        self._finish_times.append(max(now, last))
+        self._finish_order.append(r.idx)
+        self._held[r.idx] = r
+        self._held_kv += r.private
 
     # ------------------------------------------------------------------ results
     def records(self) -> list[RequestRecord]:
