@@ -115,8 +115,10 @@ TAXONOMY: dict[str, FailureClass] = {c.name: c for c in (
     _c("OOM_WEIGHTS", ("weights_load", "init"), "the weight shard (with any draft layers) does "
        "not fit in GPU memory", "use more GPUs per replica (higher --tp-size) or a smaller "
        "checkpoint", "oom",
-       "these weights at this or any smaller tp_size (and the same speculative algorithm when "
-       "one is on): weights per GPU only grow as tp_size falls", ("weights", "tp_size")),
+       "these weights at this or any smaller tp_size and pp_size (and the same speculative "
+       "algorithm when one is on; inside the same parallel layout: attention DP at least as "
+       "wide, the other layout fields as they were): weights per GPU only grow as tp_size or "
+       "pp_size falls", ("weights", "tp_size", "pp_size")),
     _c("GRAPH_CAPTURE_OOM", ("cuda_graph",), "CUDA-graph capture ran out of the memory left "
        "outside the static pool", "lower --mem-fraction-static or --cuda-graph-max-bs-decode",
        "oom", "exactly this memory layout (weights, tp_size, KV dtype, memory fraction, "

@@ -145,6 +145,81 @@ def _condition_problem(frozen: tuple[tuple[str, Op, Any], ...]) -> str | None:
     return None
 
 
+def config_value(config: ServingConfig, field: str) -> Any:
+    """The value of ``config.field`` a clause compares.
+
+    The field's own value, except ``pd``: a PD layout compares as its ``"<n>P<m>D"`` name
+    (the values its domain lists, :mod:`domain.knob_domain`), and a layout whose groups
+    override fields as that name plus ``"+"`` and the overrides, which equals no name: a
+    clause ``pd == '1P1D'`` covers the plain 1P1D layout only, ``pd is set`` every PD layout.
+    A clause value given as a PD layout (validated from ``"1P1D"``) compares the same way.
+    """
+    value = getattr(config, field)
+    return _pd_name(value) if field == "pd" else value
+
+
+def _pd_name(value: Any) -> Any:
+    from domain.config import PDLayout
+
+    if not isinstance(value, PDLayout):
+        return value
+    extra = [f"{role}.{k}={v}" for role, group in (("prefill", value.prefill),
+                                                   ("decode", value.decode))
+             for k, v in group.model_dump().items() if k != "workers" and v is not None]
+    return value.label() + ("+" + ",".join(extra) if extra else "")
+
+
+LAYOUT_GE = ("attn_dp_size", "ep_num_redundant_experts")
+"""Layout fields whose larger values need more memory per GPU with the rest fixed: attention
+weights are replicated on every attention-DP rank (SGLang 0.5.23 ``layers/dp_attention.py``:
+each rank's attention TP group is tp_size // attn_dp_size wide) and redundant experts are
+extra expert copies (``--ep-num-redundant-experts``, sglang-knobs reference 1.8)."""
+LAYOUT_LE = ("pp_size",)
+"""Layout fields whose smaller values need more weight memory per GPU: PP stages split the
+layers, so each GPU holds about 1 / pp_size of them (sglang-knobs reference 1.1)."""
+
+
+def layout_clauses(config: ServingConfig, weights: bool = False) -> list[Clause]:
+    """Clauses that keep a lesson's family inside ``config``'s parallel layout.
+
+    Each layout field (``LAYOUT_FIELDS``) off its default is pinned: ``==`` its value (a PD
+    layout by its name, or ``pd is set`` when its groups override fields; see
+    :func:`config_value`). A failure of a DP-attention/EP config so forbids that family only:
+    a DeepEP OOM at ``ep_size 8`` says nothing of TP8 without EP. Fields at their default add
+    no clause, so the lessons of configs without a layout are unchanged.
+
+    With ``weights`` (a weight-shard family: more weight per GPU fails too), the monotone
+    fields widen the family instead: ``attn_dp_size >= a`` (:data:`LAYOUT_GE`), ``pp_size <= p``
+    (:data:`LAYOUT_LE`, also at the default: a weight OOM at PP1 says nothing of PP2, which
+    halves the layers per GPU), ``dp_size`` (full copies: the same weight per GPU) adds none,
+    and a bound true for the whole domain is left out.
+    """
+    from domain.config import LAYOUT_FIELDS
+
+    out: list[Clause] = []
+    for name in LAYOUT_FIELDS:
+        value = getattr(config, name)
+        default = ServingConfig.model_fields[name].default
+        dom = field_domain(name)
+        if weights and name in LAYOUT_LE:
+            if value < (dom.hi or math.inf):
+                out.append(Clause(field=name, op="le", value=value))
+            continue
+        if value == default or (weights and name == "dp_size"):
+            continue
+        if weights and name in LAYOUT_GE:
+            if value > (dom.lo or 0):
+                out.append(Clause(field=name, op="ge", value=value))
+            continue
+        if name == "pd":
+            pd_name = _pd_name(value)
+            out.append(Clause(field="pd", op="eq", value=pd_name) if dom.contains(pd_name)
+                       else Clause(field="pd", op="not_null"))
+            continue
+        out.append(Clause(field=name, op="eq", value=value))
+    return out
+
+
 def compare(op: str, v: Any, value: Any) -> bool:
     """Whether ``v`` stands in relation ``op`` to ``value`` (an order op with ``v`` None: False).
 
@@ -236,10 +311,13 @@ class Clause(BaseModel):
             return False
 
     def matches(self, config: ServingConfig) -> bool:
-        """True if ``config`` satisfies this clause (False for unknown fields or type clashes)."""
+        """True if ``config`` satisfies this clause (False for unknown fields or type clashes).
+
+        The config's value is :func:`config_value` (a PD layout compares as its name).
+        """
         if self.field not in ServingConfig.model_fields:
             return False
-        return self.holds(getattr(config, self.field))
+        return self.holds(config_value(config, self.field))
 
     def text(self) -> str:
         """Human-readable form, e.g. ``tp_size <= 4``."""

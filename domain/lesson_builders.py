@@ -17,7 +17,7 @@ from domain.errors import DoesNotFit
 from domain.fit import MEMORY_FIELDS, fit
 from domain.hardware import get_gpu
 from domain.knob_domain import field_domain
-from domain.lesson import Clause, Lesson, Scope
+from domain.lesson import Clause, Lesson, Scope, layout_clauses
 from domain.provenance import Provenance, evidence_lines
 from domain.research import RESEARCH_FLAGS, research_change
 from domain.study import Study
@@ -27,8 +27,11 @@ def estimate_lesson(config: ServingConfig, err: DoesNotFit, study: Study) -> Les
     """Lesson for a config the memory-fit estimate rules out, covering its whole family.
 
     Weights that exceed the GPU at TP ``t`` exceed it at every smaller TP, so the condition is
-    ``weights == w AND tp_size <= t_max`` where ``t_max`` is the largest TP of the study's space
-    that also fails; a KV-pool or graph-capture shortfall also depends on mem_fraction_static.
+    ``weights == w AND tp_size <= t_max AND pp_size <= p`` where ``t_max`` is the largest TP of
+    the study's space that also fails and ``p`` the config's PP stages (more stages hold fewer
+    layers per GPU); a config with attention DP, EP or a PD layout keeps its family inside
+    that layout (:func:`domain.lesson.layout_clauses`); a KV-pool or graph-capture shortfall
+    also depends on mem_fraction_static.
 
     Args:
         config: the config the estimate ruled out.
@@ -58,6 +61,9 @@ def estimate_lesson(config: ServingConfig, err: DoesNotFit, study: Study) -> Les
         cond = [Clause(field="weights", op="eq", value=config.weights)]
         if t_max < (field_domain("tp_size").hi or math.inf):  # "<= the largest TP" is no
             cond.append(Clause(field="tp_size", op="le", value=t_max))  # family (D2)
+        # the parallel layout: at most this many PP stages (each holds 1 / pp_size of the
+        # layers), at least this attention DP (attention replicated per rank), the rest pinned
+        cond += layout_clauses(config, weights=True)
         title = (f"{config.weights} weights of {config.model} do not fit TP<={t_max} "
                  f"{config.gpu}: the weight shard exceeds GPU memory (out of memory at weight "
                  "load, by the memory-fit estimate)")
@@ -69,6 +75,7 @@ def estimate_lesson(config: ServingConfig, err: DoesNotFit, study: Study) -> Les
         # family is exactly this memory layout (never a broader one that a later run would
         # wrongly prune).
         cond = [Clause(field=f, op="eq", value=getattr(config, f)) for f in MEMORY_FIELDS]
+        cond += [c for c in layout_clauses(config) if c.field not in MEMORY_FIELDS]
         if err.phase == "kv_pool":
             title = (f"{config.weights} TP{config.tp_size} leaves no KV cache at "
                      f"mem_fraction_static {config.mem_fraction_static or 'default'} "

@@ -217,8 +217,8 @@ def _rule_atoms(e: Entry, f: ServingConfig, evidence: str) -> Atoms:
         return {"gpu": _ne(f.gpu), field: _ne(getattr(f, field))}
     if cls == "BACKEND_MODEL_MISMATCH":
         return {"model": _ne(f.model), "attention_backend": _ne(f.attention_backend)}
-    if cls == "OOM_WEIGHTS":  # these weights at this or any smaller tp_size
-        atoms = {**ckpt, "tp_size": lambda v: v > f.tp_size}
+    if cls == "OOM_WEIGHTS":  # these weights at this or any smaller tp_size and pp_size
+        atoms = {**ckpt, "tp_size": lambda v: v > f.tp_size, "pp_size": lambda v: v > f.pp_size}
         if f.speculative_algorithm is not None:
             atoms["speculative_algorithm"] = _ne(f.speculative_algorithm)
         return atoms

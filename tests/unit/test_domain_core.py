@@ -320,14 +320,16 @@ def test_weights_estimate_lesson_names_the_largest_failing_tp():
     with pytest.raises(DoesNotFit) as e:
         fit(tp2)
     lesson = estimate_lesson(tp2, e.value, study)
-    assert lesson.condition_text() == "weights == 'fp8' AND tp_size <= 4"
+    # pp_size <= 1: two or more PP stages hold fewer layers per GPU (issue 21)
+    assert lesson.condition_text() == "weights == 'fp8' AND tp_size <= 4 AND pp_size <= 1"
     assert "more than 4 GPUs" in lesson.fix
     assert "TP2 = 373.0 GB" in lesson.evidence and "TP4 = 186.5 GB" in lesson.evidence
 
 
 def test_weights_estimate_lesson_at_the_largest_tp_names_the_weights_alone(monkeypatch):
     """Weights that fail at every TP up to the domain's largest (64): ``tp_size <= 64`` would
-    be true for every config and is refused (issue 16, D2), so the family is the checkpoint."""
+    be true for every config and is refused (issue 16, D2), so the family is the checkpoint
+    (at this PP width or less: issue 21)."""
     import yaml
 
     import domain.lesson_builders as planner
@@ -342,7 +344,7 @@ def test_weights_estimate_lesson_at_the_largest_tp_names_the_weights_alone(monke
 
     monkeypatch.setattr(planner, "fit", never_fits)
     lesson = planner.estimate_lesson(cfg(tp_size=8), err, study)
-    assert lesson.condition_text() == "weights == 'fp8'"
+    assert lesson.condition_text() == "weights == 'fp8' AND pp_size <= 1"  # issue 21: PP
     assert lesson.forbids(cfg(tp_size=8)) and not lesson.forbids(cfg(weights="nvfp4"))
 
 

@@ -21,7 +21,7 @@ from domain.engines.sglang.failures import bad_flag_name, named_fields
 from domain.failures import TAXONOMY, Diagnosis, NoLesson
 from domain.fit import MEMORY_FIELDS
 from domain.knob_domain import field_domain
-from domain.lesson import Clause, Lesson, Scope
+from domain.lesson import Clause, Lesson, Scope, layout_clauses
 from domain.models import get_model
 
 # the fix and the lesson outcome of each class are the failure taxonomy's (domain/failures.py)
@@ -97,8 +97,8 @@ def failure_condition(config: ServingConfig, failure_class: str,
     - UNSUPPORTED_BACKEND: the backend flag the message names (the vision encoder's
       ``mm_attention_backend``; else ``attention_backend``) at its value, on this GPU, any
       model or checkpoint.
-    - OOM_WEIGHTS: these weights at this or any smaller TP (weights per GPU only grow); with
-      speculative decoding on, only configs that also load the draft layer.
+    - OOM_WEIGHTS: these weights at this or any smaller TP and PP (weights per GPU only
+      grow); with speculative decoding on, only configs that also load the draft layer.
     - HOST_OOM_HICACHE: HiCache with a host ratio above the largest that fits (from the
       engine's requested/free GB), at this TP and checkpoint.
     - NO_DRAFT_MODEL: speculative decoding with this algorithm on this model.
@@ -107,7 +107,13 @@ def failure_condition(config: ServingConfig, failure_class: str,
       cache disabled; a partial speculative triple), for this engine version on any GPU/model
       (for tree drafting: this model, whose backend forces the page size).
     - KV_NO_ROOM / GRAPH_CAPTURE_OOM / KV_THRASH: exactly this memory layout (weights, TP,
-      memory fraction, admission cap, chunk size, decode graph size).
+      memory fraction, admission cap, chunk size, decode graph size) and parallel layout.
+
+    Parallel layouts (:func:`domain.lesson.layout_clauses`): a family of a config with
+    attention DP, EP, PP, DP copies or a PD layout stays inside that layout (the fields off
+    their default are pinned), so a DeepEP OOM at ``ep_size 8`` forbids no config without
+    EP; a weights OOM family is widened along the monotone fields instead (``attn_dp_size >=``
+    its value, ``pp_size <=`` its value: more PP stages hold fewer layers per GPU).
     - BAD_FLAG: the flag argparse named, at the config's value, this engine version.
     - TP_DIVISIBILITY: this TP on this model, any GPU; MULTI_NODE_REQUIRED: also this GPU.
     - MODEL_LOAD: these weights at this TP on this model, any GPU.
@@ -130,7 +136,7 @@ def failure_condition(config: ServingConfig, failure_class: str,
         if config.speculative_algorithm is not None:  # the draft layer may be what overflowed
             clauses.append(Clause(field="speculative_algorithm", op="eq",
                                   value=config.speculative_algorithm))
-        return mscope, clauses
+        return mscope, clauses + layout_clauses(config, weights=True)
     if failure_class == "HOST_OOM_HICACHE" and config.hicache_ratio is not None:
         # the host pool grows linearly with the ratio: the engine's "Requesting X GB but only
         # have Y GB free" puts the largest ratio that fits at ratio x Y / X
@@ -142,7 +148,8 @@ def failure_condition(config: ServingConfig, failure_class: str,
         limit = min(limit, config.hicache_ratio)
         op = "gt" if limit < config.hicache_ratio else "ge"
         clauses = [Clause(field="enable_hierarchical_cache", op="eq", value=True),
-                   Clause(field="tp_size", op="eq", value=config.tp_size)]
+                   Clause(field="tp_size", op="eq", value=config.tp_size),
+                   *layout_clauses(config)]  # DP ranks each hold a host pool
         if limit <= 0:  # no host memory free: every ratio fails ("> 0" would name no family)
             return mscope, clauses
         return mscope, [*clauses, Clause(field="hicache_ratio", op=op, value=limit)]
@@ -174,12 +181,16 @@ def failure_condition(config: ServingConfig, failure_class: str,
             Clause(field="weights", op="eq", value=config.weights),
             Clause(field="tp_size", op="eq", value=config.tp_size)]
     if failure_class in ("KV_NO_ROOM", "GRAPH_CAPTURE_OOM", "KV_THRASH"):
-        return mscope, [Clause(field=f, op="eq", value=getattr(config, f))
-                        for f in MEMORY_FIELDS]
+        memory = [Clause(field=f, op="eq", value=getattr(config, f)) for f in MEMORY_FIELDS]
+        fields = {c.field for c in memory}
+        return mscope, memory + [c for c in layout_clauses(config) if c.field not in fields]
     clauses = [Clause(field="weights", op="eq", value=config.weights),
                Clause(field="tp_size", op="eq", value=config.tp_size)]
-    clauses += [Clause(field=k, op="eq", value=v) for k, v in sorted(config.set_fields().items())]
-    return mscope, clauses
+    layout = layout_clauses(config)
+    pinned = {c.field for c in layout}
+    clauses += [Clause(field=k, op="eq", value=v) for k, v in sorted(config.set_fields().items())
+                if k not in pinned and k != "pd"]
+    return mscope, clauses + layout
 
 
 def failure_lesson(config: ServingConfig, failure_class: str | None, stage: str | None,
