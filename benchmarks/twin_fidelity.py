@@ -1409,6 +1409,8 @@ def predict_published(sc: pp.Scenario) -> pp.Prediction:
         report = fit(sc.config)
     except (DoesNotFit, ConfigInvalid) as e:
         return f"{type(e).__name__}: {str(e)[:160]}"
+    if sc.phase is not None:
+        return predict_phase(sc, report)
     if sc.conc is not None:
         steady, _, _ = staggered_loop(sc.config, report, sc.conc, sc.isl, sc.osl)
         if not steady:
@@ -1424,6 +1426,37 @@ def predict_published(sc: pp.Scenario) -> pp.Prediction:
     tpot = float(np.mean([(r.e2e_s - r.ttft_s) / max(1, r.output_tokens - 1) for r in ok]))
     return {"tok/s/GPU": sum(r.output_tokens for r in ok) / span / sc.config.gpus,
             "TPOT ms": tpot * 1e3, "TTFT ms": float(np.mean([r.ttft_s for r in ok])) * 1e3}
+
+
+def predict_phase(sc: pp.Scenario, report: FitReport) -> pp.Prediction:
+    """One PD phase alone, saturated (``sc.phase``): the step model of one scheduler.
+
+    Decode: ``b`` = ``sc.batch`` requests per scheduler (None: the scheduler's request cap and
+    its KV pool at ``sc.ctx`` tokens each), each at ``sc.ctx`` tokens of context; a step takes
+    ``decode_time(b, b x ctx)`` (the MoE sees every rank's batch, EP all-to-all and TBO
+    inside, per the cost model's contract), so tok/s/GPU = b x schedulers / step / GPUs and
+    TPOT = the step. Prefill: each step runs as many ``isl``-token prompts as the chunked
+    prefill size holds (at least one); tok/s/GPU = prompt tokens x schedulers / step / GPUs.
+    The prefill-to-decode handoff, queueing and the other phase are outside such a row.
+
+    Returns:
+        Metric -> value, or why the twin cannot run it (a batch beyond the KV pool).
+    """
+    cfg = sc.config
+    cost = costmodel.build_cost_model(cfg, report)
+    per_gpu = cfg.schedulers / cfg.gpus_per_server
+    if sc.phase == "decode":
+        room = report.kv_tokens // max(1, sc.ctx)
+        b = sc.batch if sc.batch is not None else min(report.max_running_requests, room)
+        if b > room:
+            return (f"DoesNotFit: decode batch {b} x {sc.ctx} tokens exceeds the KV pool of "
+                    f"{report.kv_tokens:,} tokens per scheduler")
+        step = cost.decode_time(b, b * sc.ctx)
+        return {"tok/s/GPU": b * per_gpu / step, "TPOT ms": step * 1e3}
+    chunk = report.chunked_prefill_size if report.chunked_prefill_size > 0 else sc.isl
+    n = max(1, chunk // sc.isl)
+    step = cost.prefill_time(n * sc.isl, n * sc.isl * sc.isl / 2, n * sc.isl * sc.isl / 2)
+    return {"prefill tok/s/GPU": n * sc.isl * per_gpu / step}
 
 
 def published_report(path: Path, table: dict[str, Efficiency],
