@@ -9,10 +9,19 @@ the same scenarios (``tests/unit/test_published_points.py``).
 
 How a row maps (first failing step is the skip reason; structural reasons are all listed):
 
-- parallelism: PD disaggregation, DP attention, expert parallelism (``ep`` > 1, in
-  ``parallelism`` or ``--ep-size``), pipeline parallelism and several nodes are not expressible;
-  ``tp`` must be one number (``parallelism.tp`` or the launch's ``--tp-size``), ``dp`` and
-  ``replicas`` multiply into replicas (``--dp-size`` is full replicas in SGLang 0.5.23);
+- parallelism: ``tp`` must be one number (``parallelism.tp`` or the launch's ``--tp-size``);
+  ``ep`` is ``--ep-size``, ``dp_attention`` N ``--attn-dp-size`` N (a row with DP attention or
+  EP but no ``tp`` runs DEP N: TP = its width), ``pp`` ``--pp-size``; with DP attention and EP
+  and no backend named, ``--moe-a2a-backend deepep``; ``dp`` and ``replicas`` multiply into
+  replicas (``--dp-size`` without DP attention is full replicas in SGLang 0.5.23); a
+  multi-node server is one server (``--nnodes``);
+- PD disaggregation: a row that measured one phase (``phase_measured`` decode or prefill) is one
+  server of that phase (its GPUs: ``{phase}_ranks``, ``ranks_per_{phase}_instance``,
+  ``gpus_per_{phase}_instance`` or ``{phase}_nodes`` x 8) at its saturated step: the decode
+  batch per scheduler (``load.decode_batch_per_gpu`` or ``load.decode_batch`` per rank) at
+  ``kv_length_per_seq`` tokens of context, or prefill steps of ``isl``-token prompts; its
+  metric is that phase's throughput per GPU (:data:`PHASE_KEYS`). A PD row without a measured
+  phase is skipped (the whole deployment is not stated);
 - model: the text before any parenthesis, looked up by hub id (``domain.models.find_checkpoint``:
   ``zai-org/GLM-5-FP8`` -> glm-5 fp8, a bare ``GLM-5-NVFP4`` by the hub id's last part), else by
   the catalog entry's ``release`` name with the checkpoint the quantization text names
@@ -23,6 +32,8 @@ How a row maps (first failing step is the skip reason; structural reasons are al
 - flags (SGLang rows only): the ``--flag value`` pairs of ``flags.launch`` and every ``--flag`` key
   of ``flags``, read by servetune's SGLang 0.5.23 parser (``Engine.parse_command``: speculative
   decoding, ``--mem-fraction-static``, ``--disable-cuda-graph``, ``--kv-cache-dtype``, ...);
+  older releases' flags as their successors (:data:`LEGACY_FLAGS`), a value's parenthesised
+  aside dropped, "N x num_<count>" as N x ``parallelism.<count>``;
   a ``cuda_graph`` note saying "disabled" is ``--disable-cuda-graph``; other engines' flags are
   their own and not mapped;
 - metrics: tok/s/GPU (measured output tok/s over the row's GPUs, else its stated per-GPU figure),

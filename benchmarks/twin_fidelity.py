@@ -47,6 +47,17 @@ predicts every row of the held-out one; row counts per fold and per-fold and poo
 errors are printed (with ``--fit`` also written to ``fit.errors_pct.lomo``). It fits five times,
 so its rows are capped (``--cv-max-per-group``, default 12 per GPU/model/weights group).
 
+``--layouts`` (``--layouts-only``: just these and the published points) adds the measured EP
+and PD rows (issue 21): the 251 aggregated SGLang rows with ``moe_ep_size`` > 1 and the 534
+``mode=disagg`` ones, each mapped to a closed loop on its layout (:func:`map_layout_row`; rows
+the catalogs or the twin cannot express get an exact skip reason), evaluated as the pure-TP rows
+are. ``--fit-layouts`` fits the layout constants of ``domain/calibration.py`` (``a2a_*``,
+``expert_imbalance*``, ``pp_stage_latency_s``, ``pd_transfer_*``; shared by every GPU) on them
+and writes them into the calibration file's ``default`` block, leaving the per-GPU step
+constants alone; ``--layout-cv`` cross-validates that fit leaving one GPU system and one model
+family out (:func:`layout_cv`). Rows are capped per GPU/model/weights/kind group
+(``--layout-max-per-group``, default 6).
+
 Then every row of the published points (``--published FILE``, default
 ``../shared/reference/published-points.json``; never used for fitting: ``fit_gpu`` and
 ``record_schedule`` run under ``published_points.fitting``, inside which reading one raises) is
@@ -56,6 +67,8 @@ other engines beside. ``--published-only`` scores just those (no wheel, about a 
 
     .venv/bin/python benchmarks/twin_fidelity.py [--wheel PATH] [--fit] [--max-per-group N]
         [--cv lomo] [--cv-max-per-group N] [--published FILE] [--published-only]
+        [--layouts | --layouts-only] [--fit-layouts] [--layout-cv] [--layout-max-per-group N]
+        [--layout-base committed|sibling]
 """
 
 from __future__ import annotations
