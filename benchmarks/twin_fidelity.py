@@ -110,7 +110,7 @@ from domain.calibration import (
 from domain.config import PDGroup, PDLayout, ServingConfig
 from domain.costmodel import StepCostModel
 from domain.errors import ConfigInvalid, DoesNotFit
-from domain.fit import FitReport, fit
+from domain.fit import FitReport, fit, fit_servers
 from domain.metrics import RequestRecord
 from domain.models import get_model
 from domain.twin.engine import TwinEngine
@@ -640,6 +640,8 @@ def fitted(config: ServingConfig) -> tuple[ServingConfig, FitReport]:
     for f in MEM_FRACTIONS:
         cfg = config if f is None else config.model_copy(update={"mem_fraction_static": f})
         try:
+            if cfg.pd is not None:  # every group must fit (its groups take the fraction)
+                fit_servers(cfg)
             return cfg, fit(cfg)
         except DoesNotFit as e:
             err = e
@@ -1215,12 +1217,20 @@ def committed_layout() -> dict[str, float]:
     return {n: float(block.get(n, getattr(UNCALIBRATED, n))) for n in layout_names()}
 
 
+def inherited_blocks(gpus: Sequence[str]) -> dict[str, str]:
+    """GPU -> the :data:`SIBLING` whose fitted block it runs: those of ``gpus`` without a block
+    of their own, or whose block the layout fit copied before (``fit_layouts``)."""
+    before = calibration_file().get("fit_layouts", {}).get("inherited_blocks", {})
+    return {g: SIBLING[g] for g in gpus
+            if g in SIBLING and (not is_calibrated(g) or before.get(g) == SIBLING[g])}
+
+
 def base_table(gpus: Sequence[str], sibling: bool = False) -> dict[str, Efficiency]:
     """Per GPU: the committed constants with every layout field at its prior (the dataclass
     default). ``sibling``: a GPU without its own fitted block runs its :data:`SIBLING`'s."""
     out = {}
     for g in gpus:
-        src = SIBLING.get(g, g) if sibling and not is_calibrated(g) else g
+        src = inherited_blocks([g]).get(g, g) if sibling else g
         out[g] = efficiency(src).updated({n: getattr(UNCALIBRATED, n) for n in layout_names()})
     return out
 
@@ -1232,13 +1242,29 @@ def with_layout(table: dict[str, Efficiency], theta: dict[str, float]
 
 
 def exercises(row: Row, name: str) -> bool:
-    """Whether ``row``'s layout can depend on layout constant ``name`` (skips needless runs)."""
-    servers = row.config.servers()
+    """Whether ``row``'s layout can depend on layout constant ``name`` (skips needless runs).
+
+    The step model's use (``domain/costmodel.py:_layout``, ``domain/layout_cost.py``): the
+    all-to-all only with EP and an a2a backend, its normal kernels on extend steps (servers
+    that prefill) and low-latency ones on decode steps under ``deepep_mode`` auto; the EPLB
+    imbalance only with EPLB or redundant experts; the PD transfer only with PD.
+    """
+    servers = [(role, c) for role, _, c in row.config.servers()]
     if name.startswith("pd_"):
         return row.pd is not None
     if name == "pp_stage_latency_s":
-        return any(c.pp_size > 1 for _, _, c in servers)
-    return any(c.ep_size > 1 for _, _, c in servers)
+        return any(c.pp_size > 1 for _, c in servers)
+    ep = [(role, c) for role, c in servers if c.ep_size > 1]
+    if name.startswith("expert_imbalance"):
+        eplb = [c.enable_eplb or c.ep_num_redundant_experts > 0 for _, c in ep]
+        return any(eplb) if name.endswith("_eplb") else not all(eplb) if ep else False
+    a2a = [(role, c.deepep_mode or "auto") for role, c in ep
+           if (c.moe_a2a_backend or "none") != "none"]
+    if name == "a2a_eta":
+        return bool(a2a)
+    if name == "a2a_latency_s":
+        return any(m == "normal" or (m == "auto" and role != "decode") for role, m in a2a)
+    return any(m == "low_latency" or (m == "auto" and role != "prefill") for role, m in a2a)
 
 
 @dataclass
@@ -1526,6 +1552,12 @@ def write_layout_calibration(theta: dict[str, float], source: dict[str, Any],
     data = json.loads(path.read_text()) if path.is_file() else {}
     data.setdefault("default", {}).update(theta)
     data["fit_layouts"] = source
+    for gpu, sib in sorted(source.get("inherited_blocks", {}).items()):
+        data["gpus"][gpu] = dict(data["gpus"][sib])
+        reasons = data.get("fit", {}).get("at_bounds", {})
+        if sib in reasons:
+            reasons[gpu] = {k: f"{v} (inherited from {sib}'s block: no rows of {gpu} fitted)"
+                            for k, v in reasons[sib].items()}
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
@@ -1596,6 +1628,8 @@ def run_layouts(args: argparse.Namespace, wheel: Path) -> dict[str, float] | Non
                       f"{args.layout_base}",
             "fitted_names": ident, "bounds": {n: list(LAYOUT_BOUNDS[n]) for n in names},
             "fit_rows": "rows with a recorded backend_version (evaluation: all rows)",
+            "inherited_blocks": inherited_blocks(gpus) if args.layout_base == "sibling"
+            else {},
             "date": dt.date.today().isoformat(), "command": cmd,
             "seconds": round(time.perf_counter() - t_start),
             "errors_pct": {"priors": tables["priors"].get("ALL", {}),

@@ -191,3 +191,16 @@ def test_layout_fit_never_reads_published_points(tmp_path: Path) -> None:
                   theta={"a2a_latency_s": 1e-5}, d_tpot=np.array([1.0]), d_ttft=np.array([0.0]))
     with pytest.raises(pp.PublishedReadDuringFit):
         tf.fit_layout([row], ("a2a_latency_s",), {"a2a_latency_s": 1e-5})
+
+
+def test_layout_constants_are_only_stepped_where_the_layout_uses_them() -> None:
+    tep = tf.map_layout_row(csv_row(batch_size="8", **layout("", 8, 1, 1, 1, 8)))
+    assert [n for n in tf.LAYOUT_NAMES if tf.exercises(tep, n)] == ["expert_imbalance"]
+    dep = tf.map_layout_row(csv_row(
+        mode="disagg", system="gb200", prefill_batch_size="1", prefill_num_workers="4",
+        decode_batch_size="256", decode_num_workers="1",
+        **layout("prefill_", 1, 1, 4, 1, 4), **layout("decode_", 1, 1, 32, 1, 32)))
+    # DeepEP on both groups (auto: normal kernels on the prefill, low-latency on the decode)
+    assert [n for n in tf.LAYOUT_NAMES if tf.exercises(dep, n)] == [
+        "a2a_eta", "a2a_latency_s", "a2a_ll_latency_s", "expert_imbalance", "pd_transfer_eta",
+        "pd_transfer_latency_s"]
