@@ -485,9 +485,11 @@ def _inferred_group(r: dict[str, str], role: str, moe: bool) -> tuple[PDGroup, s
         if not per or tp % per:
             raise LayoutSkip(f"{role}: worker count not stated and tp_size {tp} is not a "
                              f"multiple of a per-worker TP the row id names")
-        if per > 64:
-            raise LayoutSkip(f"{role}: worker count not stated and the row id's TP{per} is "
-                             "not one server (--tp-size <= 64)")
+        heads = get_model(LAYOUT_MODELS.get(r["model_path"], "")).heads \
+            if r["model_path"] in LAYOUT_MODELS else 0
+        if heads and heads % per:
+            raise LayoutSkip(f"{role}: worker count not stated and the row id's TP{per} "
+                             f"does not divide the model's {heads} attention heads")
         how = f"{tp // per} x TP{per} (TP from the row id)"
     return _group(tp // per, per, 1, pp, ep), how
 

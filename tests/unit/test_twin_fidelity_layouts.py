@@ -127,7 +127,7 @@ def test_skip_reasons_are_exact(kw: dict[str, str], reason: str) -> None:
 def test_inferred_rows_without_a_readable_layout_are_skipped() -> None:
     r = csv_row(id="2026_04_06_x_c5632_tp72_ep1_1091", mode="disagg", system="gb200",
                 **layout("prefill_", 72, 1, 1, 72, 1), **layout("decode_", 72, 1, 1, 72, 1))
-    with pytest.raises(tf.LayoutSkip, match="row id's TP72 is not one server"):
+    with pytest.raises(tf.LayoutSkip, match="TP72 does not divide the model's 128 attention heads"):
         tf.map_layout_row(r)
     r = csv_row(id="no_layout_in_id", mode="disagg", system="gb200",
                 **layout("prefill_", 8, 1, 1, 8, 1), **layout("decode_", 8, 1, 1, 8, 1))
