@@ -410,10 +410,12 @@ class StepCostModel:
         the peak of the ring's slowest link stays (it is physical). ``roofline / decode_time``
         is the share of the decode roofline a step reaches.
         """
-        if self.layout is not None:
-            return (linear_seconds(self, self.layout, batch, ideal=True)
-                    + self._kv_read(batch, context_sum, self.layers, ideal=True)
-                    + comm_seconds(self, self.layout, batch, self.layers, self.moe_layers,
+        if self.layout is not None:  # one PP micro-batch through all layers (_layout_step)
+            b = micro_batch(self.layout, batch)
+            ctx = context_sum * b / batch if batch else 0.0
+            return (linear_seconds(self, self.layout, b, ideal=True)
+                    + self._kv_read(b, ctx, self.layers, ideal=True)
+                    + comm_seconds(self, self.layout, b, self.layers, self.moe_layers,
                                    "decode", ideal=True))
         return (self._linear(batch, ideal=True)
                 + self._kv_read(batch, context_sum, self.layers, ideal=True)
@@ -593,8 +595,10 @@ class StepCostModel:
 
 
 def build_cost_model(config: ServingConfig, report: FitReport) -> StepCostModel:
-    """The step-time model of one replica of ``config`` with its resolved memory ``report``.
+    """The step-time model of one scheduler of ``config`` with its resolved memory ``report``.
 
+    One scheduler: the whole replica at the default layout; one attention-DP rank of one
+    ``dp_size`` copy otherwise (its methods take that rank's batch; PP, EP, TBO inside).
     Efficiencies come from :func:`domain.calibration.efficiency` for the config's GPU.
 
     Raises:
