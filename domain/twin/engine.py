@@ -347,6 +347,7 @@ class TwinEngine:
         self._pd_extra_slots = 0
         self._pd_reserved = 0
         self._pd_joins = 0                 # decode role: requests joined (prealloc_fits' cache)
+        self._kv_sent: list[tuple[float, int, int]] = []  # prefill role: (s, request, tokens)
         self._pd_max_key: tuple[int, ...] = ()
         self._pd_max_total = 0
         # lockstep (domain.twin.dp): the iteration plan_step formed, for commit_step
@@ -653,6 +654,7 @@ class TwinEngine:
                 continue
             # ---- idle: jump to the next arrival or tokenized request ----
             self._ratio = self._init_ratio  # on_idle resets the ratio (scheduler.py:5318)
+            self._stalled = bool(waiting) and bool(self._held)  # PD: waits for held KV
             if pending or tokenizing:
                 nxt = min(pending[0].arrival if pending else math.inf,
                           tokenizing[0].ready if tokenizing else math.inf)
@@ -660,8 +662,7 @@ class TwinEngine:
                 if self.now < nxt:
                     break
                 continue
-            if waiting and self._held:  # PD: the head waits for held KV to be released
-                self._stalled = True
+            if self._stalled:  # PD: the head waits for held KV to be released
                 break
             if waiting:  # nothing runs and the head cannot be admitted: it never fits
                 r = waiting.popleft()
@@ -954,6 +955,9 @@ class TwinEngine:
         self.stats.busy_s += dt
         self.stats.count_load(len(self._running) + len(self._waiting) + len(chunks), dt)
         for r, c in chunks:
+            if self._role == "prefill":  # PD: each chunk's KV is sent when it is computed
+                self._kv_sent.append((now, r.idx, c + (r.cached if r.prefilled == r.cached
+                                                       else 0)))
             r.prefilled += c
             r.private += c
             if r.prefilled < r.target:
@@ -1118,6 +1122,17 @@ class TwinEngine:
         """Decode role: KV tokens the preallocation budget reserves per active request."""
         return self._pd_reserved
 
+    def kv_sent_since(self, n: int) -> list[tuple[float, int, int]]:
+        """Prefill role: the KV chunks computed after the first ``n``, in order.
+
+        Returns:
+            ``(end of the prefill step s, request index, tokens)``: a chunked prompt sends each
+            chunk's KV as the chunk is computed (``prefill.py:1412-1458``
+            ``process_prefill_chunk`` -> ``send_kv_chunk``), its cached prefix with the first
+            one (``maybe_send_cached_prefix_chunk``, 1460).
+        """
+        return self._kv_sent[n:]
+
     def release_held(self, idx: int, t: float) -> None:
         """Prefill role: request ``idx``'s KV transfer ended at ``t``: free its KV and slot.
 
@@ -1197,6 +1212,7 @@ class TwinEngine:
         if not self.busy:
             self.now = max(self.now, t)
         self._transferred.append(r)
+        self._stalled = False
 
     def _join_transferred(self) -> None:
         cap, now = self.lim.max_running_requests, self.now

@@ -25,12 +25,14 @@ docstrings and the functions cited):
    does (chunked prefill, radix cache, ``max_new_tokens`` set to 1: ``prefill.py:478-482``)
    and produces the first token; the request keeps its KV and its slot until the transfer
    ends (:meth:`TwinEngine.release_held`).
-4. **Transfer.** The prompt's KV leaves when its prefill ends: every GPU holding the request
-   (the attention TP group times the PP stages) sends its share over its own NIC at
+4. **Transfer.** Each prefill chunk's KV leaves when the chunk is computed (the cached prefix
+   with the first; :meth:`TwinEngine.kv_sent_since`): every GPU holding the request (the
+   attention TP group times the PP stages) sends its share over its own NIC at
    ``pd_transfer_eta`` of ``gpu.interconnect.nic_bytes_per_s`` (:class:`TransferLink`);
-   transfers from one prefill scheduler go one after another (its NICs are one FIFO link), and
-   each request adds ``pd_transfer_latency_s``. ``RequestRecord.transfer_s`` is the time from
-   the prefill's end to the KV on the decode server (queue on the link + wire + latency).
+   chunks from one prefill scheduler go one after another (its NICs are one FIFO link), and
+   each request adds ``pd_transfer_latency_s`` after its last chunk. ``RequestRecord.
+   transfer_s`` is the time from the prefill's end to the KV on the decode server (what is left
+   of the link queue and wire, plus the latency).
 5. **Decode.** The request joins the decode server's running batch at its next iteration
    boundary (up to ``max_running_requests`` running), its first token is streamed then, and
    its remaining output tokens are decoded there; the radix cache is off on decode servers
@@ -216,7 +218,29 @@ class _Flight:
     d: int = -1              # decode scheduler
     d_idx: int = -1
     transfer_s: float = 0.0
+    prealloc_s: float = math.nan    # the decode server reserved its slot and KV
+    prefill_end_s: float = math.nan  # its prefill produced the first token
+    kv_sent_s: float = 0.0          # its last KV chunk left the link
     error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TTFTParts:
+    """Where one request's time to first token went (seconds; they sum to its TTFT).
+
+    Attributes:
+        prealloc_wait_s: arrival to the decode server's preallocation (its prealloc queue).
+        prefill_s: preallocation to the end of its prefill (tokenizer, the prefill server's
+            queue, the prefill itself).
+        transfer_s: its KV transfer (queue on the link, wire, fixed latency).
+        decode_wait_s: KV on the decode server to the first token streamed (the wait for its
+            next iteration, plus the pipeline delay ``request_fixed_s``).
+    """
+
+    prealloc_wait_s: float
+    prefill_s: float
+    transfer_s: float
+    decode_wait_s: float
 
 
 @dataclass(slots=True)
@@ -270,6 +294,7 @@ class PDSimulation:
         self._p_map: list[list[int]] = [[] for _ in prefill]        # engine idx -> flight
         self._d_map: list[list[int]] = [[] for _ in decode]
         self._p_seen = [0] * len(prefill)
+        self._p_kv_seen = [0] * len(prefill)
         self._d_seen = [0] * len(decode)
         self._p_last = [0.0] * len(prefill)   # latest submission per prefill engine
         self._link_free = [0.0] * len(prefill)
@@ -393,6 +418,7 @@ class PDSimulation:
                 return
             q.popleft()
             at = max(t, e.now)
+            f.prealloc_s = at
             f.d_idx = e.preallocate(at, f.inp, f.out)
             self._d_map[d].append(fid)
             # the prefill server's bootstrap queue hands it to its waiting queue now
@@ -405,9 +431,15 @@ class PDSimulation:
     def _step_prefill(self, k: int) -> None:
         e = self.P.engines[k]
         e.advance(e.next_event_s + _STEP)
+        link, p_map, flights = self.link, self._p_map[k], self.flights
+        sent = e.kv_sent_since(self._p_kv_seen[k])
+        self._p_kv_seen[k] += len(sent)
+        for at, idx, tokens in sent:  # each chunk's KV queues on this scheduler's link
+            f = flights[p_map[idx]]
+            f.kv_sent_s = self._link_free[k] = max(at, self._link_free[k]) + \
+                link.wire_seconds(tokens)
         new = e.ended_since(self._p_seen[k])
         self._p_seen[k] += len(new)
-        link = self.link
         for idx, end in new:
             fid = self._p_map[k][idx]
             f = self.flights[fid]
@@ -417,10 +449,8 @@ class PDSimulation:
                 self._p_done[self.P.server[k]] += 1
                 self.D.engines[f.d].release_held(f.d_idx, end)
                 continue
-            start = max(end, self._link_free[k])
-            wire = link.wire_seconds(f.inp)
-            self._link_free[k] = start + wire
-            done = start + wire + (link.latency_s if link.moves_kv else 0.0)
+            f.prefill_end_s = end
+            done = max(end, f.kv_sent_s) + (link.latency_s if link.moves_kv else 0.0)
             f.transfer_s = done - end
             heapq.heappush(self._transfers, (done, fid))
 
@@ -467,6 +497,18 @@ class PDSimulation:
                 f.error = r.error
             out.append(RequestRecord(arrival_s=f.arrival, input_tokens=f.inp, output_tokens=0,
                                      error=f.error or "request did not finish"))
+        return out
+
+    def ttft_parts(self, records: Sequence[RequestRecord]) -> list[TTFTParts | None]:
+        """The :class:`TTFTParts` of each request of :meth:`records` (None where it failed)."""
+        out: list[TTFTParts | None] = []
+        for f, r in zip(self.flights, records, strict=True):
+            if r.error is not None:
+                out.append(None)
+                continue
+            kv_at = f.prefill_end_s + f.transfer_s
+            out.append(TTFTParts(f.prealloc_s - f.arrival, f.prefill_end_s - f.prealloc_s,
+                                 f.transfer_s, r.first_token_s - kv_at))
         return out
 
     def stats(self) -> list[ReplicaStats]:
@@ -570,6 +612,20 @@ def simulate_open_loop(config: ServingConfig, report: FitReport, requests: Seque
         ComputeBudgetExceeded: ``budget`` ran out or was cancelled.
     """
     del report
+    sim = replay(config, requests, progress, budget)
+    return sim.records(), sim.stats()
+
+
+def replay(config: ServingConfig, requests: Sequence[Any], progress: SimProgress | None = None,
+           budget: ComputeBudget | None = None) -> PDSimulation:
+    """The :class:`PDSimulation` of ``requests`` on a PD ``config``, run to the end.
+
+    Its :meth:`~PDSimulation.records`, :meth:`~PDSimulation.stats` and
+    :meth:`~PDSimulation.ttft_parts` are what :func:`simulate_open_loop` returns and more.
+
+    Raises:
+        ComputeBudgetExceeded: ``budget`` ran out or was cancelled.
+    """
     sim = build(config, budget)
     index = next((e.cache.index for e in sim.P.engines if e.cache is not None), PathIndex())
     for req in requests:
@@ -577,7 +633,7 @@ def simulate_open_loop(config: ServingConfig, report: FitReport, requests: Seque
         path = index.path(hashes) if block else []
         sim.add(req[0], req[1], req[2], path, block if path else 0)
     sim.run(progress)
-    return sim.records(), sim.stats()
+    return sim
 
 
 def simulate_closed_loop(config: ServingConfig, report: FitReport, concurrency: int,
