@@ -161,8 +161,11 @@ class Engine(Protocol):
         """What the engine actually runs ``config`` with, as a hashable signature."""
         ...
 
-    def start(self, config: ServingConfig) -> Startup:
-        """The twin's start of one replica: the engine's startup log, ready or the failure."""
+    def start(self, config: ServingConfig, nnodes: int | None = None) -> Startup:
+        """The twin's start of one replica: the engine's startup log, ready or the failure.
+
+        ``nnodes``: the launch's node count (None: the argv's, :meth:`argv`).
+        """
         ...
 
     def classify(self, log: Sequence[str]) -> tuple[str, str]:

@@ -41,14 +41,16 @@ independently.
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from collections import deque
 from collections.abc import Callable
 
+from domain.costmodel import StepCostModel
 from domain.metrics import RequestRecord
 from domain.twin.budget import CHECK_EVERY
-from domain.twin.engine import EngineLoad, EngineStats, TwinEngine
+from domain.twin.engine import EngineLoad, EngineStats, RequestProgress, StepShape, TwinEngine
 
 # data_parallel_controller.py:358 refresh_load_budget: at most one re-read per 20 ms
 LOAD_REFRESH_S = 0.02
@@ -159,6 +161,9 @@ class DPServer:
         self._seen = [0] * len(ranks)
         self._ended: list[tuple[int, float]] = []  # (request, end s) in the order collected
         self._rank_req: list[list[int]] = [[] for _ in ranks]  # rank index -> request
+        self._aborted: dict[int, str] = {}  # dropped before reaching a rank -> message
+        self._aborted_at: list[float] = []  # their drop times (non-decreasing)
+        self._by_batch: dict[int, tuple[float, bool]] = {}  # decode batch -> (all-reduce, eager)
 
     # ------------------------------------------------------------------ worker API
     def submit(self, arrival_s: float, input_tokens: int, output_tokens: int,
@@ -184,7 +189,55 @@ class DPServer:
 
     def finished_by(self, t: float) -> int:
         """Requests that ended at or before ``t`` (over every rank)."""
-        return sum(e.finished_by(t) for e in self.ranks)
+        return (sum(e.finished_by(t) for e in self.ranks)
+                + bisect.bisect_right(self._aborted_at, t))
+
+    @property
+    def next_event_s(self) -> float:
+        """Virtual time of the server's next decision: a rank's, or a request's dispatch.
+
+        Lockstep ranks take a dispatched request at a step's boundary, not before the server's
+        clock (the end of the step simulated last).
+        """
+        t = self._queue[0][0] if self._queue else math.inf
+        if self.lockstep and t < self.now:
+            t = self.now
+        for e in self.ranks:
+            if e.busy:
+                t = min(t, e.next_event_s)
+        return t
+
+    def progress(self, idx: int, since: int = 0) -> RequestProgress:
+        """Token times request ``idx`` has so far (:meth:`TwinEngine.progress`)."""
+        if idx in self._aborted:
+            return RequestProgress([], True, self._aborted[idx], 0)
+        rank, j = self._where[idx]
+        if rank < 0:  # in the tokenizer or the controller
+            return RequestProgress([], False, None, 0)
+        return self.ranks[rank].progress(j, since)
+
+    def abort(self, idx: int, message: str = "aborted by the client") -> bool:
+        """Drop request ``idx`` now (:meth:`TwinEngine.abort`); False if it had ended."""
+        rank, j = self._where[idx]
+        if rank >= 0:
+            return self.ranks[rank].abort(j, message)
+        if idx in self._aborted:
+            return False
+        self._queue = deque(x for x in self._queue if x[1] != idx)
+        self._aborted[idx] = message
+        self._aborted_at.append(max([self.now, *self._aborted_at[-1:]]))
+        return True
+
+    def load(self) -> EngineLoad:
+        """The server's gauges: its ranks' summed, requests not yet at a rank as queued."""
+        per = self.loads()
+        queued = self._queue
+        return EngineLoad(running=sum(x.running for x in per),
+                          queued=sum(x.queued for x in per) + len(queued),
+                          used_kv_tokens=sum(x.used_kv_tokens for x in per),
+                          kv_tokens=sum(x.kv_tokens for x in per),
+                          queued_tokens=sum(x.queued_tokens for x in per)
+                          + sum(self._req[k][0] for _, k in queued))
 
     def ended_since(self, n: int) -> list[tuple[int, float]]:
         """(request index, end time s) of the requests that ended after the first ``n``."""
@@ -204,10 +257,11 @@ class DPServer:
         per = [e.records() for e in self.ranks]
         out = []
         for k, (rank, j) in enumerate(self._where):
-            if rank < 0:  # still in the tokenizer or the controller
+            if rank < 0:  # dropped, or still in the tokenizer or the controller
                 inp = self._req[k][0]
                 out.append(RequestRecord(arrival_s=self._arrival[k], input_tokens=inp,
-                                         output_tokens=0, error="request did not finish"))
+                                         output_tokens=0,
+                                         error=self._aborted.get(k, "request did not finish")))
                 continue
             rec = per[rank][j]  # a fresh record: its arrival becomes the server's
             rec.arrival_s = self._arrival[k]
@@ -237,8 +291,49 @@ class DPServer:
                 rr = self._rank_req[i]
                 self._ended += [(rr[j], at) for j, at in new]
 
-    def advance(self, until: float, *, max_virtual_s: float = 1e7) -> None:
+    def run_closed_loop(self, clients: int, duration_s: float, isl: int, osl: int,
+                        max_requests: int = 0) -> int:
+        """``clients`` closed-loop clients of this server alone; returns requests sent.
+
+        Each client sends its next request when it has its previous one's last token (the
+        request's end, ``request_fixed_s`` after its last iteration), until ``duration_s`` or
+        ``max_requests`` (0: no cap), through the tokenizer and the DP controller; then the
+        server drains. Exact in event order: attention-DP ranks stop after every step that
+        ended a request; ``dp_size`` copies run one iteration at a time, the copy with the
+        earliest clock first, so a request sent at ``t`` reaches a copy busy at ``t`` when its
+        iteration ends, as on a real server.
+
+        Raises:
+            ComputeBudgetExceeded: a rank's budget ran out or was cancelled.
+        """
+        for _ in range(clients):
+            self.submit(0.0, isl, osl)
+        issued, seen, last = clients, 0, 0.0
+        ranks, q = self.ranks, self._queue
+        while self.busy:
+            if self.lockstep:
+                self.advance(math.inf, stop_on_end=True)
+            else:
+                t, i = min((e.next_event_s if e.busy else math.inf, k)
+                           for k, e in enumerate(ranks))
+                if q and q[0][0] <= t:
+                    self._dispatch(q[0][0])
+                    continue
+                ranks[i].advance(math.nextafter(t, math.inf))  # one iteration
+            new = self.ended_since(seen)
+            seen += len(new)
+            for _, at in sorted(new, key=lambda x: x[1]):
+                if at < duration_s and (not max_requests or issued < max_requests):
+                    last = max(last, at)  # the server takes arrivals in order
+                    self.submit(last, isl, osl)
+                    issued += 1
+        return issued
+
+    def advance(self, until: float, *, max_virtual_s: float = 1e7,
+                stop_on_end: bool = False) -> None:
         """Run the server's iterations while virtual time is before ``until``.
+
+        ``stop_on_end`` (attention DP only): return after the first step that ended a request.
 
         Raises:
             ComputeBudgetExceeded: a rank's budget ran out or was cancelled.
@@ -261,27 +356,27 @@ class DPServer:
             now = self.now
             self._dispatch(now)
             dt = None
-            n_max = ctx_max = 0
+            shapes: list[StepShape] = []
             for e in ranks:
-                d = e.plan_step(max_virtual_s, shared_decode=True)
+                d = e.plan_step(max_virtual_s, shared=True)
                 if d is not None and (dt is None or d > dt):
                     dt = d
-                shape = e.shared_decode
-                if shape is not None:
-                    n_max, ctx_max = max(n_max, shape[0]), max(ctx_max, shape[1])
-            if n_max:  # the decode ranks' forward: padded to the largest batch (docstring)
-                gpu = cost.decode_time(n_max, ctx_max)
-                ar = cost.decode_allreduce_time(n_max)
-                roof = cost.decode_roofline_time(n_max, ctx_max)
-                eager = cost.eager(n_max)
-                for e in ranks:
-                    if e.shared_decode is not None:
-                        e.count_shared_decode(ar, roof, eager)
+                if e.step_shape is not None:
+                    shapes.append(e.step_shape)
+            if shapes:
+                gpu = self._price(cost, shapes)
                 dt = gpu if dt is None or gpu > dt else dt
             if dt is not None:
+                ended = 0
                 for e in ranks:
+                    if stop_on_end:
+                        ended -= e.ended
                     e.commit_step(dt)
+                    if stop_on_end:
+                        ended += e.ended
                 self.now = ranks[0].now
+                if ended:
+                    return
                 continue
             # every rank idle: jump to the next arrival at a rank or dispatch
             nxt = min(q[0][0] if q else math.inf, min(e.next_arrival_s for e in ranks))
@@ -293,3 +388,43 @@ class DPServer:
             self.now = t
             if t < nxt:
                 break
+
+    def _price(self, cost: StepCostModel, shapes: list[StepShape]) -> float:
+        """GPU seconds of one lockstep forward of the ranks' ``shapes`` (module docstring).
+
+        Decode only: every rank padded to the largest batch (MAX_LEN), so the step is one
+        rank's step at the largest batch and the largest KV read. With a prefill on any rank:
+        an extend step whose gathered MoE batch is the sum of every rank's tokens (SUM_LEN;
+        a decode row is one token), priced as a rank's prefill of the mean tokens per rank
+        with the slowest rank's attention pairs (the cost model prices a rank whose peers run
+        the same batch), and at least the decode ranks' own step. The decode ranks count the
+        decode step's statistics (all-reduce, roofline, eager) at the largest batch.
+        """
+        dec = [x for x in shapes if not x.extend]
+        ext = [x for x in shapes if x.extend]
+        gpu = 0.0
+        if dec:
+            n = max(x.tokens for x in dec)
+            ctx = int(max(x.attn for x in dec))
+            gpu = cost.decode_time(n, ctx)
+            by_n = self._by_batch.get(n)
+            if by_n is None:  # functions of the batch alone: computed once per batch size
+                by_n = self._by_batch[n] = (cost.decode_allreduce_time(n), cost.eager(n))
+            ar, eager = by_n
+            roof = cost.decode_roofline_time(n, ctx)
+            for e in self.ranks:
+                if e.step_shape is not None and not e.step_shape.extend:
+                    e.count_shared_decode(ar, roof, eager)
+        if ext:
+            total = sum(x.tokens for x in shapes)
+            mean = max(1, math.ceil(total / len(self.ranks)))
+            attn = max(x.attn for x in ext)
+            index = max(x.index for x in ext)
+            t = cost.prefill_time(mean, attn, index)
+            if self.ranks[0].lim.spec is not None:  # the draft layers' extend (engine.py)
+                t += cost.draft_prefill_time(mean, attn, index, max(x.chunks for x in ext))
+            loaded = max(x.loaded for x in ext)
+            if loaded:
+                t += cost.host_load_time(loaded)
+            gpu = max(gpu, t)
+        return gpu
