@@ -295,13 +295,16 @@ def lint_config(config: ServingConfig, study: Study | None = None, *,
                 f"memory) or --max-running-requests {ceiling}"))
     if config.speculative_algorithm is not None and config.max_running_requests is None:
         load = ""
+        dp = config.attn_dp_size
+        per_rank = (f", {SPEC_MAX_RUNNING_REQUESTS // dp} per attention-DP rank x {dp}"
+                    if dp > 1 else "")
         if study is not None and study.saturation.concurrency > SPEC_MAX_RUNNING_REQUESTS:
             load = f"; the study runs {study.saturation.concurrency} clients"
         out.append(Finding(
             severity="warn", code="SPEC_DEFAULT_CAP",
             message=f"--speculative-algorithm {config.speculative_algorithm} without "
                     f"--max-running-requests caps the server at {SPEC_MAX_RUNNING_REQUESTS} "
-                    f"running requests (speculative_hook.py){load}",
+                    f"running requests{per_rank} (speculative_hook.py){load}",
             fix="set --max-running-requests to the concurrency you serve (e.g. 256)"))
     if trace is not None:
         page = rep.page_size if page_size in (None, config.page_size) else page_size
@@ -341,7 +344,9 @@ def resolved(rep: FitReport | None, config: ServingConfig) -> dict[str, Any]:
 
     With the kernels the GPU's SM picks (:meth:`domain.engines.Engine.resolved_backends`):
     ``dsa_prefill_backend``/``dsa_decode_backend``, ``moe_runner_backend``,
-    ``fp4_gemm_runner_backend`` where they apply.
+    ``fp4_gemm_runner_backend`` where they apply. With a parallel layout also the resolved
+    ``ep_size``, ``attn_tp_size``, ``attn_dp_size``, ``schedulers`` (``deepep_mode`` with
+    DeepEP; a PD decode server's ``disable_radix_cache`` and extra request slots).
     """
     if rep is None:
         return {}
@@ -354,12 +359,15 @@ def resolved(rep: FitReport | None, config: ServingConfig) -> dict[str, Any]:
            "cuda_graph_max_bs_decode": rep.cuda_graph_max_bs_decode,
            "page_size": rep.page_size, "kv_cache_dtype": rep.kv_dtype,
            "mem_fraction_static": rep.mem_fraction_static}
-    if not default_layout(config) or config.schedulers > 1:
+    if not default_layout(config) or config.schedulers > 1 or config.disaggregation_mode != "null":
         # per scheduler: the request cap and chunk above are one rank's
         out.update(ep_size=resolved_ep_size(config), attn_tp_size=config.attn_tp_size,
                    attn_dp_size=config.attn_dp_size, schedulers=config.schedulers)
         if config.moe_a2a_backend == "deepep":
             out["deepep_mode"] = config.deepep_mode or "auto"
+        if config.disaggregation_mode == "decode":  # pd_disaggregation_hook.py:116-143
+            out.update(disable_radix_cache=True,
+                       disaggregation_decode_extra_slots=rep.decode_extra_slots)
     return out
 
 

@@ -98,3 +98,23 @@ def test_multi_node_server_gets_nnodes_a_pasted_one_node_launch_does_not_start()
     assert one_node.phase == "init_distributed"
     assert one_node.log[-3] == REFUSALS["multi_node_device_ordinal"].text()
     assert "--nnodes" not in engine("sglang").argv(_c())  # one node: no flag
+
+
+def test_pd_and_moe_runner_layout_rules() -> None:
+    prefill = start(_c(disaggregation_mode="prefill", disaggregation_transfer_backend="fake"))
+    assert prefill.log[-1] == REFUSALS["pd_prefill_fake"].text()
+    # GLM-5 NVFP4 on SM 12 runs flashinfer_cutlass by default: EP 1 or TP only (moe_hook.py:89)
+    glm = {"model": "glm-5", "gpu": "RTX-PRO-6000", "weights": "nvfp4", "tp_size": 8}
+    assert start(ServingConfig(**glm, ep_size=4)).log[-1] == REFUSALS[  # type: ignore[arg-type]
+        "cutlass_moe_ep"].text()
+    assert REFUSALS["cutlass_moe_ep"].frame()[0] not in start(
+        ServingConfig(**glm, ep_size=8)).log  # type: ignore[arg-type]
+    fp8 = start(_c(ep_size=8, moe_runner_backend="cutlass"))
+    assert fp8.log[-1] == REFUSALS["cutlass_fp8_ep"].text()
+
+
+def test_the_request_cap_log_is_per_rank() -> None:
+    # speculative 48 over 8 attention-DP ranks is 6 each: not "reduced" (the pool holds more)
+    s = start(_c(attn_dp_size=8, ep_size=8, speculative_algorithm="EAGLE"))
+    assert s.ready and not any("was reduced" in line for line in s.log)
+    assert "max_running_requests=6," in s.log[-2]

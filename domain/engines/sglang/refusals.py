@@ -130,9 +130,14 @@ REFUSALS: dict[str, Refusal] = {
         _OVR, 1245, "_cutedsl_prefill_backend_fill", "raise ValueError(", "ValueError",
         "CuteDSL MLA backend is only supported on Blackwell GPUs (SM100). Please use a "
         "different backend."),
-    # resolve: parallel layouts (issue 21), in the pipeline's order: handle_data_parallelism
-    # (pipeline.py:274), handle_a2a_moe (:295), handle_eplb_and_dispatch (:297), then
-    # check_server_args (server_args.py:511)
+    # resolve: parallel layouts (issue 21), in the pipeline's order: handle_pd_disaggregation
+    # (pipeline.py:147), handle_data_parallelism (:274), handle_moe_kernel_config (:294),
+    # handle_a2a_moe (:295), handle_eplb_and_dispatch (:297), then check_server_args
+    # (server_args.py:511)
+    "pd_prefill_fake": Refusal(
+        "sglang/srt/arg_groups/pd_disaggregation_hook.py", 146, "handle_pd_disaggregation",
+        'assert cfg.disaggregation_transfer_backend != "fake", (', "AssertionError",
+        "Prefill server does not support 'fake' as the transfer backend"),
     "dp_with_attn_dp": Refusal(
         _PAR, 288, "handle_data_parallelism", "raise ValueError(", "ValueError",
         "--dp-size {dp} with --attn-dp-size {attn_dp}: data-parallel replicas combined with "
@@ -143,6 +148,16 @@ REFUSALS: dict[str, Refusal] = {
     "dp_lm_head_without_attn_dp": Refusal(
         _OVR, 1425, "_dp_lm_head_validation", "assert attn_dp_enabled_of(view), (",
         "AssertionError", "--enable-dp-lm-head requires attention DP (--attn-dp-size)."),
+    "cutlass_moe_ep": Refusal(
+        _MOE, 89, "handle_moe_kernel_config", "assert view.ep_size in [", "AssertionError",
+        "The expert parallel size must be 1 or the same as the tensor parallel size"),
+    "cutedsl_moe_ep": Refusal(
+        _MOE, 102, "handle_moe_kernel_config", "assert view.ep_size in [", "AssertionError",
+        "The expert parallel size must be 1 or the same as the tensor parallel size"),
+    "cutlass_fp8_ep": Refusal(
+        _MOE, 161, "handle_moe_kernel_config",
+        "assert resolved_view(server_args).ep_size == 1, (", "AssertionError",
+        "FP8/MXFP8 Cutlass MoE is only supported with ep_size == 1"),
     "megamoe_attn_dp": Refusal(
         _MOE, 325, "handle_a2a_moe",
         "assert attn_dp_enabled_of(cfg) and cfg.attn_dp_size == cfg.tp_size, (",
