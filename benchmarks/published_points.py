@@ -758,7 +758,8 @@ def load(path: Path) -> list[Scenario | Skip]:
 
 
 # ---------------------------------------------------------------------------- scoring
-Prediction = Mapping[str, float] | str  # metric -> predicted value, or why the twin failed
+# metric -> predicted value (and optionally "note": how the twin ran it), or why it failed
+Prediction = Mapping[str, Any] | str
 
 
 def evaluate(mapped: Sequence[Scenario | Skip],
@@ -773,7 +774,7 @@ def evaluate(mapped: Sequence[Scenario | Skip],
         if isinstance(pred, str):
             ev.failed.append(Skip(item.id, item.engine, f"twin cannot run it: {pred}"))
             continue
-        ev.notes[item.id] = item.notes
+        ev.notes[item.id] = item.notes + ((str(pred["note"]),) if "note" in pred else ())
         for metric in METRICS:
             meas, p = item.measured.get(metric), pred.get(metric)
             if meas is not None and p is not None and math.isfinite(p):

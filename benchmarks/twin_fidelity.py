@@ -1480,20 +1480,28 @@ def predict_phase(sc: pp.Scenario, report: FitReport) -> pp.Prediction:
     prefill size holds (at least one); tok/s/GPU = prompt tokens x schedulers / step / GPUs.
     The prefill-to-decode handoff, queueing and the other phase are outside such a row.
 
+    A stated decode batch above what one scheduler holds (its request cap, its KV pool at
+    ``sc.ctx`` tokens each) runs at that limit, as SGLang admits no more, and says so
+    (``note``).
+
     Returns:
-        Metric -> value, or why the twin cannot run it (a batch beyond the KV pool).
+        Metric -> value (and ``note``), or why the twin cannot run it.
     """
     cfg = sc.config
     cost = costmodel.build_cost_model(cfg, report)
     per_gpu = cfg.schedulers / cfg.gpus_per_server
     if sc.phase == "decode":
-        room = report.kv_tokens // max(1, sc.ctx)
-        b = sc.batch if sc.batch is not None else min(report.max_running_requests, room)
-        if b > room:
-            return (f"DoesNotFit: decode batch {b} x {sc.ctx} tokens exceeds the KV pool of "
-                    f"{report.kv_tokens:,} tokens per scheduler")
+        room = min(report.max_running_requests, report.kv_tokens // max(1, sc.ctx))
+        if room < 1:
+            return f"DoesNotFit: one request of {sc.ctx} tokens exceeds the KV pool"
+        b = min(sc.batch, room) if sc.batch is not None else room
         step = cost.decode_time(b, b * sc.ctx)
-        return {"tok/s/GPU": b * per_gpu / step, "TPOT ms": step * 1e3}
+        out = {"tok/s/GPU": b * per_gpu / step, "TPOT ms": step * 1e3}
+        if sc.batch is not None and b < sc.batch:
+            out["note"] = (f"the twin's scheduler holds {b} of the stated {sc.batch} per rank "
+                           f"(KV pool {report.kv_tokens:,} tokens, cap "
+                           f"{report.max_running_requests})")
+        return out
     chunk = report.chunked_prefill_size if report.chunked_prefill_size > 0 else sc.isl
     n = max(1, chunk // sc.isl)
     step = cost.prefill_time(n * sc.isl, n * sc.isl * sc.isl / 2, n * sc.isl * sc.isl / 2)
@@ -1548,11 +1556,15 @@ def write_calibration(fitted: dict[str, Efficiency], source: dict[str, Any],
 
 def write_layout_calibration(theta: dict[str, float], source: dict[str, Any],
                              path: Path = CALIBRATION_PATH) -> None:
-    """Write the layout constants (shared by every GPU) into the calibration JSON's
-    ``default`` block and their fit source under ``fit_layouts``; the per-GPU blocks and the
-    step fit's ``fit`` stay as they are."""
+    """Write the layout constants the rows identified (``source["fitted_names"]``; shared by
+    every GPU) into the calibration JSON's ``default`` block and their fit source under
+    ``fit_layouts``; the others stay at the dataclass priors. The per-GPU blocks and the step
+    fit's ``fit`` stay as they are, but for the ``inherited_blocks`` GPUs, which get their
+    sibling's block and at-bound reasons."""
     data = json.loads(path.read_text()) if path.is_file() else {}
-    data.setdefault("default", {}).update(theta)
+    fitted = set(source.get("fitted_names", theta))
+    default = {k: v for k, v in data.get("default", {}).items() if k not in LAYOUT_NAMES}
+    data["default"] = {**default, **{k: v for k, v in theta.items() if k in fitted}}
     data["fit_layouts"] = source
     for gpu, sib in sorted(source.get("inherited_blocks", {}).items()):
         data["gpus"][gpu] = dict(data["gpus"][sib])
