@@ -1194,16 +1194,28 @@ LAYOUT_BOUNDS = {"a2a_eta": (0.05, 1.0), "a2a_latency_s": (1e-6, 1e-3),
 # pass 1), latencies double, imbalances x1.25 (they stay >= 1).
 LAYOUT_STEP = {n: 0.5 if n.endswith("_eta") else 1.25 if n.startswith("expert_imbalance")
                else 2.0 for n in LAYOUT_NAMES}
+FIT_A2A = False  # --fit-a2a
 LAYOUT_ROUNDS = 2  # linearize at the priors, fit, linearize again at the fit, refit
 # An uncalibrated GPU of a calibrated one's architecture (--layout-base sibling): GB200's GPU is
 # the B200 die; GB300 and B300 are Blackwell Ultra (no calibrated block of their own).
 SIBLING = {"GB200": "B200", "GB300": "B200", "B300": "B200"}
 
 
-def layout_names() -> tuple[str, ...]:
-    """The names of :data:`LAYOUT_NAMES` that ``Efficiency`` has on this branch."""
+# Kept at the priors that benchmarks/a2a_kernels.py fits on the wheel's DeepEP kernel tables (a
+# direct measurement of the dispatch/combine): fitted end to end on the EP / PD rows (only the
+# GB200 / GB300 decode groups run DeepEP there) they went to a2a_eta 0.82 and 73 us per
+# low-latency dispatch + combine (3.5x the tables' 21 us), which turns the issue's DP attention
+# + EP check on 8x H200 at 256 clients (tests/unit/test_layout_cost.py) around: the rows' gap is
+# not the all-to-all's. Run with --fit-a2a to fit them too.
+KERNEL_FITTED = ("a2a_eta", "a2a_latency_s", "a2a_ll_latency_s")
+
+
+def layout_names(with_kernels: bool = False) -> tuple[str, ...]:
+    """The names of :data:`LAYOUT_NAMES` that ``Efficiency`` has on this branch, less
+    :data:`KERNEL_FITTED` unless ``with_kernels`` (``--fit-a2a``)."""
     have = {f.name for f in dataclass_fields(Efficiency)}
-    return tuple(n for n in LAYOUT_NAMES if n in have)
+    return tuple(n for n in LAYOUT_NAMES if n in have
+                 and (with_kernels or FIT_A2A or n not in KERNEL_FITTED))
 
 
 def layout_prior() -> dict[str, float]:
@@ -1220,11 +1232,9 @@ def committed_layout() -> dict[str, float]:
 
 
 def inherited_blocks(gpus: Sequence[str]) -> dict[str, str]:
-    """GPU -> the :data:`SIBLING` whose fitted block it runs: those of ``gpus`` without a block
-    of their own, or whose block the layout fit copied before (``fit_layouts``)."""
-    before = calibration_file().get("fit_layouts", {}).get("inherited_blocks", {})
-    return {g: SIBLING[g] for g in gpus
-            if g in SIBLING and (not is_calibrated(g) or before.get(g) == SIBLING[g])}
+    """GPU -> the :data:`SIBLING` whose fitted block it runs in the layout benchmark (those of
+    ``gpus`` without a block of their own)."""
+    return {g: SIBLING[g] for g in gpus if g in SIBLING and not is_calibrated(g)}
 
 
 def base_table(gpus: Sequence[str], sibling: bool = False) -> dict[str, Efficiency]:
@@ -1233,7 +1243,8 @@ def base_table(gpus: Sequence[str], sibling: bool = False) -> dict[str, Efficien
     out = {}
     for g in gpus:
         src = inherited_blocks([g]).get(g, g) if sibling else g
-        out[g] = efficiency(src).updated({n: getattr(UNCALIBRATED, n) for n in layout_names()})
+        out[g] = efficiency(src).updated({n: getattr(UNCALIBRATED, n)
+                                          for n in layout_names(with_kernels=True)})
     return out
 
 
@@ -1559,19 +1570,13 @@ def write_layout_calibration(theta: dict[str, float], source: dict[str, Any],
     """Write the layout constants the rows identified (``source["fitted_names"]``; shared by
     every GPU) into the calibration JSON's ``default`` block and their fit source under
     ``fit_layouts``; the others stay at the dataclass priors. The per-GPU blocks and the step
-    fit's ``fit`` stay as they are, but for the ``inherited_blocks`` GPUs, which get their
-    sibling's block and at-bound reasons."""
+    fit's ``fit`` stay as they are (a GPU the fit ran on its :data:`SIBLING`'s constants keeps
+    running the default block in the product: ``sibling_step_constants`` records it)."""
     data = json.loads(path.read_text()) if path.is_file() else {}
     fitted = set(source.get("fitted_names", theta))
     default = {k: v for k, v in data.get("default", {}).items() if k not in LAYOUT_NAMES}
     data["default"] = {**default, **{k: v for k, v in theta.items() if k in fitted}}
     data["fit_layouts"] = source
-    for gpu, sib in sorted(source.get("inherited_blocks", {}).items()):
-        data["gpus"][gpu] = dict(data["gpus"][sib])
-        reasons = data.get("fit", {}).get("at_bounds", {})
-        if sib in reasons:
-            reasons[gpu] = {k: f"{v} (inherited from {sib}'s block: no rows of {gpu} fitted)"
-                            for k, v in reasons[sib].items()}
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
@@ -1628,7 +1633,8 @@ def run_layouts(args: argparse.Namespace, wheel: Path) -> dict[str, float] | Non
     if theta is not None:
         cmd = ("python benchmarks/twin_fidelity.py --layouts-only --fit-layouts"
                + (" --layout-cv" if args.layout_cv else "")
-               + f" --layout-max-per-group {cap} --layout-base {args.layout_base}")
+               + f" --layout-max-per-group {cap} --layout-base {args.layout_base}"
+               + (" --fit-a2a" if FIT_A2A else ""))
         write_layout_calibration(theta, {
             "data_source": {"wheel": f"{WHEEL_PROJECT}=={WHEEL_VERSION}",
                             "wheel_file": wheel.name, "csv_in_wheel": CSV_IN_WHEEL,
@@ -1642,8 +1648,9 @@ def run_layouts(args: argparse.Namespace, wheel: Path) -> dict[str, float] | Non
                       f"{args.layout_base}",
             "fitted_names": ident, "bounds": {n: list(LAYOUT_BOUNDS[n]) for n in names},
             "fit_rows": "rows with a recorded backend_version (evaluation: all rows)",
-            "inherited_blocks": inherited_blocks(gpus) if args.layout_base == "sibling"
+            "sibling_step_constants": inherited_blocks(gpus) if args.layout_base == "sibling"
             else {},
+            "kernel_fitted_priors": [] if FIT_A2A else list(KERNEL_FITTED),
             "date": dt.date.today().isoformat(), "command": cmd,
             "seconds": round(time.perf_counter() - t_start),
             "errors_pct": {"priors": tables["priors"].get("ALL", {}),
@@ -1706,7 +1713,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--layout-base", choices=("committed", "sibling"), default="committed",
                     help="step constants of a GPU without a fitted block: the committed "
                          "default block, or its SIBLING's (GB200/GB300/B300 -> B200)")
+    ap.add_argument("--fit-a2a", action="store_true",
+                    help="also fit the all-to-all kernel constants (KERNEL_FITTED) end to end")
     args = ap.parse_args(argv)
+    global FIT_A2A
+    FIT_A2A = args.fit_a2a
     if args.published is not None and not args.published.is_file():
         raise SystemExit(f"--published {args.published}: no such file")
     if args.published_only:
