@@ -124,16 +124,23 @@ def test_layouts_map_to_config_fields() -> None:
 def test_renamed_ids_give_the_same_scenarios_and_scores(tmp_path: Path) -> None:
     """No id is in the code: every id renamed, the same scenarios and the same printed scores."""
     doc = json.loads(SHARED.read_text())
+    # rows whose closed loop runs thousands of clients (a TensorRT-LLM DEP8 row, 7,168) take
+    # seconds each in the twin; the renaming check holds on the rest (still all engines/kinds)
+    doc["points"] = [p for p in doc["points"]
+                     if not (isinstance((p.get("load") or {}).get("concurrency"), int)
+                             and p["load"]["concurrency"] > 2048)]
+    shared = tmp_path / "published-points.json"
+    shared.write_text(json.dumps(doc))
     renamed = copy.deepcopy(doc)
     names = {p["id"]: f"X{i}" for i, p in enumerate(doc["points"], 1)}
     for p in renamed["points"]:
         p["id"] = names[p["id"]]
     path = tmp_path / "renamed.json"
     path.write_text(json.dumps(renamed))
-    a, b = pp.load(SHARED), pp.load(path)
+    a, b = pp.load(shared), pp.load(path)
     assert [replace(m, id=names[m.id]) for m in a] == b
     committed = {g: tf.efficiency(g) for g in tf.SYSTEMS.values()}
-    lines_a = tf.published_report(SHARED, committed)  # the twin's real predictions
+    lines_a = tf.published_report(shared, committed)  # the twin's real predictions
     lines_b = tf.published_report(path, committed)
     words = [[names.get(w, w) for w in line.split()] for line in lines_a]
     assert words == [line.split() for line in lines_b]
