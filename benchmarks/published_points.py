@@ -9,10 +9,19 @@ the same scenarios (``tests/unit/test_published_points.py``).
 
 How a row maps (first failing step is the skip reason; structural reasons are all listed):
 
-- parallelism: PD disaggregation, DP attention, expert parallelism (``ep`` > 1, in
-  ``parallelism`` or ``--ep-size``), pipeline parallelism and several nodes are not expressible;
-  ``tp`` must be one number (``parallelism.tp`` or the launch's ``--tp-size``), ``dp`` and
-  ``replicas`` multiply into replicas (``--dp-size`` is full replicas in SGLang 0.5.23);
+- parallelism: ``tp`` must be one number (``parallelism.tp`` or the launch's ``--tp-size``);
+  ``ep`` is ``--ep-size``, ``dp_attention`` N ``--attn-dp-size`` N (a row with DP attention or
+  EP but no ``tp`` runs DEP N: TP = its width), ``pp`` ``--pp-size``; with DP attention and EP
+  and no backend named, ``--moe-a2a-backend deepep``; ``dp`` and ``replicas`` multiply into
+  replicas (``--dp-size`` without DP attention is full replicas in SGLang 0.5.23); a
+  multi-node server is one server (``--nnodes``);
+- PD disaggregation: a row that measured one phase (``phase_measured`` decode or prefill) is one
+  server of that phase (its GPUs: ``{phase}_ranks``, ``ranks_per_{phase}_instance``,
+  ``gpus_per_{phase}_instance`` or ``{phase}_nodes`` x 8) at its saturated step: the decode
+  batch per scheduler (``load.decode_batch_per_gpu`` or ``load.decode_batch`` per rank) at
+  ``kv_length_per_seq`` tokens of context, or prefill steps of ``isl``-token prompts; its
+  metric is that phase's throughput per GPU (:data:`PHASE_KEYS`). A PD row without a measured
+  phase is skipped (the whole deployment is not stated);
 - model: the text before any parenthesis, looked up by hub id (``domain.models.find_checkpoint``:
   ``zai-org/GLM-5-FP8`` -> glm-5 fp8, a bare ``GLM-5-NVFP4`` by the hub id's last part), else by
   the catalog entry's ``release`` name with the checkpoint the quantization text names
@@ -23,6 +32,8 @@ How a row maps (first failing step is the skip reason; structural reasons are al
 - flags (SGLang rows only): the ``--flag value`` pairs of ``flags.launch`` and every ``--flag`` key
   of ``flags``, read by servetune's SGLang 0.5.23 parser (``Engine.parse_command``: speculative
   decoding, ``--mem-fraction-static``, ``--disable-cuda-graph``, ``--kv-cache-dtype``, ...);
+  older releases' flags as their successors (:data:`LEGACY_FLAGS`), a value's parenthesised
+  aside dropped, "N x num_<count>" as N x ``parallelism.<count>``;
   a ``cuda_graph`` note saying "disabled" is ``--disable-cuda-graph``; other engines' flags are
   their own and not mapped;
 - metrics: tok/s/GPU (measured output tok/s over the row's GPUs, else its stated per-GPU figure),
@@ -58,7 +69,7 @@ from domain.hardware import GPUS
 from domain.models import CATALOG, find_checkpoint, load_model
 
 # The metrics compared, in print order.
-METRICS = ("tok/s/GPU", "TPOT ms", "TTFT ms")
+METRICS = ("tok/s/GPU", "TPOT ms", "TTFT ms", "prefill tok/s/GPU")
 # The engine whose rows make the headline median (the twin simulates SGLang); rows of other
 # engines are scored and printed beside it.
 TWIN_ENGINE = "SGLang"
@@ -79,13 +90,25 @@ OFFLINE_MAX = 2000
 # Llama-3.1-70B's shapes (hidden 8192, FFN 28672, 80 layers, 64 / 8 KV heads, vocab 128256, RoPE
 # theta 5e5, 131072 positions: the model card of meta-llama/Llama-3.3-70B-Instruct against
 # data/models/meta-llama--Meta-Llama-3.1-70B_config.json).
-SAME_ARCHITECTURE = {"llama-3.3-70b-instruct": "Llama-3.1-70B-Instruct"}
+# DeepSeek-V3-0324 is a post-training update of DeepSeek-V3 with its config shapes (671B MoE, 61
+# layers, MLA, 256 routed experts: the model card of deepseek-ai/DeepSeek-V3-0324 against
+# data/models/deepseek-ai--DeepSeek-V3_config.json); "DeepSeek-V3/R1" names the one architecture
+# of V3 and R1, whose fp8 and nvfp4 checkpoints the catalog holds as DeepSeek-R1-0528.
+SAME_ARCHITECTURE = {"llama-3.3-70b-instruct": "Llama-3.1-70B-Instruct",
+                     "deepseek-v3-0324": "DeepSeek-V3", "deepseek-v3/r1": "DeepSeek-R1-0528"}
 # Quantization words -> the catalog's weights keys (first word found in the text wins).
 QUANT_WORDS = (("nvfp4", "nvfp4"), ("mxfp4", "mxfp4"), ("w4a16", "w4a16"), ("fp4", "nvfp4"),
                ("fp8", "fp8"), ("bf16", "bf16"))
 # Metric keys of the schema: output throughput over all the row's GPUs / per GPU; means.
 TOTAL_THROUGHPUT_KEYS = ("output_tok_s", "output_tok_s_total")
 PER_GPU_THROUGHPUT_KEYS = ("output_tok_s_per_gpu",)
+# A PD row's measured phase: its throughput per GPU of that phase (tok/s/GPU: output tokens of
+# the decode servers; prefill tok/s/GPU: input tokens of the prefill servers).
+PHASE_KEYS = {"decode": ("tok/s/GPU", "decode_output_tok_s_per_gpu"),
+              "prefill": ("prefill tok/s/GPU", "prefill_input_tok_s_per_gpu")}
+# GPUs per node of a row that counts its phase in nodes (8-GPU HGX / DGX nodes: P-row texts
+# say "NVLink in node", and both H100 and H200 HGX boards hold 8)
+GPUS_PER_NODE = 8
 MEAN_KEYS = {"TPOT ms": "tpot_ms_mean", "TTFT ms": "ttft_ms_mean"}
 # Flag values that mean "left at the engine default".
 UNSET = ("unset", "default", "none")
@@ -98,6 +121,10 @@ class Scenario:
     ``conc``: closed-loop clients per replica (None: offline, ``requests`` queued at t = 0);
     ``isl``/``osl``: tokens per request; ``measured``: metric name (:data:`METRICS`) -> value
     (tok/s per GPU, ms); ``notes``: how the row was read where it needed a choice.
+    ``phase``: for a PD row that measured one phase alone ("decode" or "prefill"), ``config``
+    is one server of that phase (``disaggregation_mode``) and the prediction is its saturated
+    step: decode ``batch`` requests per scheduler at ``ctx`` tokens of context each (None:
+    as many as its KV pool and request cap hold), or prefill steps of ``isl``-token prompts.
     """
 
     id: str
@@ -109,6 +136,9 @@ class Scenario:
     osl: int
     measured: dict[str, float]
     notes: tuple[str, ...] = ()
+    phase: str | None = None
+    batch: int | None = None
+    ctx: int = 0
 
 
 @dataclass(frozen=True)
@@ -279,6 +309,9 @@ def catalog_checkpoint(model_text: str, quant_text: str) -> tuple[str, str, str 
                 note = f"run as {new} (same architecture)"
         hit = find_checkpoint(cand, qkey)
         if hit is not None:
+            if note is not None and qkey is not None and hit[1] != qkey \
+                    and qkey in load_model(hit[0]).checkpoints:
+                return hit[0], qkey, note  # a renamed release: the quantization text picks
             return hit[0], hit[1], note
         for key, entry in CATALOG.items():
             if str(entry.get("release", "")).casefold() == cand.casefold():
@@ -316,32 +349,85 @@ def kv_dtype(text: Any) -> str:
     return "auto"  # "not stated": the engine default
 
 
-def _structural(row: Mapping[str, Any], values: Mapping[str, Any]) -> list[str]:
-    """The reasons the row's parallelism is not expressible (empty: it is)."""
+def _int_or_ranks(value: Any, ranks: int) -> int | None:
+    """An int, or ``ranks`` for a text saying "all ... ranks" (e.g. "all decode ranks")."""
+    if isinstance(value, str) and re.fullmatch(r"all\b.*\branks?", value.strip().lower()):
+        return ranks
+    return _int(value)
+
+
+def _phase_gpus(par: Mapping[str, Any], phase: str) -> int | None:
+    """GPUs of the measured phase's server: ``{phase}_ranks``, ``ranks_per_{phase}_instance``,
+    ``gpus_per_{phase}_instance``, or ``{phase}_nodes`` x :data:`GPUS_PER_NODE`."""
+    for key in (f"{phase}_ranks", f"ranks_per_{phase}_instance", f"gpus_per_{phase}_instance"):
+        if _int(par.get(key)):
+            return _int(par.get(key))
+    nodes = _int(par.get(f"{phase}_nodes"))
+    return nodes * GPUS_PER_NODE if nodes else None
+
+
+def _layout(row: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
+    """Layout fields of the row's server (``tp_size``, ``attn_dp_size``, ``ep_size``,
+    ``pp_size`` and, for a PD row, ``phase``), from ``parallelism`` and the launch flags.
+
+    DP attention N (``dp_attention``, or ``--enable-dp-attention`` with ``--dp-size N``) is
+    ``--attn-dp-size N``; a row naming DP attention and EP but no TP runs TP = its width
+    (DEP N: ``--tp-size N --attn-dp-size N --ep-size N``). A PD row must say which phase it
+    measured; its server is one of that phase (GPUs: :func:`_phase_gpus`).
+
+    Raises:
+        _Unmappable: a layout value that is not one number, or PD without a measured phase.
+    """
     par = row.get("parallelism") or {}
-    out = []
+    out: dict[str, Any] = {}
+    phase = None
     if par.get("pd_disaggregation"):
-        out.append("pd_disaggregation: not expressible")
-    dpa = par.get("dp_attention")
-    dpa_flag = any(v for k, v in values.items() if "dp_attention" in k)
-    if (dpa is not None and dpa is not False and _int(dpa) not in (0, 1)) or dpa_flag:
-        out.append(f"dp_attention {dpa if dpa is not None else 'on'}: not expressible")
+        phase = str(par.get("phase_measured", "")).lower()
+        if phase not in PHASE_KEYS:
+            raise _Unmappable("pd_disaggregation without a measured phase (phase_measured "
+                              "decode or prefill): the whole PD deployment is not stated")
+        out["phase"] = phase
+    width = _phase_gpus(par, phase) if phase else None
     ep = max(_int(par.get("ep")) or 1, _int(values.get("ep_size")) or 1)
-    if ep > 1 or (par.get("ep") is not None and _int(par.get("ep")) is None):
-        shown = ep if ep > 1 else par.get("ep")
-        out.append(f"parallelism ep {shown}: expert parallelism is not expressible yet "
-                   "(issue 21)")
+    if par.get("ep") is not None and _int(par.get("ep")) is None:
+        raise _Unmappable(f"parallelism ep {par.get('ep')!r} is not one number")
+    dpa_raw = par.get("dp_attention")
+    dpa = _int_or_ranks(dpa_raw, width or ep)
+    if dpa_raw is not None and dpa_raw is not False and dpa is None:
+        raise _Unmappable(f"dp_attention {dpa_raw!r} is not one number")
+    if values.get("enable_dp_attention") or any(
+            v for k, v in values.items() if k == "attn_dp_size" and v and v > 1):
+        dpa = max(dpa or 1, _int(values.get("attn_dp_size")) or _int(values.get("dp_size"))
+                  or width or ep)
     pp = max(_int(par.get("pp")) or 1, _int(values.get("pp_size")) or 1)
+    if dpa and dpa > 1:
+        out["attn_dp_size"] = dpa
+    if ep > 1:
+        out["ep_size"] = ep
     if pp > 1:
-        out.append(f"parallelism pp {pp}: not expressible")
-    nodes = _int(values.get("nnodes")) or 1
-    if nodes > 1:
-        out.append(f"--nnodes {nodes}: a multi-node server is not expressible")
+        out["pp_size"] = pp
+    if width:
+        out["tp_size"] = width // pp
+    elif par.get("tp") is None and values.get("tp_size") is None and (dpa or ep) > 1:
+        out["tp_size"] = max(dpa or 1, ep)  # DEP N
     return out
+
+
+# Flags of SGLang releases before the parser's, as their 0.5.23 successors: v0.4's
+# --enable-deepep-moe became --moe-a2a-backend deepep (sglang-knobs reference 1.9: the
+# all-to-all backend choice), --cuda-graph-bs (last in 0.5.19: domain/data/sglang-0.5.19-flags.json)
+# is --cuda-graph-bs-decode in 0.5.23 (domain/data/sglang-0.5.23-flags.json).
+LEGACY_FLAGS = {"--enable-deepep-moe": ["--moe-a2a-backend", "deepep"],
+                "--cuda-graph-bs": ["--cuda-graph-bs-decode"]}
+# A flag value "2048 x num_decode_nodes": a number times a ``parallelism`` count.
+_PER_UNIT = re.compile(r"(\d+)\s*x\s*num_(\w+)")
 
 
 def _flag_tokens(row: Mapping[str, Any]) -> list[str]:
     """SGLang argv of the row: ``--flag value`` pairs of the launch text, then flag keys.
+
+    A key's value keeps its text without parenthesised asides ("low_latency (decode)" ->
+    low_latency); "N x num_<count>" is N times ``parallelism.<count>``.
 
     Raises:
         _Unmappable: a flag key whose value is prose, or a speculative-decoding note.
@@ -357,14 +443,27 @@ def _flag_tokens(row: Mapping[str, Any]) -> list[str]:
         given.add(flag)
         tokens += [flag] if value is None else [flag, value]
     for key, value in flags.items():
+        if key in LEGACY_FLAGS and key not in given:
+            new = LEGACY_FLAGS[key]
+            if value is True:
+                tokens += new if len(new) > 1 else []
+                continue
+            if len(new) == 1:
+                key = new[0]
         if key.startswith("--") and key not in given:
             if value is True:
                 tokens.append(key)
             elif value is False or value is None or str(value).lower() in UNSET:
                 continue
+            elif isinstance(value, str) and (m := _PER_UNIT.fullmatch(value.strip())):
+                per = _int((row.get("parallelism") or {}).get(m.group(2)))
+                if per is None:
+                    raise _Unmappable(f"flag {key} {value!r}: parallelism {m.group(2)} is not "
+                                      "stated")
+                tokens += [key, str(int(m.group(1)) * per)]
             elif isinstance(value, (int, float)) or (isinstance(value, str)
-                                                     and len(value.split()) == 1):
-                tokens += [key, str(value)]
+                                                     and len(_strip(value).split()) == 1):
+                tokens += [key, _strip(str(value))]
             else:
                 raise _Unmappable(f"flag {key} {str(value)[:40]!r} is not one value")
         elif key == "cuda_graph" and "disabled" in str(value).lower() \
@@ -376,8 +475,13 @@ def _flag_tokens(row: Mapping[str, Any]) -> list[str]:
     return tokens
 
 
-def measured_metrics(row: Mapping[str, Any], gpus: int) -> dict[str, float]:
-    """Metric name -> measured value of a row (tok/s per ``gpus`` GPUs, ms)."""
+def measured_metrics(row: Mapping[str, Any], gpus: int, phase: str | None = None
+                     ) -> dict[str, float]:
+    """Metric name -> measured value of a row (tok/s per ``gpus`` GPUs, ms).
+
+    ``phase`` (a PD row that measured one phase): that phase's per-GPU throughput
+    (:data:`PHASE_KEYS`) and the means; other throughputs of the deployment are left out.
+    """
     metrics = row.get("metrics") or {}
 
     def value(key: str) -> float | None:
@@ -386,6 +490,14 @@ def measured_metrics(row: Mapping[str, Any], gpus: int) -> dict[str, float]:
         return v if v is not None and v > 0 else None
 
     out: dict[str, float] = {}
+    if phase is not None:
+        name, key = PHASE_KEYS[phase]
+        if (v := value(key)) is not None:
+            out[name] = v
+        for name, key in MEAN_KEYS.items():
+            if (v := value(key)) is not None:
+                out[name] = v
+        return out
     total = next((v for k in TOTAL_THROUGHPUT_KEYS if (v := value(k)) is not None), None)
     per_gpu = next((v for k in PER_GPU_THROUGHPUT_KEYS if (v := value(k)) is not None), None)
     if total is not None:
@@ -474,9 +586,8 @@ def _map(row: Mapping[str, Any], rid: str, eng: str) -> Scenario:
     if tokens and token_err is None:  # parallelism flags count before the model is known
         values = engine("sglang", FLAG_VERSION).parse_command(
             ["sglang", "serve", *tokens]).values
-    reasons = _structural(row, values)
-    if reasons:
-        raise _Unmappable("; ".join(reasons))
+    lay = _layout(row, values)
+    phase = lay.pop("phase", None)
     model, weights, model_note = catalog_checkpoint(str(row.get("model", "")),
                                                     str(row.get("quantization", "")))
     gpu = catalog_gpu(str(row.get("gpu", "")))
@@ -488,16 +599,26 @@ def _map(row: Mapping[str, Any], rid: str, eng: str) -> Scenario:
     launch_tp = _int(values.get("tp_size"))
     if tp is not None and launch_tp is not None and launch_tp != tp:
         raise _Unmappable(f"parallelism tp {tp} but the launch says --tp-size {launch_tp}")
-    tp = tp or launch_tp or 1
+    if phase is not None:  # one server of the measured phase: its width is the layout's
+        if "tp_size" not in lay:
+            raise _Unmappable(f"pd_disaggregation: the {phase} servers' GPUs are not stated")
+        tp = lay.pop("tp_size")
+    tp = tp or launch_tp or lay.pop("tp_size", None) or 1
+    lay.pop("tp_size", None)
+    pp = lay.get("pp_size", 1)
     reps = par.get("replicas", 1)
     if _int(reps) is None:
         raise _Unmappable(f"parallelism replicas {reps!r} is not one number")
-    replicas = (_int(reps) or 1) * (_int(par.get("dp")) or 1) * (_int(values.get("dp_size"))
-                                                                 or 1)
+    replicas = (_int(reps) or 1) * (_int(par.get("dp")) or 1)
+    if "attn_dp_size" not in lay:  # --dp-size without DP attention: full copies
+        replicas *= _int(values.get("dp_size")) or 1
     count = _int(row.get("gpu_count"))
-    if count is not None and count != tp * replicas:
-        raise _Unmappable(f"gpu_count {count} but tp x replicas = {tp * replicas}")
-    measured = measured_metrics(row, tp * replicas)
+    if count is not None and count != tp * pp * replicas:
+        raise _Unmappable(f"gpu_count {count} but tp x pp x replicas = {tp * pp * replicas}")
+    measured = measured_metrics(row, tp * pp * replicas, phase)
+    if phase is not None:
+        return _phase_scenario(row, rid, eng, phase, model, weights, gpu, tp, lay, tokens,
+                               token_err, measured, notes)
     if "tok/s/GPU" not in measured and "TPOT ms" not in measured:
         raise _Unmappable("no throughput or TPOT metric (metrics: "
                           + ", ".join(row.get("metrics") or {}) + ")")
@@ -518,22 +639,8 @@ def _map(row: Mapping[str, Any], rid: str, eng: str) -> Scenario:
     notes += [len_note] if len_note else []
     if token_err is not None:
         raise token_err
-    fields: dict[str, Any] = {}
-    if sglang:
-        hub = load_model(model).checkpoints[weights].model_path
-        parsed = engine("sglang", FLAG_VERSION).parse_command(
-            ["sglang", "serve", "--model-path", hub, *tokens])
-        refused = [f.message for f in parsed.findings if f.severity == "refuse"]
-        if refused:
-            raise _Unmappable(f"flags refused by SGLang {FLAG_VERSION}'s parser: {refused[0]}")
-        fields = {k: v for k, v in parsed.fields.items()
-                  if k not in ("model", "weights", "tp_size", "replicas")}
-    fields.setdefault("kv_cache_dtype", kv_dtype(row.get("kv_cache_dtype")))
-    try:
-        config = ServingConfig(model=model, gpu=gpu, weights=weights, tp_size=tp,
-                               replicas=replicas, **fields)
-    except (ValidationError, ValueError, TypeError) as e:
-        raise _Unmappable(f"config: {str(e).splitlines()[-1][:120]}") from None
+    fields = _sglang_fields(model, weights, tokens) if sglang else {}
+    config = _config(row, model, gpu, weights, tp, replicas, fields, lay, notes)
     requests, clients = 0, None
     if conc is not None:
         c = int(conc)
@@ -551,13 +658,108 @@ def _map(row: Mapping[str, Any], rid: str, eng: str) -> Scenario:
                     isl=isl, osl=osl, measured=measured, notes=tuple(notes))
 
 
+def _sglang_fields(model: str, weights: str, tokens: list[str]) -> dict[str, Any]:
+    """Config fields of the row's SGLang flags (:data:`FLAG_VERSION`'s parser).
+
+    Raises:
+        _Unmappable: the parser refuses a flag.
+    """
+    hub = load_model(model).checkpoints[weights].model_path
+    parsed = engine("sglang", FLAG_VERSION).parse_command(
+        ["sglang", "serve", "--model-path", hub, *tokens])
+    refused = [f.message for f in parsed.findings if f.severity == "refuse"]
+    if refused:
+        raise _Unmappable(f"flags refused by SGLang {FLAG_VERSION}'s parser: {refused[0]}")
+    return {k: v for k, v in parsed.fields.items()
+            if k not in ("model", "weights", "tp_size", "replicas", "dp_size")}
+
+
+def _config(row: Mapping[str, Any], model: str, gpu: str, weights: str, tp: int,
+            replicas: int, fields: dict[str, Any], lay: Mapping[str, Any],
+            notes: list[str]) -> ServingConfig:
+    """The row's ServingConfig: flags' fields, then the layout's (``lay`` wins).
+
+    DP attention with EP and no ``--moe-a2a-backend`` given runs DeepEP (SGLang's recipes for
+    DP attention + EP, sglang-knobs reference 1.9; the rows' own deployments name DeepEP).
+
+    Raises:
+        _Unmappable: the config refuses the fields.
+    """
+    fields = {**fields, **lay}
+    fields.setdefault("kv_cache_dtype", kv_dtype(row.get("kv_cache_dtype")))
+    if fields.get("attn_dp_size", 1) > 1 and fields.get("ep_size", 1) > 1 \
+            and fields.get("moe_a2a_backend") in (None, "none"):
+        fields["moe_a2a_backend"] = "deepep"
+        notes.append("DP attention + EP: --moe-a2a-backend deepep")
+    try:
+        return ServingConfig(model=model, gpu=gpu, weights=weights, tp_size=tp,
+                             replicas=replicas, **fields)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise _Unmappable(f"config: {where}: {err['msg']}"[:160]) from None
+    except (ValueError, TypeError) as e:
+        raise _Unmappable(f"config: {str(e).splitlines()[-1][:120]}") from None
+
+
+def _phase_scenario(row: Mapping[str, Any], rid: str, eng: str, phase: str, model: str,
+                    weights: str, gpu: str, tp: int, lay: dict[str, Any], tokens: list[str],
+                    token_err: _Unmappable | None, measured: dict[str, float],
+                    notes: list[str]) -> Scenario:
+    """A PD row that measured one phase: one server of that phase at its saturated step.
+
+    Decode: ``load.decode_batch_per_gpu`` (per GPU: x GPUs / schedulers per scheduler) or
+    ``load.decode_batch`` (per rank; a unit the row does not state is read per rank, noted),
+    else the server's own limit; context ``kv_length_per_seq`` (load or workload), else
+    ``isl + osl / 2``. Prefill: ``isl``-token prompts.
+
+    Raises:
+        _Unmappable: no metric of the phase, no ISL, or a flag/config refusal.
+    """
+    key = PHASE_KEYS[phase][0]
+    if key not in measured:
+        raise _Unmappable(f"pd_disaggregation phase {phase}: no {PHASE_KEYS[phase][1]} metric "
+                          "(metrics: " + ", ".join(row.get("metrics") or {}) + ")")
+    wl, load = row.get("workload") or {}, row.get("load") or {}
+    isl, osl = _int(wl.get("isl")), _int(wl.get("osl"))
+    if not isl:
+        raise _Unmappable("ISL/OSL not stated")
+    if token_err is not None:
+        raise token_err
+    fields = _sglang_fields(model, weights, tokens) if eng == TWIN_ENGINE else {}
+    fields["disaggregation_mode"] = phase
+    config = _config(row, model, gpu, weights, tp, 1, fields, lay, notes)
+    ctx = _int(load.get("kv_length_per_seq")) or _int(wl.get("kv_length_per_seq")) \
+        or isl + (osl or 0) // 2
+    batch = None
+    if phase == "decode":
+        per_gpu, per = _int(load.get("decode_batch_per_gpu")), _int(load.get("decode_batch"))
+        if per_gpu:
+            batch = max(1, per_gpu * config.gpus_per_server // config.schedulers)
+        elif per:
+            batch = per
+            unit = str(load.get("decode_batch_unit", "")).lower()
+            if "not stated" in unit:
+                notes.append(f"decode batch {per}: unit not stated, read per rank")
+        else:
+            notes.append("decode batch not stated: the server's KV pool and request cap")
+    notes.append(f"{phase} phase alone: one {config.gpus_per_server}-GPU "
+                 f"{phase} server's saturated step")
+    if eng != TWIN_ENGINE:
+        notes.append(f"SGLang twin; {eng} flags not mapped")
+    return Scenario(id=rid, engine=eng, config=config, conc=None, requests=0, isl=isl,
+                    osl=osl or 1, measured=measured, notes=tuple(notes), phase=phase,
+                    batch=batch, ctx=ctx)
+
+
 def load(path: Path) -> list[Scenario | Skip]:
     """Every row of a published-points file, mapped (:func:`map_row`), in file order."""
     return [map_row(r) for r in read_points(path)]
 
 
 # ---------------------------------------------------------------------------- scoring
-Prediction = Mapping[str, float] | str  # metric -> predicted value, or why the twin failed
+# metric -> predicted value (and optionally "note": how the twin ran it), or why it failed
+Prediction = Mapping[str, Any] | str
 
 
 def evaluate(mapped: Sequence[Scenario | Skip],
@@ -572,7 +774,7 @@ def evaluate(mapped: Sequence[Scenario | Skip],
         if isinstance(pred, str):
             ev.failed.append(Skip(item.id, item.engine, f"twin cannot run it: {pred}"))
             continue
-        ev.notes[item.id] = item.notes
+        ev.notes[item.id] = item.notes + ((str(pred["note"]),) if "note" in pred else ())
         for metric in METRICS:
             meas, p = item.measured.get(metric), pred.get(metric)
             if meas is not None and p is not None and math.isfinite(p):

@@ -160,7 +160,8 @@ class ServingConfig(BaseModel):
     model: str = Field(description="model catalog key, e.g. 'glm-5'")
     gpu: Annotated[str, AfterValidator(_gpu_name)] = Field(description=(
         "GPU catalog key, e.g. 'B200' (any case; stored as the catalog spells it)"))
-    tp_size: int = Field(1, ge=1, le=64, description="--tp-size: GPUs per replica")
+    tp_size: int = Field(1, ge=1, le=512, description="--tp-size: GPUs per replica (a "
+                         "multi-node server spans --nnodes nodes; a PD group as wide as its own)")
     replicas: int = Field(1, ge=1, le=512, description="independent servers behind the router")
     weights: str = Field(description="checkpoint key of the model, e.g. 'fp8' or 'nvfp4'")
     kv_cache_dtype: Literal["auto", "bf16", "fp8_e4m3"] = Field(
