@@ -112,6 +112,13 @@ class SglangEngine:
 
         return defaults.resolved_settings(config)
 
+    def layout_coupling(self, fields: dict[str, int | str | None]
+                        ) -> tuple[dict[str, int], list[str]]:
+        """The a2a ``ep_size`` rewrite and the layout refusals (:func:`layout_coupling.couple`)."""
+        from domain.engines.sglang import layout_coupling
+
+        return layout_coupling.couple(fields)
+
     def start(self, config: ServingConfig) -> Startup:
         """The twin's start of one replica of ``config`` (:func:`startup.start`)."""
         from domain.engines.sglang import startup
