@@ -136,6 +136,30 @@ class Efficiency:
     eager_layer_s: float = 1.7e-4
     # CPU per waiting request of a scheduling pass that scans the queue (prior above)
     waiting_request_overhead_s: float = 1.0e-5
+    # Parallel layouts (issue 21; domain/layout_cost.py). Priors from the aiconfigurator-core
+    # 0.12.0 wheel's SGLang 0.5.12 DeepEP tables and 0.5.10 wide-EP MoE tables, fitted by
+    # benchmarks/a2a_kernels.py (its output beside each value in docs/benchmarks.md):
+    # share of the link's per-GPU bandwidth a DeepEP dispatch/combine reaches (wire bytes:
+    # domain/layout_cost.py:a2a_seconds); H200 normal-mode fit 0.69, B200 0.55, LL 0.55 / 0.59
+    a2a_eta: float = 0.6
+    # fixed seconds of one dispatch + combine per MoE layer, normal kernels (20 SMs, the
+    # DeepEP Buffer default); H200 fit 71 us, B200 90 us
+    a2a_latency_s: float = 7.0e-5
+    # the same for the low-latency kernels (CUDA-graph capturable, per-expert slots); H200 fit
+    # 24 us, B200 43 us
+    a2a_ll_latency_s: float = 3.0e-5
+    # routed tokens of the busiest EP rank over the mean without EPLB: the wheel's measured
+    # DeepEP MoE kernel at EP 8, power_law_1.01 routing over uniform (DeepSeek-V3 shape)
+    expert_imbalance: float = 1.4
+    # the same with EPLB / redundant experts: the wheel's mildest skew (power_law_0.6) over
+    # uniform, the residual a static rebalancing leaves (expert popularity still varies step
+    # to step)
+    expert_imbalance_eplb: float = 1.1
+    # per stage boundary per micro-batch of pipeline parallelism: an NCCL send/recv of the
+    # proxy tensors plus the request objects' send (scheduler_pp_mixin.py:104-214); prior the
+    # two-GPU NCCL small-message latency of domain/data/allreduce-fit.json (6.5-19 us on
+    # H200, 6.4-17 us on RTX PRO 6000) plus the pyobj send, ~ 30 us
+    pp_stage_latency_s: float = 3.0e-5
 
     def updated(self, values: dict[str, float]) -> Efficiency:
         """A copy with ``values`` replacing fields of the same name.

@@ -40,6 +40,13 @@ estimators reference, section 6):
 Efficiencies and latencies come from :mod:`domain.calibration` per GPU (fitted by
 ``benchmarks/twin_fidelity.py``). Units: seconds out; tokens in.
 
+Parallel layouts (attention DP, expert parallelism with its all-to-all, the expert imbalance,
+two-batch overlap, pipeline stages with micro-batches and their bubble) are priced by
+:mod:`domain.layout_cost` for a config that sets any of them (``layout``); a config at the
+default layout never reaches that module, so its numbers stay those of the plain replica.
+Every method prices ONE scheduler (one attention-DP rank of one ``dp_size`` copy) at its own
+batch; ``t`` is then that rank's attention TP width.
+
 Longer than 500 lines on purpose: every term of one step (linear layers, attention, the
 DSA indexer, all-reduces, verify and draft, eager launch, scheduler CPU) shares this class's
 constants and its memo of batch-size-only terms, and ``benchmarks/twin_fidelity.py`` patches
@@ -56,6 +63,16 @@ from domain.config import ServingConfig
 from domain.fit import KV_BYTES, FitReport
 from domain.hardware import GPU, get_gpu
 from domain.interconnect import allreduce_seconds
+from domain.layout_cost import (
+    FP8_DISPATCH_BYTES,
+    NVFP4_DISPATCH_BYTES,
+    Layout,
+    comm_seconds,
+    forward_seconds,
+    linear_seconds,
+    micro_batch,
+    pp_round,
+)
 from domain.models import BF16, ModelArch, get_model
 
 ACT_BYTES = 2  # bf16 activations
@@ -117,6 +134,15 @@ class StepCostModel:
     decode_pair_flops: float = 0.0
     # the GPU whose interconnect prices the all-reduces (None: the plain ring over ``link``)
     gpu: GPU | None = field(default=None, compare=False)
+    # the parallel layout (None: plain TP over ``t`` GPUs, the default layout); with one, ``t``
+    # is the attention TP width and the parts below split ``static_bytes`` by how each is
+    # sharded (domain/layout_cost.py)
+    layout: Layout | None = None
+    attn_bytes: float = 0.0           # attention weights (all layers)
+    embed_bytes: float = 0.0          # embedding + lm_head
+    dense_bytes: float = 0.0          # dense MLP layers
+    shared_bytes: float = 0.0         # shared experts (all MoE layers)
+    routed_flops_per_token: float = 0.0   # 2 x routed active expert params (part of mlp_flops)
     # memo of the batch-size-only terms (pure functions of their arguments): the twin calls
     # them once per simulated step with few distinct batch sizes
     _memo: dict[tuple[object, ...], float] = field(default_factory=dict, init=False,
@@ -207,6 +233,8 @@ class StepCostModel:
         draft_topk`` and one draft extend at ``batch x draft_tokens`` over the MTP layers -- the
         all-reduce terms of :meth:`verify_time` and :meth:`draft_time`.
         """
+        if self.layout is not None:
+            return self._layout_comm(batch, max(1, draft_tokens))
         if draft_tokens <= 0:
             return self._allreduce(batch, self.layers)
         draft = ((max(0, draft_steps - 1) * self._allreduce(batch * max(1, draft_topk),
@@ -215,7 +243,8 @@ class StepCostModel:
                  if self.mtp_layers and draft_steps > 0 else 0.0)
         return self._allreduce(batch * draft_tokens, self.layers) + draft
 
-    def _kv_read(self, batch: int, context_sum: int, layers: int, ideal: bool = False) -> float:
+    def _kv_read(self, batch: int, context_sum: float, layers: int,
+                 ideal: bool = False) -> float:
         """Decode attention: read every sequence's KV once (DSA: at most ``topk`` latents).
 
         DSA also scans the indexer keys of the whole context (scoring + top-k selection).
@@ -281,6 +310,42 @@ class StepCostModel:
         gpu = gpu_s + self._layer_latency(self.layers, self.moe_layers) + self.eager_time(batch)
         return max(gpu, self.cpu_time(batch))
 
+    # ---- parallel layouts (domain/layout_cost.py) ----
+    def _layout_step(self, batch: int, queries: int, context_sum: float) -> float:
+        """Decode (``queries == 1``) or verify step of ``batch`` sequences under the layout.
+
+        The running batch splits into PP micro-batches of ``b = ceil(batch / pp)`` sequences
+        (:func:`~domain.layout_cost.micro_batch`; ``b = batch`` without PP) holding ``b /
+        batch`` of the context; one micro-batch's forward at ``b x queries`` tokens
+        (:func:`~domain.layout_cost.forward_seconds`, attention by :meth:`_verify_attention`,
+        eager launches above the graph max at ``b``), then one PP round
+        (:func:`~domain.layout_cost.pp_round`: the scheduler CPU of each micro-batch, the stage
+        sends and latencies).
+        """
+        lay = self.layout
+        assert lay is not None
+        if batch <= 0:
+            return self._step(0.0, 0)
+        b = micro_batch(lay, batch)
+        ctx = context_sum * b / batch
+        attention = self._verify_attention(b, queries, ctx, self.layers)
+        gpu = (forward_seconds(self, lay, b * queries, attention, "decode", spec=queries > 1)
+               + self.eager_time(b))
+        return pp_round(self, lay, gpu, self.cpu_time(b), b * queries)
+
+    def _layout_comm(self, batch: int, queries: int) -> float:
+        """Seconds of one decode/verify forward's communication under the layout (per round).
+
+        :func:`~domain.layout_cost.comm_seconds` of one micro-batch at ``b x queries`` tokens
+        over all layers; each of the ``b``-sequence micro-batches of a PP round pays its own,
+        but the stages run them in parallel, so a round holds one forward's worth.
+        """
+        lay = self.layout
+        assert lay is not None
+        b = micro_batch(lay, batch)
+        return comm_seconds(self, lay, b * queries, self.layers, self.moe_layers, "decode",
+                            spec=queries > 1)
+
     # ---- step times ----
     def _prefill_attention(self, attn_pairs: float, index_pairs: float,
                            layers: int) -> tuple[float, float]:
@@ -316,6 +381,9 @@ class StepCostModel:
         """
         e = self.eff
         attn, index = self._prefill_attention(attn_pairs, index_pairs, self.layers)
+        if self.layout is not None:
+            gpu = forward_seconds(self, self.layout, new_tokens, attn + index, "extend")
+            return pp_round(self, self.layout, gpu, 0.0, new_tokens) + e.prefill_overhead_s
         return (self._linear(new_tokens) + attn + index
                 + self._allreduce(new_tokens, self.layers)
                 + self._layer_latency(self.layers, self.moe_layers) + e.prefill_overhead_s)
@@ -324,8 +392,12 @@ class StepCostModel:
         """Seconds for one decode step of ``batch`` sequences holding ``context_sum`` KV tokens.
 
         For DSA the sparse attention reads at most ``topk`` latents per sequence; the attended
-        total is approximated by ``min(context_sum, batch x topk)``.
+        total is approximated by ``min(context_sum, batch x topk)``. With a layout
+        (:mod:`domain.layout_cost`): the step of the scheduler's WHOLE running batch, i.e. one
+        PP round over its micro-batches (:meth:`_layout_step`).
         """
+        if self.layout is not None:
+            return self._layout_step(batch, 1, context_sum)
         return self._step(self._linear(batch) + self._kv_read(batch, context_sum, self.layers)
                           + self._allreduce(batch, self.layers), batch)
 
@@ -336,11 +408,16 @@ class StepCostModel:
         the peak of the ring's slowest link stays (it is physical). ``roofline / decode_time``
         is the share of the decode roofline a step reaches.
         """
+        if self.layout is not None:
+            return (linear_seconds(self, self.layout, batch, ideal=True)
+                    + self._kv_read(batch, context_sum, self.layers, ideal=True)
+                    + comm_seconds(self, self.layout, batch, self.layers, self.moe_layers,
+                                   "decode", ideal=True))
         return (self._linear(batch, ideal=True)
                 + self._kv_read(batch, context_sum, self.layers, ideal=True)
                 + self._allreduce(batch, self.layers, ideal=True))
 
-    def _verify_attention(self, batch: int, queries: int, context_sum: int,
+    def _verify_attention(self, batch: int, queries: int, context_sum: float,
                           layers: int) -> float:
         """Attention of a forward with ``queries`` query tokens per sequence over its whole KV.
 
@@ -392,6 +469,8 @@ class StepCostModel:
         per batch size). ``draft_tokens == 1`` is exactly :meth:`decode_time`.
         """
         d = max(1, draft_tokens)
+        if self.layout is not None:
+            return self._layout_step(batch, d, context_sum)
         n = batch * d
         return self._step(self._linear(n)
                           + self._verify_attention(batch, d, context_sum, self.layers)
@@ -528,7 +607,9 @@ def build_cost_model(config: ServingConfig, report: FitReport) -> StepCostModel:
     lm_head = model.vocab * model.hidden
     active_mlp = model.active_params - groups["attention"] - lm_head
     kv_b = KV_BYTES[report.kv_dtype]
-    t = config.tp_size
+    layout = _layout(config, model, gpu, eff, b["experts"])
+    # one scheduler's attention TP group (the whole TP group at the default layout)
+    t = config.attn_tp_size if layout is not None else config.tp_size
     if model.attention == "gqa":
         # hybrid models: only full (and, at the SWA pool's ratio, sliding) layers hold KV; the
         # share is exactly 1.0 for every-layer-full models (domain/model_arch.py:kv_bytes_per_token)
@@ -541,8 +622,10 @@ def build_cost_model(config: ServingConfig, report: FitReport) -> StepCostModel:
         index_bytes = float(model.index_head_dim + 4) if model.attention == "dsa" else 0.0
     static = (groups["embed"] * b["embed"] + groups["attention"] * b["attention"]
               + groups["dense_mlp"] * b["dense_mlp"])
+    shared = 0.0
     if model.n_routed_experts:
-        static += model.moe_layers * model.n_shared_experts * model.expert_params * b["experts"]
+        shared = model.moe_layers * model.n_shared_experts * model.expert_params * b["experts"]
+        static += shared
     f_mlp = gpu.flops.get(ckpt.compute_dtype, gpu.flops["fp8"])
     # draft head: one MTP layer's attention + dense/shared MLP, plus the shared lm_head
     draft_static = draft_flops = 0.0
@@ -583,4 +666,41 @@ def build_cost_model(config: ServingConfig, report: FitReport) -> StepCostModel:
         expert_params=float(model.expert_params if model.n_routed_experts else 0),
         decode_pair_flops=(2.0 * model.heads * (2 * model.kv_lora_rank + model.qk_rope_head_dim)
                            if model.attention in ("mla", "dsa") else 0.0),
+        layout=layout, attn_bytes=groups["attention"] * b["attention"],
+        embed_bytes=groups["embed"] * b["embed"], dense_bytes=groups["dense_mlp"] * b["dense_mlp"],
+        shared_bytes=shared,
+        routed_flops_per_token=2.0 * model.moe_layers * model.experts_per_tok * model.expert_params,
     )
+
+
+def _layout(config: ServingConfig, model: ModelArch, gpu: GPU, eff: Efficiency,
+            expert_bytes_per_param: float) -> Layout | None:
+    """The :class:`~domain.layout_cost.Layout` of ``config``; None at the default layout.
+
+    Default: no attention DP, no EP, no PP, no two-batch overlap, dense MLP over the TP group,
+    no DP lm_head (``dp_size`` copies are plain replicas, priced one scheduler at a time). The
+    EP all-to-all runs when ``ep_size > 1`` with a ``moe_a2a_backend`` other than none; the
+    imbalance is ``expert_imbalance_eplb`` with ``enable_eplb`` or redundant experts, else
+    ``expert_imbalance``; the dispatch wire format nvfp4 for NVFP4 experts, else fp8
+    (:mod:`domain.layout_cost` constants).
+    """
+    tp = config.tp_size
+    dense_tp = config.moe_dense_tp_size or tp
+    if (config.attn_dp_size == 1 and config.ep_size == 1 and config.pp_size == 1
+            and not config.enable_two_batch_overlap and dense_tp == tp
+            and not config.enable_dp_lm_head):
+        return None
+    ep = config.ep_size
+    eplb = config.enable_eplb or config.ep_num_redundant_experts > 0
+    experts = model.n_routed_experts + config.ep_num_redundant_experts
+    return Layout(
+        tp=tp, attn_dp=config.attn_dp_size, ep=ep, dense_tp=dense_tp, pp=config.pp_size,
+        a2a=ep > 1 and (config.moe_a2a_backend or "none") != "none",
+        deepep_mode=config.deepep_mode or "auto", tbo=config.enable_two_batch_overlap,
+        dp_lm_head=config.enable_dp_lm_head,
+        imbalance=(eff.expert_imbalance_eplb if eplb else eff.expert_imbalance) if ep > 1
+        else 1.0,
+        local_experts=experts / ep if ep > 1 else float(experts),
+        dispatch_bytes=(NVFP4_DISPATCH_BYTES if expert_bytes_per_param < 0.75
+                        else FP8_DISPATCH_BYTES),
+        gpu=gpu)

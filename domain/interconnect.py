@@ -34,6 +34,7 @@ Loading needs only the standard library.
 from __future__ import annotations
 
 import json
+import math
 import re
 from functools import cache
 from pathlib import Path
@@ -165,3 +166,54 @@ def fit_source() -> dict[str, Any]:
     """The fit's data source, date and command (for docs and reports)."""
     data = _fit()
     return {k: data[k] for k in ("data_source", "date", "command")}
+
+
+def _host_of(gpu: int, ic: Interconnect) -> int:
+    return gpu // ic.gpus_per_node
+
+
+def p2p_link_bytes_per_s(src_first: int, dst_first: int, width: int, ic: Interconnect) -> float:
+    """Slowest link between GPU ``src_first + r`` and ``dst_first + r`` over ``r < width``.
+
+    Pipeline stages send rank to rank (stage ``s``'s TP rank ``r`` to stage ``s+1``'s rank
+    ``r``); GPUs are placed in order (stage-major, as SGLang numbers them: ``gpu_id = base +
+    (pp_rank % pp_per_node) x tp_per_node + tp_rank x step``, SGLang 0.5.23
+    ``weight_cache/protocol.py:276-297`` ``compute_local_gpu_id``, used by
+    ``entrypoints/engine.py:786-802``). Per pair: NVLink inside one NVLink domain; on a PCIe
+    host the PCIe link (halved without P2P), capped by the NUMA hop when the two GPUs sit on
+    different NUMA nodes; the NIC between hosts (outside one NVLink domain). Bytes/s per
+    direction.
+    """
+    per_numa = max(1, ic.gpus_per_node // ic.numa_nodes)
+    slowest = math.inf
+    for r in range(max(1, width)):
+        a, b = src_first + r, dst_first + r
+        if ic.kind == "nvlink":
+            same = a // ic.domain_size == b // ic.domain_size
+            link = ic.nvlink_bytes_per_s if same else min(ic.nvlink_bytes_per_s,
+                                                           ic.nic_bytes_per_s)
+        else:
+            link = ic.pcie_bytes_per_s if ic.p2p else ic.pcie_bytes_per_s / 2
+            if _host_of(a, ic) != _host_of(b, ic):
+                link = min(link, ic.nic_bytes_per_s)
+            elif (a // per_numa != b // per_numa and ic.cross_numa_bytes_per_s is not None):
+                link = min(link, ic.cross_numa_bytes_per_s)
+        slowest = min(slowest, link)
+    return slowest
+
+
+def a2a_link_shares(ep: int, ic: Interconnect) -> tuple[tuple[float, float], tuple[float, float]]:
+    """How an all-to-all over ``ep`` GPUs splits its off-rank bytes: ((share, link), (share, link)).
+
+    Of the ``ep - 1`` peers of a GPU, ``g - 1`` share its node (``g = min(ep, NVLink domain)``,
+    or the host's GPUs on a PCIe node) and reach it over NVLink / the PCIe ring link
+    (:func:`ring_link_bytes_per_s`, NUMA hop included); the other ``ep - g`` over the NIC
+    (DeepEP's internode kernels: NVLink forwarding inside the node, RDMA across). Uniform
+    routing sends each peer an equal share. Links in bytes/s per GPU and direction.
+    """
+    if ep <= 1:
+        return (0.0, 1.0), (0.0, 1.0)
+    local = min(ep, ic.domain_size if ic.kind == "nvlink" else ic.gpus_per_node)
+    intra_link = ring_link_bytes_per_s(local, ic) if local > 1 else ic.nic_bytes_per_s
+    intra = (local - 1) / (ep - 1)
+    return (intra, intra_link), (1.0 - intra, ic.nic_bytes_per_s)
