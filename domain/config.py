@@ -482,3 +482,40 @@ class ServingConfig(BaseModel):
                      "--balance-abs-threshold", str(self.router_balance_abs_threshold),
                      "--balance-rel-threshold", f"{self.router_balance_rel_threshold:g}"]
         return args
+
+    def pd_router_args(self, prefill_urls: list[str], decode_urls: list[str],
+                       bootstrap_port: int = 8998) -> list[str]:
+        """The sglang-router 0.3.2 arguments of a PD layout's router.
+
+        ``--pd-disaggregation``, then ``--prefill URL BOOTSTRAP_PORT`` per prefill server (the
+        port of its ``--disaggregation-bootstrap-port``, default 8998) and ``--decode URL`` per
+        decode server, then the routing policy as :meth:`router_args` gives it (one policy for
+        both pools; the router's own default is ``cache_aware``, which in PD mode picks prefill
+        servers cache-aware and decode servers by load). ``kube_service`` passes no
+        ``--policy``: a PD layout always needs the router (it pairs each request's prefill and
+        decode server), so the router's default applies. Sources: sglang-knobs reference 6.1
+        and 6.3; ``sglang_router/router_args.py`` of the 0.3.2 wheel (``--prefill`` takes
+        ``URL [BOOTSTRAP_PORT|none]``, ``--decode`` takes ``URL``; ``--policy`` choices
+        random, round_robin, cache_aware, power_of_two, manual).
+
+        Args:
+            prefill_urls: the prefill servers' base URLs, in order.
+            decode_urls: the decode servers' base URLs, in order.
+            bootstrap_port: the prefill servers' KV bootstrap port.
+
+        Raises:
+            ValueError: an empty group, or a port outside 1..65535.
+        """
+        if not prefill_urls or not decode_urls:
+            raise ValueError("a PD router needs at least one prefill and one decode URL")
+        if not 1 <= bootstrap_port <= 65535:
+            raise ValueError(f"bootstrap port {bootstrap_port} is outside 1..65535")
+        args = ["--pd-disaggregation"]
+        for url in prefill_urls:
+            args += ["--prefill", url, str(bootstrap_port)]
+        for url in decode_urls:
+            args += ["--decode", url]
+        routing = self.router_args([])
+        if routing is not None:
+            args += routing[1:]  # drop "--worker-urls"
+        return args

@@ -55,6 +55,15 @@ ROUTER_METRICS_PORT = 29000  # sglang-router 0.3.2 --prometheus-port default (sg
 # Standard DRA attribute: devices under one PCIe root (kubernetes.io/docs/reference/node/
 # dra-standard-device-attributes/).
 PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
+# --disaggregation-bootstrap-port default: the prefill server's KV bootstrap service, which the
+# router names with each prefill URL (sglang-knobs.md 1.11 and 6.3)
+BOOTSTRAP_PORT = 8998
+ROLE_LABEL = "servetune.io/role"        # prefill | decode (a PD layout's engine pods)
+REPLICA_LABEL = "servetune.io/replica"  # one Deployment per server: its index
+KV_TRANSFER_ANNOTATION = "servetune.io/kv-transfer"
+# --disaggregation-transfer-backend values that move the KV over RDMA verbs (sglang-knobs.md
+# 1.11: mooncake and nixl need RDMA NICs, --disaggregation-ib-device, unless mooncake_tcp)
+RDMA_TRANSFER = ("mooncake", "nixl", "mori")
 CACHE_DIR = "/cache"
 HOME_DIR = "/home/sglang"
 DRA_CLAIM = "devices"
@@ -69,8 +78,8 @@ class SglangOptions(BaseModel):
 
     image: str | None = Field(None, description="engine image; None = lmsysorg/sglang:v<engine "
                               "version> (domain.trial.manifest_for)")
-    gpus_per_node: int = Field(8, ge=1, le=64, description="GPUs of one node; a replica with "
-                               "more GPUs (tp_size) spans nodes as a LeaderWorkerSet")
+    gpus_per_node: int = Field(8, ge=1, le=64, description="GPUs of one node; a server with "
+                               "more GPUs (tp x pp x dp) spans nodes as a LeaderWorkerSet")
     model_cache_pvc: str | None = Field(None, description="PVC mounted at /cache for weights "
                                         "(HF_HOME) and JIT caches; None = an emptyDir per pod "
                                         "(ReadWriteMany when replicas share it)")
@@ -142,20 +151,23 @@ def render_sglang(config: ServingConfig, name: str, namespace: str, labels: dict
                   opts: SglangOptions = SglangOptions()) -> list[dict[str, Any]]:  # noqa: B008
     """The objects that serve ``config`` as deployment ``name`` in ``namespace``.
 
-    Layouts (``replicas`` = config.replicas, GPUs per replica = config.tp_size):
+    Layouts (``replicas`` = config.replicas; GPUs per server = ``config.gpus_per_server``,
+    tp x pp x dp; attention DP and EP live inside the TP group and add no GPU):
 
-    - tp_size <= gpus_per_node, no router: Deployment ``name`` (replicas pods) + Service ``name``.
+    - one server fits a node, no router: Deployment ``name`` (replicas pods) + Service ``name``.
     - with ``opts.router``: one Deployment and Service ``name-r<i>`` per replica (a stable DNS
       name per worker for ``--worker-urls``), Deployment ``name-router``; Service ``name``
       selects the router.
-    - tp_size > gpus_per_node: LeaderWorkerSet ``name-engine`` of tp_size / gpus_per_node pods
-      per replica (``--nnodes``/``--node-rank``/``--dist-init-addr`` from the LWS env); Service
-      ``name`` selects the leaders, or the router, whose workers are the leaders' DNS names.
+    - a server spans nodes (``gpus_per_server > gpus_per_node``): LeaderWorkerSet
+      ``name-engine``, one group of ``config.nnodes(gpus_per_node)`` pods per replica
+      (``--nnodes``/``--node-rank``/``--dist-init-addr`` from the LWS env); Service ``name``
+      selects the leaders, or the router, whose workers are the leaders' DNS names.
+    - a PD layout (``config.pd``): see :func:`render_pd`.
     - ``opts.dra``: ResourceClaimTemplate ``name-devices``; pods claim it instead of
       ``nvidia.com/gpu``.
 
     Args:
-        config: the serving configuration (one replica = ``engine_for(config).argv(config)``).
+        config: the serving configuration (one server = ``engine_for(config).argv(config)``).
         name: deployment name, a DNS label of at most 40 characters.
         namespace: target namespace.
         labels: put on every object and pod; should hold ``app.kubernetes.io/managed-by``,
@@ -167,41 +179,36 @@ def render_sglang(config: ServingConfig, name: str, namespace: str, labels: dict
         Manifests as dicts, in apply order (claim template, engine, router, Services).
 
     Raises:
-        ValueError: bad name or labels, tp_size spanning nodes unevenly, DRA before 1.32.
+        ValueError: bad name or labels, a server spanning nodes unevenly or with ``dp_size``
+            > 1, DRA before 1.32.
     """
     check_name(name, MAX_NAME)
     labels = check_labels(labels, name)
-    gpus = config.tp_size
-    nodes = 1
-    if gpus > opts.gpus_per_node:
-        if gpus % opts.gpus_per_node:
-            raise ValueError(f"tp_size {gpus} spans nodes of {opts.gpus_per_node} GPUs unevenly: "
-                             "SGLang needs tp*pp divisible by --nnodes (sglang-knobs.md 7.2)")
-        nodes = gpus // opts.gpus_per_node
-    per_pod = gpus // nodes
-    ctx = _Ctx(config, name, namespace, labels, opts, per_pod)
+    if config.pd is not None:
+        return render_pd(config, name, namespace, labels, opts=opts)
+    nodes = server_nodes(config, opts.gpus_per_node)
+    ctx = _Ctx(config, name, namespace, labels, opts, config.gpus_per_server // nodes)
     objs: list[dict[str, Any]] = []
     if opts.dra:
         objs.append(ctx.claim_template())
     # kube_service is the Service itself spreading connections: no router Deployment
     use_router = opts.router and config.router_args([]) is not None
     if nodes > 1:
-        objs.append(ctx.leader_worker_set(nodes))
-        lws = f"{name}-engine"  # pod DNS: lws pkg/utils/pod/pod_utils.go (Shared subdomain)
-        workers = [f"http://{lws}-{i}.{lws}.{namespace}:{opts.port}"
-                   for i in range(config.replicas)]
+        lws = f"{name}-engine"
+        objs.append(ctx.leader_worker_set(lws, config.replicas, nodes, {}))
+        workers = [leader_url(lws, i, namespace, opts.port) for i in range(config.replicas)]
     elif use_router:
         for i in range(config.replicas):
-            objs.append(ctx.deployment(f"{name}-r{i}", 1, {"servetune.io/replica": str(i)}))
+            objs.append(ctx.deployment(f"{name}-r{i}", 1, {REPLICA_LABEL: str(i)}))
         workers = [service_url(f"{name}-r{i}", namespace, opts.port)
                    for i in range(config.replicas)]
     else:
         objs.append(ctx.deployment(name, config.replicas, {}))
         workers = []
     if use_router:
-        objs.append(ctx.router(workers))
+        objs.append(ctx.router(config.router_args(workers) or []))
         if nodes == 1:
-            objs += [ctx.service(f"{name}-r{i}", {"servetune.io/replica": str(i)})
+            objs += [ctx.service(f"{name}-r{i}", {REPLICA_LABEL: str(i)})
                      for i in range(config.replicas)]
         objs.append(ctx.service(name, {COMPONENT_LABEL: "router"}))
     else:
@@ -209,13 +216,135 @@ def render_sglang(config: ServingConfig, name: str, namespace: str, labels: dict
     return objs
 
 
+def render_pd(config: ServingConfig, name: str, namespace: str, labels: dict[str, str], *,
+              opts: SglangOptions = SglangOptions()) -> list[dict[str, Any]]:  # noqa: B008
+    """The objects of a prefill/decode (PD) disaggregated layout (``config.pd``).
+
+    Each group (``config.servers()``: prefill, then decode; each server is
+    ``config.pd_worker(role)``, with ``--disaggregation-mode prefill|decode``):
+
+    - a server that fits a node: Deployment and Service ``name-p<i>`` (prefill) or
+      ``name-d<i>`` (decode) per server, so the router reaches each server by a stable name
+      (a prefill Service also exposes the KV bootstrap port, 8998: the decode servers connect
+      to it, sglang-knobs reference 1.11 and 7.2);
+    - a server that spans nodes: LeaderWorkerSet ``name-prefill`` or ``name-decode`` with one
+      group per server; the router reaches each group's leader by its pod DNS name.
+
+    Then the router in PD mode, Deployment ``name-router``
+    (:meth:`~domain.config.ServingConfig.pd_router_args`: ``--pd-disaggregation --prefill URL
+    8998 ... --decode URL ...``), and Service ``name`` selecting it: a PD layout always has its
+    router, whatever ``opts.router`` says. Engine pods carry ``servetune.io/role`` (prefill or
+    decode) and the annotation ``servetune.io/kv-transfer`` stating what the KV transfer
+    backend needs from the network (RDMA NICs for mooncake, nixl, mori: claim them with DRA
+    ``dra_nic_class`` or an RDMA device plugin; servetune never renders ``hostNetwork``, which
+    the sandbox policy refuses; ``mooncake_tcp`` runs over the pod network).
+
+    Args:
+        config: a config with ``pd`` set (replicas 1).
+        name: deployment name, a DNS label of at most 40 characters.
+        namespace: target namespace.
+        labels: as :func:`render_sglang`.
+        opts: cluster facts.
+
+    Returns:
+        Manifests in apply order: claim templates, engine groups (prefill, decode), router,
+        the per-server Services, Service ``name``.
+
+    Raises:
+        ValueError: no PD layout, a bad name or labels, a server spanning nodes unevenly.
+    """
+    if config.pd is None:
+        raise ValueError("render_pd needs a config with a PD layout (pd)")
+    check_name(name, MAX_NAME)
+    labels = check_labels(labels, name)
+    objs: list[dict[str, Any]] = []
+    engines: list[dict[str, Any]] = []
+    services: list[dict[str, Any]] = []
+    urls: dict[str, list[str]] = {}
+    for role, count, server in config.servers():
+        nodes = server_nodes(server, opts.gpus_per_node)
+        ctx = _Ctx(server, name, namespace, labels, opts, server.gpus_per_server // nodes,
+                   role=role, claim=f"{name}-{role}-devices")
+        if opts.dra:
+            objs.append(ctx.claim_template())
+        if nodes > 1:
+            lws = f"{name}-{role}"
+            engines.append(ctx.leader_worker_set(lws, count, nodes, {ROLE_LABEL: role}))
+            urls[role] = [leader_url(lws, i, namespace, opts.port) for i in range(count)]
+            continue
+        urls[role] = []
+        for i in range(count):
+            one = f"{name}-{role[0]}{i}"
+            extra = {ROLE_LABEL: role, REPLICA_LABEL: str(i)}
+            engines.append(ctx.deployment(one, 1, extra))
+            services.append(ctx.service(one, extra))
+            urls[role].append(service_url(one, namespace, opts.port))
+    router = _Ctx(config, name, namespace, labels, opts, 0).router(
+        config.pd_router_args(urls["prefill"], urls["decode"], BOOTSTRAP_PORT))
+    return [*objs, *engines, router, *services,
+            _Ctx(config, name, namespace, labels, opts, 0).service(
+                name, {COMPONENT_LABEL: "router"})]
+
+
+def server_nodes(config: ServingConfig, gpus_per_node: int) -> int:
+    """Nodes (pods) one server of ``config`` spans: ``config.nnodes(gpus_per_node)``.
+
+    Raises:
+        ValueError: the server's GPUs do not split evenly over whole nodes (SGLang needs
+            tp x pp divisible by ``--nnodes``, sglang-knobs reference 1.1 and 7.2), or
+            ``dp_size`` > 1 across nodes (full DP copies are not supported across nodes,
+            sglang-knobs reference 1.1: use attention DP or separate servers there).
+    """
+    gpus = config.gpus_per_server
+    nodes = config.nnodes(gpus_per_node)
+    if nodes == 1:
+        return 1
+    if gpus % gpus_per_node:
+        raise ValueError(f"a server of {gpus} GPUs (tp {config.tp_size} x pp {config.pp_size} "
+                         f"x dp {config.dp_size}) spans nodes of {gpus_per_node} GPUs unevenly: "
+                         "SGLang needs tp*pp divisible by --nnodes (sglang-knobs.md 7.2)")
+    if config.dp_size > 1:
+        raise ValueError(f"dp_size {config.dp_size} across {nodes} nodes: SGLang runs full "
+                         "data-parallel copies on one node only (sglang-knobs.md 1.1); use "
+                         "attn_dp_size, or more replicas behind the router")
+    return nodes
+
+
+def leader_url(lws: str, group: int, namespace: str, port: int) -> str:
+    """The URL of group ``group``'s leader pod of LeaderWorkerSet ``lws``.
+
+    LWS names a leader ``<lws>-<group>`` under the headless Service ``<lws>`` (subdomain
+    policy Shared, the default: kubernetes-sigs/lws ``pkg/utils/pod/pod_utils.go``).
+    """
+    return f"http://{lws}-{group}.{lws}.{namespace}:{port}"
+
+
+def kv_transfer_needs(config: ServingConfig) -> str:
+    """What a PD server's KV transfer backend needs from the network, in one sentence.
+
+    The backend is ``config.disaggregation_transfer_backend`` (None = mooncake, the 0.5.23
+    default, sglang-knobs reference 1.11).
+    """
+    backend = config.disaggregation_transfer_backend or "mooncake"
+    if backend in RDMA_TRANSFER:
+        return (f"{backend} moves the KV over RDMA: the pod needs RDMA NICs (claim them with "
+                "DRA, SglangOptions.dra_nic_class, or an RDMA device plugin); hostNetwork is "
+                "never rendered (the sandbox policy refuses it); without RDMA use "
+                "disaggregation_transfer_backend mooncake_tcp")
+    if backend == "mooncake_tcp":
+        return "mooncake_tcp moves the KV over TCP on the pod network (no RDMA needed)"
+    return f"{backend}: no network needs known to servetune"
+
+
 class _Ctx:
     """What every object of one deployment shares."""
 
     def __init__(self, config: ServingConfig, name: str, namespace: str, labels: dict[str, str],
-                 opts: SglangOptions, per_pod: int) -> None:
+                 opts: SglangOptions, per_pod: int, role: str | None = None,
+                 claim: str | None = None) -> None:
         self.config, self.name, self.ns, self.labels = config, name, namespace, labels
-        self.opts, self.per_pod = opts, per_pod
+        self.opts, self.per_pod, self.role = opts, per_pod, role
+        self.claim = claim or f"{name}-devices"
         self.image = opts.image or manifest_for(config, "kubernetes").image
 
     def meta(self, name: str) -> dict[str, Any]:
@@ -229,11 +358,20 @@ class _Ctx:
         argv, n = eng.argv(self.config), len(eng.program)
         args = argv[n:] + [eng.flag_for("host"), "0.0.0.0", eng.flag_for("port"),
                            str(self.opts.port), eng.flag_for("enable_metrics")]
+        if self.role == "prefill":  # the decode servers and the router reach it there
+            args += [eng.flag_for("disaggregation_bootstrap_port"), str(BOOTSTRAP_PORT)]
         if multi_node:  # LWS injects these env vars into every container of the group
             args += [eng.flag_for("nnodes"), str(multi_node),
                      eng.flag_for("node_rank"), "$(LWS_WORKER_INDEX)",
                      eng.flag_for("dist_init_addr"), f"$(LWS_LEADER_ADDRESS):{DIST_INIT_PORT}"]
         return argv[:n], args
+
+    def pod_meta(self, component: str, extra: dict[str, str]) -> dict[str, Any]:
+        """A pod template's metadata: labels, and for a PD server the KV transfer's needs."""
+        meta: dict[str, Any] = {"labels": self.pod_labels(component, extra)}
+        if self.role is not None:
+            meta["annotations"] = {KV_TRANSFER_ANNOTATION: kv_transfer_needs(self.config)}
+        return meta
 
     def engine_pod(self, serves_http: bool, multi_node: int = 0) -> dict[str, Any]:
         o = self.opts
@@ -264,6 +402,9 @@ class _Ctx:
                              {"name": "tmp", "mountPath": "/tmp"}]}
         if multi_node:
             container["ports"] = [{"name": "dist-init", "containerPort": DIST_INIT_PORT}]
+        if serves_http and self.role == "prefill":
+            container["ports"] = [{"name": "bootstrap", "containerPort": BOOTSTRAP_PORT},
+                                  *container.get("ports", [])]
         if serves_http:
             container["ports"] = [{"name": "http", "containerPort": o.port},
                                   *container.get("ports", [])]
@@ -287,7 +428,7 @@ class _Ctx:
             "automountServiceAccountToken": False, "enableServiceLinks": False}
         if o.dra:
             spec["resourceClaims"] = [{"name": DRA_CLAIM,
-                                       "resourceClaimTemplateName": f"{self.name}-devices"}]
+                                       "resourceClaimTemplateName": self.claim}]
         return spec
 
     def deployment(self, name: str, replicas: int, extra: dict[str, str]) -> dict[str, Any]:
@@ -297,26 +438,29 @@ class _Ctx:
                 "spec": {"replicas": replicas, "selector": {"matchLabels": selector},
                          # a rolling update would need a second replica's GPUs
                          "strategy": {"type": "Recreate"},
-                         "template": {"metadata": {"labels": pod_labels},
+                         "template": {"metadata": self.pod_meta("engine", extra),
                                       "spec": self.engine_pod(serves_http=True)}}}
 
-    def leader_worker_set(self, nodes: int) -> dict[str, Any]:
+    def leader_worker_set(self, lws: str, groups: int, nodes: int,
+                          extra: dict[str, str]) -> dict[str, Any]:
+        """LeaderWorkerSet ``lws``: ``groups`` servers of ``nodes`` pods (leader first)."""
         return {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
-                "metadata": self.meta(f"{self.name}-engine"),
-                "spec": {"replicas": self.config.replicas, "startupPolicy": "LeaderCreated",
+                "metadata": self.meta(lws),
+                "spec": {"replicas": groups, "startupPolicy": "LeaderCreated",
                          "leaderWorkerTemplate": {
                              "size": nodes, "restartPolicy": "RecreateGroupOnPodRestart",
                              "leaderTemplate": {
-                                 "metadata": {"labels": self.pod_labels("engine", {})},
+                                 "metadata": self.pod_meta("engine", extra),
                                  "spec": self.engine_pod(True, nodes)},
                              "workerTemplate": {
-                                 "metadata": {"labels": self.pod_labels("engine-worker", {})},
+                                 "metadata": self.pod_meta("engine-worker", extra),
                                  "spec": self.engine_pod(False, nodes)}}}}
 
-    def router(self, workers: list[str]) -> dict[str, Any]:
+    def router(self, routing: list[str]) -> dict[str, Any]:
+        """Deployment ``name-router``: sglang-router with ``routing`` (its workers, policy)."""
         o = self.opts
         labels = self.pod_labels("router", {})
-        args = [*(self.config.router_args(workers) or []),
+        args = [*routing,
                 "--host", "0.0.0.0", "--port", str(o.port),
                 "--prometheus-port", str(ROUTER_METRICS_PORT),
                 # the router's own wait for healthy workers (default 1800 s, sglang-knobs 6)
@@ -352,10 +496,13 @@ class _Ctx:
 
     def service(self, name: str, select: dict[str, str]) -> dict[str, Any]:
         selector = {DEPLOYMENT_LABEL: self.name, COMPONENT_LABEL: "engine", **select}
+        ports = [{"name": "http", "port": self.opts.port, "targetPort": "http",
+                  "protocol": "TCP"}]
+        if self.role == "prefill":
+            ports.append({"name": "bootstrap", "port": BOOTSTRAP_PORT,
+                          "targetPort": "bootstrap", "protocol": "TCP"})
         return {"apiVersion": "v1", "kind": "Service", "metadata": self.meta(name),
-                "spec": {"selector": selector,
-                         "ports": [{"name": "http", "port": self.opts.port,
-                                    "targetPort": "http", "protocol": "TCP"}]}}
+                "spec": {"selector": selector, "ports": ports}}
 
     def claim_template(self) -> dict[str, Any]:
         o = self.opts
@@ -378,7 +525,7 @@ class _Ctx:
                 devices["constraints"].append({"requests": [f"gpu-{i}", f"nic-{i}"],
                                                "matchAttribute": PCIE_ROOT_ATTRIBUTE})
         return {"apiVersion": api, "kind": "ResourceClaimTemplate",
-                "metadata": self.meta(f"{self.name}-devices"),
+                "metadata": self.meta(self.claim),
                 "spec": {"metadata": {"labels": dict(self.labels)},
                          "spec": {"devices": devices}}}
 

@@ -41,6 +41,11 @@ Rules (one test each in ``tests/unit/test_sandbox_policy.py``):
   by device class: ``Policy.dra_gpu_classes`` count their devices, ``Policy.dra_other_classes``
   (NICs) count none, any other class is refused.
 
+Parallel layouts add no kind and no exception: a server spanning nodes is a LeaderWorkerSet
+(allowed with ``Policy.lws``), a prefill/decode layout is Deployments or LeaderWorkerSets per
+group plus the router's Deployment and ClusterIP Services, every one of them inside
+``Policy.namespace`` and under every rule above (no ``hostNetwork`` for RDMA either).
+
 Pod templates are read from Deployments, Jobs, LeaderWorkerSets (``leaderTemplate`` and
 ``workerTemplate``), and, so that one answer lists every problem, also from kinds the Role refuses
 (Pod, ReplicaSet, StatefulSet, DaemonSet, CronJob).
@@ -474,9 +479,12 @@ def _pod_rules(spec: dict[str, Any], path: str, policy: Policy) -> list[str]:
     out: list[str] = []
     for field in ("hostNetwork", "hostPID", "hostIPC"):
         if spec.get(field) not in (None, False):
+            rdma = (" and a PD layout's KV transfer gets RDMA NICs through DRA "
+                    "(SglangOptions.dra_nic_class) or uses mooncake_tcp"
+                    if field == "hostNetwork" else "")
             out.append(f"{path}.{field}: {spec[field]!r} shares the node's {_HOST_NS[field]} "
                        "namespace; remove it (pods reach each other over the pod network and "
-                       "the Service)")
+                       f"the Service{rdma})")
     for i, vol in enumerate(_l(spec.get("volumes"))):
         out += _volume_rules(_d(vol), f"{path}.volumes[{i}]", policy)
     pod_sc = _d(spec.get("securityContext"))

@@ -3,7 +3,9 @@
 Built-in kinds are checked by ``kubernetes-validate`` in strict mode (unknown fields are errors)
 against the JSON schemas of the target Kubernetes release. Custom resources are checked with
 ``jsonschema`` against the ``openAPIV3Schema`` their publisher ships in its CRD (files in
-``sandbox/schemas/``, provenance in its README). A kind neither knows is an error: an object
+``sandbox/schemas/``, provenance in its README), and the pod templates they embed (a
+LeaderWorkerSet's leader and worker templates) as the target release's PodTemplateSpec through
+``kubernetes-validate``. A kind neither knows is an error: an object
 whose schema is unknown is an object nobody checked.
 
 Two rules the API server enforces outside the schemas are checked as well: object names must be
@@ -119,7 +121,34 @@ def _custom_errors(obj: dict[str, Any], schema_file: str, version: str) -> list[
         kubernetes_validate.validate(shell, version, strict=True)
     except kubernetes_validate.ValidationError as e:
         found.append(f"{_path(e.absolute_path)}: {e.message}")
+    # Pod templates inside the custom resource are also checked as the target release's own
+    # PodTemplateSpec (the CRD embeds the schema of the release it was generated against).
+    for where, template in _embedded_pod_templates(obj):
+        holder = {"apiVersion": "v1", "kind": "PodTemplate",
+                  "metadata": {"name": "check"}, "template": template}
+        try:
+            kubernetes_validate.validate(holder, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            inner = list(e.absolute_path)[1:]  # drop the holder's "template"
+            found.append(f"{where}{'.' + _path(inner) if inner else ''}: {e.message}")
     return found
+
+
+def _embedded_pod_templates(obj: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(path, PodTemplateSpec) of the pod templates a custom resource embeds.
+
+    LeaderWorkerSet: ``spec.leaderWorkerTemplate.leaderTemplate`` and ``workerTemplate``
+    (leaderworkerset.x-k8s.io/v1 API, kubernetes-sigs/lws ``api/leaderworkerset/v1``).
+    """
+    if obj.get("kind") != "LeaderWorkerSet":
+        return []
+    spec = obj.get("spec")
+    lwt = spec.get("leaderWorkerTemplate") if isinstance(spec, dict) else None
+    if not isinstance(lwt, dict):
+        return []
+    base = "spec.leaderWorkerTemplate"
+    return [(f"{base}.{key}", lwt[key]) for key in ("leaderTemplate", "workerTemplate")
+            if isinstance(lwt.get(key), dict)]
 
 
 @cache

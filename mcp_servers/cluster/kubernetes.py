@@ -80,7 +80,14 @@ from mcp_servers.cluster.kubeview import (
     to_event,
 )
 from mcp_servers.cluster.store import RecordStore
-from sandbox.manifests import SglangOptions, dra_api_version, render_sglang, service_url
+from sandbox.manifests import (
+    ROLE_LABEL,
+    SglangOptions,
+    dra_api_version,
+    render_sglang,
+    server_nodes,
+    service_url,
+)
 from sandbox.podspec import (
     COMPONENT_LABEL,
     DEPLOYMENT_LABEL,
@@ -95,6 +102,10 @@ MANAGED_BY = {MANAGED_BY_LABEL: "servetune"}
 CONFIG_ANNOTATION = "servetune.io/config"
 OBJECTS_ANNOTATION = "servetune.io/objects"
 PODS_ANNOTATION = "servetune.io/pods-per-replica"
+# [[role, servers, pods per server], ...] of every server group ("" for an aggregated config's
+# replicas; "prefill", "decode" for a PD layout)
+SERVERS_ANNOTATION = "servetune.io/servers"
+ROLE_ORDER = {"": 0, "server": 0, "prefill": 0, "decode": 1}
 DEPLOYMENT = ("apps/v1", "Deployment")
 LWS = ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")
 SERVICE = ("v1", "Service")
@@ -145,6 +156,9 @@ class _Live:
             refs = json.loads(ann.get(OBJECTS_ANNOTATION) or "[]")
             self.objects = [(str(a), str(k), str(n)) for a, k, n in refs]
             self.per_replica = max(1, int(ann.get(PODS_ANNOTATION) or 1))
+            groups = json.loads(ann.get(SERVERS_ANNOTATION) or "null") or [
+                ["", self.config.replicas, self.per_replica]]
+            self.servers = [(str(r), int(n), max(1, int(k))) for r, n, k in groups]
         except (ValueError, TypeError) as e:
             raise CorruptRecord(name, None, f"the annotations {OBJECTS_ANNOTATION} / "
                                 f"{PODS_ANNOTATION} of Service {name} are unreadable: {e}") from e
@@ -153,20 +167,41 @@ class _Live:
         self.all_pods = pods
 
     def replicas(self) -> list[list[PodView]]:
-        """Engine pods per replica, leader first (a LeaderWorkerSet group, else one pod)."""
-        def key(p: PodView) -> tuple[int, int, float, str]:
+        """Engine pods per server, leader first (a LeaderWorkerSet group, else one pod).
+
+        A PD layout's prefill servers come first, then its decode servers.
+        """
+        def role(p: PodView) -> int:
+            return ROLE_ORDER.get(p.labels.get(ROLE_LABEL, ""), 2)
+
+        def key(p: PodView) -> tuple[int, int, int, float, str]:
             group = p.labels.get(LWS_GROUP, p.labels.get(REPLICA_LABEL, "-1"))
             worker = p.labels.get(LWS_WORKER, "0")
-            return (_int(group), _int(worker), p.created, p.name)
+            return (role(p), _int(group), _int(worker), p.created, p.name)
 
         pods = sorted(self.pods, key=key)
         if not any(LWS_GROUP in p.labels or REPLICA_LABEL in p.labels for p in pods):
             return [[p] for p in pods]
-        groups: dict[str, list[PodView]] = {}
+        groups: dict[tuple[int, str], list[PodView]] = {}
         for p in pods:
-            groups.setdefault(p.labels.get(LWS_GROUP, p.labels.get(REPLICA_LABEL, "")),
+            groups.setdefault((role(p), p.labels.get(LWS_GROUP, p.labels.get(REPLICA_LABEL, ""))),
                               []).append(p)
-        return [groups[k] for k in sorted(groups, key=_int)]
+        return [groups[k] for k in sorted(groups, key=lambda k: (k[0], _int(k[1])))]
+
+    @property
+    def pd(self) -> bool:
+        """Whether this deployment is a PD layout (its groups are prefill and decode)."""
+        return any(r in ("prefill", "decode") for r, _, _ in self.servers)
+
+    def ready_servers(self) -> dict[str, int]:
+        """Ready servers per role: groups with all their pods, every one Ready."""
+        pods = {r: k for r, _, k in self.servers}
+        out = {r: 0 for r, _, _ in self.servers}
+        for g in self.replicas():
+            r = g[0].labels.get(ROLE_LABEL, "") if self.pd else self.servers[0][0]
+            if r in out and len(g) >= pods[r] and all(p.ready for p in g):
+                out[r] += 1
+        return out
 
 
 def _int(text: str) -> int:
@@ -313,9 +348,13 @@ class KubernetesBackend:
         per_replica = (lws[0].get("spec", {}).get("leaderWorkerTemplate", {}).get("size", 1)
                        if lws else 1)
         refs = [list(_ref(o)) for o in objs]
-        _meta(record).setdefault("annotations", {}).update({
-            CONFIG_ANNOTATION: config.model_dump_json(), OBJECTS_ANNOTATION: json.dumps(refs),
-            PODS_ANNOTATION: str(per_replica)})
+        ann = {CONFIG_ANNOTATION: config.model_dump_json(), OBJECTS_ANNOTATION: json.dumps(refs),
+               PODS_ANNOTATION: str(per_replica)}
+        if config.pd is not None:  # rendered already, so every group splits evenly
+            ann[SERVERS_ANNOTATION] = json.dumps(
+                [[role, n, server_nodes(c, self.opts.gpus_per_node)]
+                 for role, n, c in config.servers()])
+        _meta(record).setdefault("annotations", {}).update(ann)
         live = self._record(name)
         if live is not None:
             self._check_redeploy(name, config, live)
@@ -411,7 +450,13 @@ class KubernetesBackend:
             urls = [service_url(name, self.namespace, self.opts.port)] if router_ready else []
         else:
             urls = [f"http://{g[0].ip}:{self.opts.port}" for g in ready if g[0].ip]
-        if n_ready >= config.replicas and (router_ready or not with_router):
+        servers_up = True
+        if d.pd:  # every group's servers, then the router (its one entry point) is the replica
+            up = d.ready_servers()
+            servers_up = all(up[r] >= n for r, n, _ in d.servers)
+            n_ready = int(servers_up and router_ready)
+            ready = [g for g in d.replicas() if all(p.ready for p in g)]
+        if n_ready >= config.replicas and servers_up and (router_ready or not with_router):
             pods = [p for g in ready for p in g] + d.router
             startup = max(0.0, max((p.ready_at or created) for p in pods) - created)
             if not seen.ready_reported:
@@ -428,7 +473,11 @@ class KubernetesBackend:
             return self._fail(seen, base, None, "startup",
                               f"not Ready {self.ready_timeout_s:g} s after creation "
                               f"({n_ready}/{config.replicas} replicas ready); {why}")
-        if waiting is None:
+        if waiting is None and d.pd:
+            up = d.ready_servers()
+            msg = ("ready servers: " + ", ".join(f"{r} {up[r]}/{n}" for r, n, _ in d.servers) +
+                   "; waiting for the rest")
+        elif waiting is None:
             msg = (f"{len(d.pods)} engine pods for {config.replicas} replicas x "
                    f"{d.per_replica}: waiting for the rest")
         else:
@@ -477,8 +526,10 @@ class KubernetesBackend:
                 raise BackendError(f"{name} has replicas 0..{tomb.replicas - 1}")
             return list(tomb.log)
         d = self._live(name, record)
-        if replica is not None and not 0 <= replica < d.config.replicas:
-            raise BackendError(f"{name} has replicas 0..{d.config.replicas - 1}")
+        n = sum(c for _, c, _ in d.servers)  # a PD layout: its prefill, then decode servers
+        if replica is not None and not 0 <= replica < n:
+            raise BackendError(f"{name} has replicas 0..{n - 1}" + (
+                " (prefill servers first, then decode)" if d.pd else ""))
         return self._pod_log(d, replica)
 
     def _pod_log(self, d: _Live, replica: int | None,
