@@ -60,7 +60,7 @@ V19_FIELDS = ("context_length", "page_size", "disable_cuda_graph", "moe_runner_b
 LAYOUT_FIELDS = ("attn_dp_size", "dp_size", "ep_size", "moe_a2a_backend", "deepep_mode",
                  "moe_dense_tp_size", "enable_eplb", "ep_num_redundant_experts", "pp_size",
                  "enable_dp_lm_head", "disaggregation_mode", "disaggregation_transfer_backend",
-                 "pd")
+                 "pd", "load_balance_method")
 # The fields a PD worker group may set for itself (the rest it shares with the config).
 PD_GROUP_FIELDS = ("tp_size", "attn_dp_size", "ep_size", "pp_size", "moe_a2a_backend",
                    "deepep_mode", "moe_dense_tp_size", "max_running_requests",
@@ -294,6 +294,11 @@ class ServingConfig(BaseModel):
     pd: PDLayout | None = Field(
         None, description="prefill/decode disaggregation: the prefill and decode worker groups "
         "(None = aggregated: every server prefills and decodes)")
+    load_balance_method: Literal["auto", "round_robin", "total_requests", "total_tokens",
+                                 "follow_bootstrap_room"] | None = Field(
+        None, description="--load-balance-method: how the DP controller spreads a server's "
+        "requests over its schedulers (dp_size x attn_dp_size); None = auto (round_robin, "
+        "follow_bootstrap_room on a PD prefill server)")
 
     @model_validator(mode="after")
     def _chunk(self) -> ServingConfig:

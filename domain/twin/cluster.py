@@ -58,6 +58,7 @@ against a reference that routes every request with live counts.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import random
 from collections.abc import Callable, Sequence
@@ -66,12 +67,13 @@ from typing import Any
 from pydantic import BaseModel
 
 from domain.config import ServingConfig
-from domain.costmodel import build_cost_model
-from domain.fit import FitReport
+from domain.costmodel import StepCostModel, build_cost_model
+from domain.fit import KV_BYTES, FitReport
 from domain.metrics import RequestRecord
 from domain.models import get_model
 from domain.speculative import accept_length
 from domain.twin.budget import CHECK_EVERY, ComputeBudget, SimCost
+from domain.twin.dp import DPController, DPServer, resolve_method
 from domain.twin.engine import (
     MAX_PREFILL_TOKENS,
     EngineLimits,
@@ -80,6 +82,9 @@ from domain.twin.engine import (
     new_cache,
 )
 from domain.twin.prefix_cache import PathIndex
+
+# One worker behind the router: a one-scheduler engine or a server of several schedulers.
+Server = TwinEngine | DPServer
 
 # sglang-router 0.3.2 defaults (router_args.py; sglang-knobs reference 6.3)
 CACHE_THRESHOLD = 0.3
@@ -95,7 +100,11 @@ PROGRESS_EVERY = 1000  # requests routed between two open-loop progress calls
 
 
 class ReplicaStats(BaseModel):
-    """Scheduler counters of one replica for one run."""
+    """Scheduler counters of one scheduler for one run.
+
+    ``replica`` is the server's index behind the router, ``rank`` the scheduler's inside it
+    (0 for a server of one scheduler; its DP rank for ``dp_size`` x ``attn_dp_size`` > 1).
+    """
 
     replica: int
     requests: int
@@ -117,6 +126,7 @@ class ReplicaStats(BaseModel):
     waiting_sum: int = 0  # sum over steps of the waiting-queue length
     mean_inflight: float = 0.0  # requests in flight (running + waiting), time-weighted
     max_inflight: int = 0
+    rank: int = 0
 
 
 def engine_limits(config: ServingConfig, report: FitReport) -> EngineLimits:
@@ -138,8 +148,66 @@ def engine_limits(config: ServingConfig, report: FitReport) -> EngineLimits:
     )
 
 
-def _stats(i: int, n: int, s: EngineStats) -> ReplicaStats:
-    return ReplicaStats(replica=i, requests=n, prefill_steps=s.prefill_steps,
+def scheduler_limits(config: ServingConfig, report: FitReport) -> EngineLimits:
+    """The limits of ONE scheduler of ``config`` (one attention-DP rank or one dp copy).
+
+    A report that already counts per scheduler (it has ``schedulers``, :func:`domain.fit.fit`
+    of issue 21) is used as it is. Otherwise the per-server report is split here: the
+    request cap over the attention-DP ranks, ``max(1, max_running_requests // attn_dp_size)``
+    (SGLang 0.5.23 ``model_executor/pool_configurator.py:956``; a ``dp_size`` copy keeps the
+    whole cap), and the KV pool per GPU re-counted at the rank's KV bytes per token: each rank
+    holds its requests' KV on its ``attn_tp_size`` GPUs (:meth:`ServingConfig.attn_tp_size`),
+    so GQA heads are split ``attn_tp_size`` ways rather than ``tp_size`` (MLA's latent is
+    replicated either way: the same pool).
+    """
+    lim = engine_limits(config, report)
+    adp = config.attn_dp_size
+    if adp == 1 or hasattr(report, "schedulers"):
+        return lim
+    model = get_model(config.model)
+    kv = KV_BYTES[report.kv_dtype]
+    scale = model.kv_bytes_per_token(kv, config.tp_size) / model.kv_bytes_per_token(
+        kv, config.attn_tp_size)
+    tokens = int(report.kv_tokens * scale)
+    return dataclasses.replace(lim, kv_tokens=tokens,
+                               max_running_requests=max(1, report.max_running_requests // adp),
+                               host_kv_tokens=int(lim.host_kv_tokens * scale))
+
+
+def new_server(config: ServingConfig, cost: StepCostModel, lim: EngineLimits,
+               budget: ComputeBudget | None = None, index: PathIndex | None = None,
+               seed: int = ROUTER_SEED) -> Server:
+    """One server of ``config``: a TwinEngine, or its schedulers behind the DP controller.
+
+    Args:
+        config: the server's config (``schedulers`` ranks, ``load_balance_method``).
+        cost: the step model of one scheduler.
+        lim: the limits of one scheduler (:func:`scheduler_limits`).
+        budget: compute budget of the run.
+        index: the run's shared prefix path index (None: the radix caches get their own).
+        seed: seed of ``follow_bootstrap_room``'s draws.
+    """
+    n = config.schedulers
+    if n == 1:
+        return TwinEngine(cost, lim, new_cache(lim, index), budget)
+    index = index or PathIndex()
+    ranks = [TwinEngine(cost, lim, new_cache(lim, index), budget, tokenize=False)
+             for _ in range(n)]
+    method = resolve_method(config.load_balance_method, config.disaggregation_mode)
+    return DPServer(ranks, DPController(method, n, seed), lockstep=config.attn_dp_size > 1,
+                    tokenize_time=getattr(cost, "tokenize_time", None),
+                    fits=lambda i, o: i + o <= lim.context_len and i + 1 <= lim.kv_tokens)
+
+
+def server_stats(i: int, n: int, server: Server) -> list[ReplicaStats]:
+    """ReplicaStats of server ``i`` (``n`` requests routed to it): one per scheduler."""
+    if isinstance(server, TwinEngine):
+        return [_stats(i, n, server.stats)]
+    return [_stats(i, sent, st, rank) for rank, (sent, st) in enumerate(server.rank_stats())]
+
+
+def _stats(i: int, n: int, s: EngineStats, rank: int = 0) -> ReplicaStats:
+    return ReplicaStats(replica=i, rank=rank, requests=n, prefill_steps=s.prefill_steps,
                         decode_steps=s.decode_steps, retractions=s.retractions,
                         max_running=s.max_running, mean_decode_batch=s.mean_decode_batch,
                         busy_s=s.busy_s, cache_hit_rate=s.cache_hit_rate,
@@ -278,10 +346,10 @@ def simulate_open_loop(config: ServingConfig, report: FitReport,
         ComputeBudgetExceeded: ``budget`` ran out or was cancelled.
     """
     cost = build_cost_model(config, report)
-    lim = engine_limits(config, report)
+    lim = scheduler_limits(config, report)
     R = config.replicas
     index = PathIndex()
-    engines = [TwinEngine(cost, lim, new_cache(lim, index), budget) for _ in range(R)]
+    engines = [new_server(config, cost, lim, budget, index) for _ in range(R)]
     router = Router.for_config(config)
     where: list[tuple[int, int]] = []
     sent = [0] * R
@@ -308,7 +376,7 @@ def simulate_open_loop(config: ServingConfig, report: FitReport,
     for i, e in enumerate(engines):
         e.advance(float("inf"))
         per.append(e.records())
-        stats.append(_stats(i, sent[i], e.stats))
+        stats += server_stats(i, sent[i], e)
         if progress is not None:
             progress(len(requests) + i + 1, total)
     return [per[i][j] for i, j in where], stats
@@ -342,6 +410,9 @@ def simulate_closed_loop(config: ServingConfig, report: FitReport, concurrency: 
         raise ValueError("concurrency must be >= 1")
     if config.router_policy in ROUTED_CLOSED_LOOP and config.replicas > 1:
         return _closed_loop_routed(config, report, concurrency, duration_s, isl, osl,
+                                   max_requests, progress, budget, router_seed)
+    if config.schedulers > 1:
+        return _closed_loop_pinned(config, report, concurrency, duration_s, isl, osl,
                                    max_requests, progress, budget, router_seed)
     cost = build_cost_model(config, report)
     lim = engine_limits(config, report)
@@ -377,25 +448,78 @@ def _closed_loop_routed(config: ServingConfig, report: FitReport, concurrency: i
     is mid-iteration waits for the iteration's end, as on a real server.
     """
     cost = build_cost_model(config, report)
-    lim = engine_limits(config, report)
+    lim = scheduler_limits(config, report)
     R = config.replicas
-    engines = [TwinEngine(cost, lim, budget=budget) for _ in range(R)]
+    servers = [new_server(config, cost, lim, budget) for _ in range(R)]
     router = Router.for_config(config, router_seed)
+    sent = _closed_loop_windows(servers, lambda loads: router.pick((), 0, isl, loads), cost,
+                                concurrency, duration_s, isl, osl, max_requests,
+                                max(1, concurrency // R) // config.schedulers)
+    records: list[RequestRecord] = []
+    stats = []
+    for i, e in enumerate(servers):
+        records += e.records()
+        stats += server_stats(i, sent[i], e)
+        if progress is not None:
+            progress(i + 1, R)
+    return records, stats
+
+
+def _closed_loop_pinned(config: ServingConfig, report: FitReport, concurrency: int,
+                        duration_s: float, isl: int, osl: int, max_requests: int,
+                        progress: SimProgress | None, budget: ComputeBudget | None,
+                        router_seed: int) -> tuple[list[RequestRecord], list[ReplicaStats]]:
+    """:func:`simulate_closed_loop` of servers of several schedulers, clients placed once.
+
+    The router's first wave places the clients (:meth:`Router.client_shares`; with one
+    replica all of them); each server then runs its own closed loop, every request sent
+    through its tokenizer and DP controller as it is sent (:func:`_closed_loop_windows`).
+    """
+    cost = build_cost_model(config, report)
+    lim = scheduler_limits(config, report)
+    R = config.replicas
+    records: list[RequestRecord] = []
+    stats: list[ReplicaStats] = []
+    shares = Router.for_config(config, router_seed).client_shares(concurrency, isl)
+    for i in range(R):
+        share = shares[i]
+        if share == 0:
+            continue
+        server = new_server(config, cost, lim, budget)
+        cap = max(share, max_requests * share // concurrency) if max_requests else 0
+        sent = _closed_loop_windows([server], lambda loads: 0, cost, share, duration_s, isl,
+                                    osl, cap, max(1, share // config.schedulers))
+        records += server.records()
+        stats += server_stats(i, sent[0], server)
+        if progress is not None:
+            progress(i + 1, R)
+    return records, stats
+
+
+def _closed_loop_windows(servers: Sequence[Server], pick: Callable[[list[int]], int],
+                         cost: StepCostModel, concurrency: int, duration_s: float, isl: int,
+                         osl: int, max_requests: int, per: int) -> list[int]:
+    """Run a closed loop over ``servers`` in windows of one decode step; requests per server.
+
+    ``pick(in-flight counts)`` chooses the server of each request; ``per`` is the batch of
+    one scheduler the window's length is priced at. See :func:`_closed_loop_routed`.
+    """
+    R = len(servers)
     loads, sent, seen = [0] * R, [0] * R, [0] * R
     last_arrival = [0.0] * R
     for _ in range(concurrency):
-        i = router.pick((), 0, isl, loads)
+        i = pick(loads)
         loads[i] += 1
         sent[i] += 1
-        engines[i].submit(0.0, isl, osl)
+        servers[i].submit(0.0, isl, osl)
     issued = concurrency
-    per = max(1, concurrency // R)
+    per = max(1, per)
     dt = max(1e-4, cost.decode_time(per, int(per * (isl + osl / 2))))
     t = 0.0
     ended: list[tuple[float, int]] = []  # a heap of (end s, replica) not yet taken
-    while ended or any(e.busy for e in engines):
+    while ended or any(e.busy for e in servers):
         t += dt
-        for i, e in enumerate(engines):
+        for i, e in enumerate(servers):
             e.advance(t)
             new = e.ended_since(seen[i])
             seen[i] += len(new)
@@ -405,20 +529,13 @@ def _closed_loop_routed(config: ServingConfig, report: FitReport, concurrency: i
             at, i = heapq.heappop(ended)
             loads[i] -= 1
             if at < duration_s and (not max_requests or issued < max_requests):
-                j = router.pick((), 0, isl, loads)
+                j = pick(loads)
                 loads[j] += 1
                 sent[j] += 1
                 issued += 1
                 last_arrival[j] = max(at, last_arrival[j])
-                engines[j].submit(last_arrival[j], isl, osl)
-    records: list[RequestRecord] = []
-    stats = []
-    for i, e in enumerate(engines):
-        records += e.records()
-        stats.append(_stats(i, sent[i], e.stats))
-        if progress is not None:
-            progress(i + 1, R)
-    return records, stats
+                servers[j].submit(last_arrival[j], isl, osl)
+    return sent
 
 
 def _batch(lim: EngineLimits, clients: float, context: float) -> int:

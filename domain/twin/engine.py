@@ -183,12 +183,15 @@ class EngineLoad:
         queued: requests that arrived and are not admitted (SGLang's waiting queue).
         used_kv_tokens: KV tokens held by live requests (pool - free - evictable cache).
         kv_tokens: the KV pool, tokens.
+        queued_tokens: tokens the queued requests will prefill (prompt, plus generated for a
+            retracted one: SGLang's ``seqlen`` of a waiting request, ``load_inquirer.py:145``).
     """
 
     running: int
     queued: int
     used_kv_tokens: float
     kv_tokens: int
+    queued_tokens: int = 0
 
 
 @dataclass
@@ -290,10 +293,14 @@ class TwinEngine:
         budget: compute budget checked every ``CHECK_EVERY`` scheduler iterations and records
             (None: unbounded); :meth:`advance` and :meth:`records` then raise
             :class:`~domain.errors.ComputeBudgetExceeded` when it runs out or is cancelled.
+        tokenize: whether this engine runs the server's tokenizer queue (False for one rank of
+            a server with several schedulers, whose tokenizer sits before the DP controller:
+            :mod:`domain.twin.dp`).
     """
 
     def __init__(self, cost: StepCostModel, limits: EngineLimits,
-                 cache: PrefixCache | None = None, budget: ComputeBudget | None = None) -> None:
+                 cache: PrefixCache | None = None, budget: ComputeBudget | None = None,
+                 tokenize: bool = True) -> None:
         self.cost, self.lim = cost, limits
         self.compute_budget = budget
         self.stats = EngineStats()
@@ -329,8 +336,10 @@ class TwinEngine:
         self._uses_spec = False
         # the TTFT path outside the GPU steps (module docstring); 0 for costs without it
         self._fixed = float(getattr(cost, "request_fixed_s", 0.0))
-        self._tokenize = getattr(cost, "tokenize_time", None)
+        self._tokenize = getattr(cost, "tokenize_time", None) if tokenize else None
         self._tokenizer_free = 0.0                       # when the tokenizer is next idle
+        # lockstep (domain.twin.dp): the iteration plan_step formed, for commit_step
+        self._plan: tuple[list[tuple[_Req, int]], int, float, int] | None = None
 
     # ------------------------------------------------------------------ public API
     def submit(self, arrival_s: float, input_tokens: int, output_tokens: int,
@@ -375,6 +384,14 @@ class TwinEngine:
         if self._tokenizing:
             t = min(t, self._tokenizing[0].ready)
         return max(t, self.now) if t < math.inf else t
+
+    @property
+    def next_arrival_s(self) -> float:
+        """When the next request arrives or leaves the tokenizer (inf when none will)."""
+        t = self._pending[0].arrival if self._pending else math.inf
+        if self._tokenizing:
+            t = min(t, self._tokenizing[0].ready)
+        return t
 
     @property
     def new_token_ratio(self) -> float:
@@ -429,10 +446,11 @@ class TwinEngine:
         """Running and queued requests and the KV in use, at :attr:`now` (see EngineLoad)."""
         chunked = 1 if self._chunked is not None else 0
         used = self.lim.kv_tokens - self._free() - self._evictable()
+        queued = (self._waiting, self._pending, self._tokenizing)
         return EngineLoad(running=len(self._running) + chunked,
-                          queued=len(self._waiting) + len(self._pending)
-                          + len(self._tokenizing),
-                          used_kv_tokens=max(0.0, used), kv_tokens=self.lim.kv_tokens)
+                          queued=sum(len(q) for q in queued),
+                          used_kv_tokens=max(0.0, used), kv_tokens=self.lim.kv_tokens,
+                          queued_tokens=sum(r.target for q in queued for r in q))
 
     def abort(self, idx: int, message: str = "aborted by the client") -> bool:
         """Drop request ``idx`` now (a client disconnect): free its slot, KV and cache locks.
@@ -473,6 +491,61 @@ class TwinEngine:
         """
         return list(zip(self._finish_order[n:], self._finish_times[n:], strict=True))
 
+    @property
+    def ended(self) -> int:
+        """Requests that ended (finished or failed) so far."""
+        return len(self._finish_times)
+
+    # ------------------------------------------------------------------ lockstep (DP ranks)
+    def plan_step(self, max_virtual_s: float = 1e7) -> float | None:
+        """Form this engine's next iteration at :attr:`now`; return its own duration, s.
+
+        For attention-DP ranks that step together (:mod:`domain.twin.dp`): the caller takes
+        the slowest rank's duration and passes it to every rank's :meth:`commit_step`. The
+        iteration is formed as :meth:`advance` forms it (arrivals taken, admission, retraction
+        to make room), so its state changes are made here. None: nothing to run (the rank
+        joins the others' forward with an idle batch, or all are idle).
+        """
+        now = self.now
+        self._intake(now)
+        if now > max_virtual_s:
+            self._give_up(now, max_virtual_s)
+            return None
+        while True:
+            chunks, loaded = self._admit()
+            if chunks:
+                self._plan = (chunks, 0, 0.0, 0)
+                return self._prefill_time(chunks, loaded, self.lim.index_topk)
+            if self._running:
+                retracted = self.stats.retractions
+                n = self._make_room(len(self._running))
+                dt, acc = self._decode_time(n)
+                self._plan = ([], n, acc, retracted)
+                return dt
+            self._ratio = self._init_ratio  # on_idle (scheduler.py:5318)
+            if self._waiting and not self._pending and not self._tokenizing:
+                self._fail(self._waiting.popleft(), now,
+                           "request exceeds the KV pool after reservations")
+                continue
+            return None
+
+    def commit_step(self, dt: float) -> None:
+        """Run the iteration :meth:`plan_step` formed, lasting ``dt`` s (>= its own duration).
+
+        Without a planned iteration the engine's clock moves on by ``dt`` (an idle batch).
+        """
+        plan, self._plan = self._plan, None
+        if plan is None:
+            self.now += dt
+            return
+        chunks, n, acc, retracted = plan
+        if chunks:
+            self._prefill_commit(chunks, dt)
+        else:
+            self._decode_commit(n, dt, acc, retracted)
+        if self.cache is not None:
+            self.stats.evicted_tokens = self.cache.evicted_tokens
+
     def run(self, arrivals: Sequence[tuple[float, int, int]] = (), *,
             closed_loop: tuple[int, float, int, int] | None = None,
             max_virtual_s: float = 1e7, max_requests: int = 0) -> list[RequestRecord]:
@@ -509,44 +582,19 @@ class TwinEngine:
         Raises:
             ComputeBudgetExceeded: the engine's budget ran out or was cancelled.
         """
-        lim, cache = self.lim, self.cache
+        cache = self.cache
         pending, waiting, running = self._pending, self._waiting, self._running
-        tokenizing, tokenize = self._tokenizing, self._tokenize
-        topk = lim.index_topk
+        tokenizing = self._tokenizing
+        topk = self.lim.index_topk
         budget, mask, it = self.compute_budget, CHECK_EVERY - 1, 0
         while self.now < until:
             it += 1
             if budget is not None and not it & mask:
                 budget.check()
             now = self.now
-            while pending and pending[0].arrival <= now:
-                r = pending.popleft()
-                if r.input + r.output > lim.context_len or r.input + 1 > lim.kv_tokens:
-                    self._fail(r, r.arrival,
-                               f"The input ({r.input} tokens) plus max_new_tokens ({r.output}) "
-                               f"exceeds the KV pool ({lim.kv_tokens}) or context length "
-                               f"({lim.context_len})")
-                    continue
-                # the one tokenizer process, FIFO in arrival order (module docstring)
-                ready = max(r.arrival, self._tokenizer_free)
-                if tokenize is not None:
-                    ready += tokenize(r.input)
-                r.ready = self._tokenizer_free = ready
-                tokenizing.append(r)
-            while tokenizing and tokenizing[0].ready <= now:
-                waiting.append(tokenizing.popleft())
-                self._lpm_dirty = True
+            self._intake(now)
             if now > max_virtual_s:
-                for r in self._reqs:
-                    if math.isnan(r.finish):
-                        self._fail(r, now, f"not finished within the twin's virtual time cap "
-                                           f"({max_virtual_s:g} s): the workload is far beyond "
-                                           "what this config serves (check time_scale)")
-                pending.clear()
-                tokenizing.clear()
-                waiting.clear()
-                running.clear()
-                self._chunked = None
+                self._give_up(now, max_virtual_s)
                 break
             # ---- try to form a prefill batch ----
             chunks, loaded = self._admit()
@@ -573,6 +621,44 @@ class TwinEngine:
             break
         self.stats.evicted_tokens = cache.evicted_tokens if cache else 0
 
+    def _intake(self, now: float) -> None:
+        """Move the requests that arrived by ``now`` into the tokenizer, and tokenized ones on.
+
+        A request the KV pool or the context cannot hold fails at its arrival.
+        """
+        lim, pending, tokenizing, tokenize = self.lim, self._pending, self._tokenizing, \
+            self._tokenize
+        while pending and pending[0].arrival <= now:
+            r = pending.popleft()
+            if r.input + r.output > lim.context_len or r.input + 1 > lim.kv_tokens:
+                self._fail(r, r.arrival,
+                           f"The input ({r.input} tokens) plus max_new_tokens ({r.output}) "
+                           f"exceeds the KV pool ({lim.kv_tokens}) or context length "
+                           f"({lim.context_len})")
+                continue
+            # the one tokenizer process, FIFO in arrival order (module docstring)
+            ready = max(r.arrival, self._tokenizer_free)
+            if tokenize is not None:
+                ready += tokenize(r.input)
+            r.ready = self._tokenizer_free = ready
+            tokenizing.append(r)
+        while tokenizing and tokenizing[0].ready <= now:
+            self._waiting.append(tokenizing.popleft())
+            self._lpm_dirty = True
+
+    def _give_up(self, now: float, max_virtual_s: float) -> None:
+        """Fail every unfinished request: the virtual-time cap ``max_virtual_s`` was passed."""
+        for r in self._reqs:
+            if math.isnan(r.finish):
+                self._fail(r, now, f"not finished within the twin's virtual time cap "
+                                   f"({max_virtual_s:g} s): the workload is far beyond "
+                                   "what this config serves (check time_scale)")
+        self._pending.clear()
+        self._tokenizing.clear()
+        self._waiting.clear()
+        self._running.clear()
+        self._chunked = None
+
     def _decode(self, until: float) -> None:
         """Run decode steps: one, or a run of them while nothing else could be scheduled.
 
@@ -581,69 +667,88 @@ class TwinEngine:
         same as one step per iteration. A step's CPU side includes the waiting-queue scan of the
         admission pass before it (``self._scan_s``); a batch above the graph max runs eagerly.
         """
-        cost, spec, running, pending = self.cost, self.lim.spec, self._running, self._pending
-        tokenizing, waiting = self._tokenizing, self._waiting
-        T, C, heap, st = self._T, self._C, self._heap, self.stats
+        running, pending = self._running, self._pending
+        tokenizing, waiting, st = self._tokenizing, self._waiting, self.stats
         budget, mask = self.compute_budget, CHECK_EVERY - 1
         while True:
             if budget is not None and not st.decode_steps & mask:
                 budget.check()
             retracted = st.retractions
             n = self._make_room(len(running))
-            ctx = int(self._ctx_running)
-            steps = steps_for_batch(spec, n) if spec is not None else 0
-            if spec is not None and steps > 0:
-                acc = accept_length(spec, n)
-                draft = draft_tokens_for_batch(spec, n)
-                dt = (cost.verify_time(n, draft, ctx)
-                      + cost.draft_time(n, steps, spec.topk, ctx, draft))
-                st.decode_allreduce_s += cost.decode_allreduce_time(n, draft, steps, spec.topk)
-                self._uses_spec = True
-            else:
-                acc = 1.0
-                dt = cost.decode_time(n, ctx)
-                st.decode_allreduce_s += cost.decode_allreduce_time(n)
-            if self._scan_s:  # the admission pass's queue scan, on the CPU side of the step
-                dt = max(dt, cost.cpu_time(n) + self._scan_s)
-                self._scan_s = 0.0
-            if cost.eager(n):
-                st.eager_decode_steps += 1
-            st.waiting_sum += len(waiting)
-            st.decode_roofline_s += acc * cost.decode_roofline_time(n, ctx)
-            self.now += dt
-            T.append(self.now)
-            C.append(C[-1] + acc)
-            st.decode_steps += 1
-            st.decode_batch_sum += n
-            st.count_load(n + len(waiting), dt)
-            st.spec_tokens += n * acc
-            if n > st.max_running:
-                st.max_running = n
-            st.busy_s += dt
-            st.decode_busy_s += dt
-            grown = n * acc
-            self._priv_running += grown
-            self._ctx_running += grown
-            self._rem_out -= grown
-            if st.retractions == retracted:  # decays on a step without retraction (4542)
-                self._ratio = max(self._min_ratio, self._ratio - self._decay)
-            k = len(T)  # C[k] is the cumulative count after this step
-            finished = False
-            while heap and heap[0][0] <= C[k] + _EPS:
-                _, ep, idx = heapq.heappop(heap)
-                done = running.get(idx)
-                if done is None or done.epoch != ep:
-                    continue
-                self._leave_running(done)
-                done.segments.append((done.seg_start, k, done.output - done.seg_gen))
-                done.generated = done.output
-                self._finish(done, self.now)
-                finished = True
+            dt, acc = self._decode_time(n)
+            finished = self._decode_commit(n, dt, acc, retracted)
             if (finished or not running or (waiting and not self._full)
                     or self._chunked is not None or self.now >= until
                     or (pending and pending[0].arrival <= self.now)
                     or (tokenizing and tokenizing[0].ready <= self.now)):
                 return
+
+    def _decode_time(self, n: int) -> tuple[float, float]:
+        """``(seconds, tokens per request)`` of the next decode step of batch ``n``.
+
+        Counts the step's all-reduce, roofline and eager statistics (the step will run).
+        """
+        cost, spec, st = self.cost, self.lim.spec, self.stats
+        ctx = int(self._ctx_running)
+        steps = steps_for_batch(spec, n) if spec is not None else 0
+        if spec is not None and steps > 0:
+            acc = accept_length(spec, n)
+            draft = draft_tokens_for_batch(spec, n)
+            dt = (cost.verify_time(n, draft, ctx)
+                  + cost.draft_time(n, steps, spec.topk, ctx, draft))
+            st.decode_allreduce_s += cost.decode_allreduce_time(n, draft, steps, spec.topk)
+            self._uses_spec = True
+        else:
+            acc = 1.0
+            dt = cost.decode_time(n, ctx)
+            st.decode_allreduce_s += cost.decode_allreduce_time(n)
+        if self._scan_s:  # the admission pass's queue scan, on the CPU side of the step
+            dt = max(dt, cost.cpu_time(n) + self._scan_s)
+            self._scan_s = 0.0
+        if cost.eager(n):
+            st.eager_decode_steps += 1
+        st.waiting_sum += len(self._waiting)
+        st.decode_roofline_s += acc * cost.decode_roofline_time(n, ctx)
+        return dt, acc
+
+    def _decode_commit(self, n: int, dt: float, acc: float, retracted: int) -> bool:
+        """Run the decode step of batch ``n`` lasting ``dt`` s; True if a request finished.
+
+        ``retracted``: the retraction count before the step's room was made (the new-token
+        ratio decays only on a step without retraction).
+        """
+        running, heap, st = self._running, self._heap, self.stats
+        T, C = self._T, self._C
+        self.now += dt
+        T.append(self.now)
+        C.append(C[-1] + acc)
+        st.decode_steps += 1
+        st.decode_batch_sum += n
+        st.count_load(n + len(self._waiting), dt)
+        st.spec_tokens += n * acc
+        if n > st.max_running:
+            st.max_running = n
+        st.busy_s += dt
+        st.decode_busy_s += dt
+        grown = n * acc
+        self._priv_running += grown
+        self._ctx_running += grown
+        self._rem_out -= grown
+        if st.retractions == retracted:  # decays on a step without retraction (4542)
+            self._ratio = max(self._min_ratio, self._ratio - self._decay)
+        k = len(T)  # C[k] is the cumulative count after this step
+        finished = False
+        while heap and heap[0][0] <= C[k] + _EPS:
+            _, ep, idx = heapq.heappop(heap)
+            done = running.get(idx)
+            if done is None or done.epoch != ep:
+                continue
+            self._leave_running(done)
+            done.segments.append((done.seg_start, k, done.output - done.seg_gen))
+            done.generated = done.output
+            self._finish(done, self.now)
+            finished = True
+        return finished
 
     # ------------------------------------------------------------------ helpers
     def _free(self) -> float:
@@ -773,6 +878,10 @@ class TwinEngine:
         return chunks, loaded
 
     def _prefill(self, chunks: list[tuple[_Req, int]], loaded: int, topk: int) -> None:
+        self._prefill_commit(chunks, self._prefill_time(chunks, loaded, topk))
+
+    def _prefill_time(self, chunks: list[tuple[_Req, int]], loaded: int, topk: int) -> float:
+        """Seconds the prefill step of ``chunks`` takes (evicting the cache for its tokens)."""
         new_tok = sum(c for _, c in chunks)
         attn = index = 0.0
         for r, c in chunks:
@@ -785,7 +894,10 @@ class TwinEngine:
             dt += self.cost.draft_prefill_time(new_tok, attn, index, len(chunks))
         if loaded:  # HiCache load-back before the forward (not overlapped: conservative)
             dt += self.cost.host_load_time(loaded)
-        dt = max(dt, self._scan_s)  # the pass that formed the batch overlaps the GPU work
+        return max(dt, self._scan_s)  # the pass that formed the batch overlaps the GPU work
+
+    def _prefill_commit(self, chunks: list[tuple[_Req, int]], dt: float) -> None:
+        """Run the prefill step of ``chunks`` lasting ``dt`` s: first tokens, joins, finishes."""
         self.now += dt
         now = self.now
         self.stats.prefill_steps += 1

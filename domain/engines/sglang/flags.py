@@ -236,6 +236,8 @@ def _layout_pairs(config: ServingConfig, version: str) -> list[tuple[str, Any]]:
             pairs.append((name, value))
     if config.ep_num_redundant_experts:
         pairs.append(("ep_num_redundant_experts", config.ep_num_redundant_experts))
+    if config.load_balance_method is not None:
+        pairs.append(("load_balance_method", config.load_balance_method))
     if config.disaggregation_mode != "null":
         pairs.append(("disaggregation_mode", config.disaggregation_mode))
         if config.disaggregation_transfer_backend is not None:
