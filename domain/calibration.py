@@ -83,6 +83,13 @@ Op classes:
 - ``allreduce_latency_s``: the fixed latency of the plain ring all-reduce of a cost model built
   without a GPU (order of us). A model built for a GPU prices all-reduces with
   :mod:`domain.interconnect` instead (latencies fitted per topology on the wheel's tables).
+- ``a2a_eta``, ``a2a_latency_s``, ``a2a_ll_latency_s``: expert-parallel dispatch + combine
+  (DeepEP normal and low-latency kernels) per MoE layer, ``latency + wire bytes / (eta x
+  link)`` (:func:`domain.layout_cost.a2a_seconds`); ``expert_imbalance`` /
+  ``expert_imbalance_eplb``: the busiest EP rank's routed work over the mean, without and with
+  EPLB; ``pp_stage_latency_s``: the fixed cost of one pipeline stage boundary per micro-batch.
+  Priors fitted on the wheel's kernel tables by ``benchmarks/a2a_kernels.py`` (values and
+  sources at the fields).
 """
 
 from __future__ import annotations
@@ -136,29 +143,34 @@ class Efficiency:
     eager_layer_s: float = 1.7e-4
     # CPU per waiting request of a scheduling pass that scans the queue (prior above)
     waiting_request_overhead_s: float = 1.0e-5
-    # Parallel layouts (issue 21; domain/layout_cost.py). Priors from the aiconfigurator-core
-    # 0.12.0 wheel's SGLang 0.5.12 DeepEP tables and 0.5.10 wide-EP MoE tables, fitted by
-    # benchmarks/a2a_kernels.py (its output beside each value in docs/benchmarks.md):
-    # share of the link's per-GPU bandwidth a DeepEP dispatch/combine reaches (wire bytes:
-    # domain/layout_cost.py:a2a_seconds); H200 normal-mode fit 0.69, B200 0.55, LL 0.55 / 0.59
-    a2a_eta: float = 0.6
-    # fixed seconds of one dispatch + combine per MoE layer, normal kernels (20 SMs, the
-    # DeepEP Buffer default); H200 fit 71 us, B200 90 us
-    a2a_latency_s: float = 7.0e-5
-    # the same for the low-latency kernels (CUDA-graph capturable, per-expert slots); H200 fit
-    # 24 us, B200 43 us
-    a2a_ll_latency_s: float = 3.0e-5
-    # routed tokens of the busiest EP rank over the mean without EPLB: the wheel's measured
-    # DeepEP MoE kernel at EP 8, power_law_1.01 routing over uniform (DeepSeek-V3 shape)
-    expert_imbalance: float = 1.4
-    # the same with EPLB / redundant experts: the wheel's mildest skew (power_law_0.6) over
-    # uniform, the residual a static rebalancing leaves (expert popularity still varies step
-    # to step)
-    expert_imbalance_eplb: float = 1.1
+    # Parallel layouts (issue 21; domain/layout_cost.py). Priors fitted on the aiconfigurator-core
+    # 0.12.0 wheel's SGLang 0.5.12 DeepEP tables (one node, EP 8, 20 SMs) and its 0.5.10 wide-EP
+    # MoE tables by `benchmarks/a2a_kernels.py --wheel W` (output in docs/benchmarks.md);
+    # benchmarks/twin_fidelity.py refits them end to end on the measured EP rows.
+    # Share of the NVLink (or NIC) bandwidth per GPU a DeepEP dispatch + combine reaches on its
+    # wire bytes (domain/layout_cost.py:a2a_seconds): median of the H100/H200 fits, normal 0.561
+    # / 0.568, low-latency 0.494 / 0.508 (median APE 6-9 %; B200: normal 0.281 at 20 SMs of a
+    # 900 GB/s link, low-latency 0.595)
+    a2a_eta: float = 0.53
+    # fixed seconds of one dispatch + combine per MoE layer, normal kernels: H100/H200 fits 66 us
+    # (B200 85 us)
+    a2a_latency_s: float = 6.6e-5
+    # the same, low-latency kernels (per-expert slots, CUDA-graph capturable): H200 21 us, H100
+    # 23 us (B200 39 us)
+    a2a_ll_latency_s: float = 2.1e-5
+    # routed tokens (expert GEMM work) of the busiest EP rank over the mean without EPLB: the
+    # wheel's H200 DeepEP MoE kernel (DeepSeek-V3 shape, EP 8, >= 1,024 tokens, compute-bound
+    # context table) under aiconfigurator's power_law_1.01 routing over uniform: 1.66 (the
+    # generation table's 1.10 is the same skew on memory-bound kernels, which the model's
+    # read cap reproduces)
+    expert_imbalance: float = 1.66
+    # the same with EPLB / redundant experts: the table's mildest skew, power_law_0.6, 1.36 (an
+    # upper bound: a static rebalancing leaves the step-to-step spread)
+    expert_imbalance_eplb: float = 1.36
     # per stage boundary per micro-batch of pipeline parallelism: an NCCL send/recv of the
     # proxy tensors plus the request objects' send (scheduler_pp_mixin.py:104-214); prior the
-    # two-GPU NCCL small-message latency of domain/data/allreduce-fit.json (6.5-19 us on
-    # H200, 6.4-17 us on RTX PRO 6000) plus the pyobj send, ~ 30 us
+    # two-GPU NCCL small-message latencies of domain/data/allreduce-fit.json (LL / Simple:
+    # 6.5 / 18.8 us on H200, 6.4 / 16.8 us on RTX PRO 6000) plus the pyobj send, ~ 30 us
     pp_stage_latency_s: float = 3.0e-5
 
     def updated(self, values: dict[str, float]) -> Efficiency:
@@ -183,6 +195,8 @@ class Efficiency:
                 raise ValueError(f"{k} = {v} is not a share in [0, 1]")
             if k.endswith("_tokens") and v < 0:
                 raise ValueError(f"{k} = {v} tokens is negative")
+            if k.startswith("expert_imbalance") and not 1 <= v <= 64:
+                raise ValueError(f"{k} = {v} is not a max/mean load ratio in [1, 64]")
         return replace(self, **{k: float(v) for k, v in values.items()})
 
     def as_dict(self) -> dict[str, float]:

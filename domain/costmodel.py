@@ -143,6 +143,8 @@ class StepCostModel:
     dense_bytes: float = 0.0          # dense MLP layers
     shared_bytes: float = 0.0         # shared experts (all MoE layers)
     routed_flops_per_token: float = 0.0   # 2 x routed active expert params (part of mlp_flops)
+    lm_head_bytes: float = 0.0        # the lm_head's weights (on the last PP stage)
+    lm_head_params: float = 0.0       # vocab x hidden
     # memo of the batch-size-only terms (pure functions of their arguments): the twin calls
     # them once per simulated step with few distinct batch sizes
     _memo: dict[tuple[object, ...], float] = field(default_factory=dict, init=False,
@@ -408,10 +410,12 @@ class StepCostModel:
         the peak of the ring's slowest link stays (it is physical). ``roofline / decode_time``
         is the share of the decode roofline a step reaches.
         """
-        if self.layout is not None:
-            return (linear_seconds(self, self.layout, batch, ideal=True)
-                    + self._kv_read(batch, context_sum, self.layers, ideal=True)
-                    + comm_seconds(self, self.layout, batch, self.layers, self.moe_layers,
+        if self.layout is not None:  # one PP micro-batch through all layers (_layout_step)
+            b = micro_batch(self.layout, batch)
+            ctx = context_sum * b / batch if batch else 0.0
+            return (linear_seconds(self, self.layout, b, ideal=True)
+                    + self._kv_read(b, ctx, self.layers, ideal=True)
+                    + comm_seconds(self, self.layout, b, self.layers, self.moe_layers,
                                    "decode", ideal=True))
         return (self._linear(batch, ideal=True)
                 + self._kv_read(batch, context_sum, self.layers, ideal=True)
@@ -670,6 +674,7 @@ def build_cost_model(config: ServingConfig, report: FitReport) -> StepCostModel:
         embed_bytes=groups["embed"] * b["embed"], dense_bytes=groups["dense_mlp"] * b["dense_mlp"],
         shared_bytes=shared,
         routed_flops_per_token=2.0 * model.moe_layers * model.experts_per_tok * model.expert_params,
+        lm_head_bytes=float(lm_head * b["embed"]), lm_head_params=float(lm_head),
     )
 
 

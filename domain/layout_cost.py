@@ -40,11 +40,12 @@ the MoE sees the gathered ``n x attn_dp_size`` tokens):
   ``pp_max_micro_batch_size = max_running_requests // pp_size`` (``managers/scheduler.py:
   1237-1243``). A running batch of ``n`` splits into micro-batches of ``b = ceil(n / pp)``
   sequences; in one round every micro-batch advances one token through all stages, and a
-  stage is busy ``pp x`` its slot. Round time ``max(T(b), pp x cpu(b)) + (pp - 1) x p2p(b) +
-  pp x pp_stage_latency_s``: ``T(b)`` the whole forward of one micro-batch on one stage's TP
-  group (all layers; stages assumed balanced), the scheduler's CPU work per micro-batch on
-  each slot, the send of the hidden states and the residual (two ``b x hidden`` bf16
-  tensors, ``PPProxyTensors`` of the model forward) over the link between consecutive stages
+  stage is busy ``pp x`` its slot. Round time ``pp x max(S(b), cpu(b)) + (pp - 1) x p2p(b) +
+  pp x pp_stage_latency_s``: ``S(b)`` the slowest stage's share of one micro-batch's forward
+  (``ceil(layers / pp)`` layers plus the lm_head of the last stage, :func:`pp_round`), the
+  scheduler's CPU work per micro-batch on each slot, the send of the hidden states and the
+  residual (two ``b x hidden`` bf16 tensors: ``layers/layer_boundary/residual/batch.py:269``
+  ``to_pp``, read back at ``access.py:57-71``) over the link between consecutive stages
   (:func:`domain.interconnect.p2p_link_bytes_per_s`), a fixed latency per boundary. Fewer
   sequences than stages leave slots empty: the bubble (``n < pp``: a round still costs ``pp``
   slots for ``n`` tokens).
@@ -312,16 +313,36 @@ def micro_batch(lay: Layout, n: int) -> int:
     return max(1, -(-n // lay.pp)) if n > 0 else 0
 
 
-def pp_round(m: StepCostModel, lay: Layout, gpu_forward: float, cpu: float, b: int) -> float:
-    """One PP round: ``max(T, pp x cpu) + (pp-1) p2p(b) + pp x pp_stage_latency_s``.
+def lm_head_seconds(m: StepCostModel, lay: Layout, n: int) -> float:
+    """The lm_head of one forward at ``n`` tokens: max(compute, weight read) per GPU.
 
-    ``gpu_forward``: all layers of one micro-batch (``T``, stages assumed balanced); ``cpu``:
-    scheduler CPU of one micro-batch; ``b``: its tokens (module docstring). ``pp == 1``:
-    ``max(T, cpu)``, the plain overlap-scheduler step.
+    ``2 x lm_head params`` FLOPs per token over the rank's ``attn_tp`` GPUs; its weights over
+    the ``attn_tp`` GPUs with ``enable_dp_lm_head``, else over the TP group.
+    """
+    if m.lm_head_bytes <= 0 or n <= 0:
+        return 0.0
+    e = m.eff
+    compute = n * 2.0 * m.lm_head_params / (lay.attn_tp * m.f_attn * e.eta_compute)
+    read = m.lm_head_bytes / (lay.attn_tp if lay.dp_lm_head else lay.tp)
+    return max(compute, read / (e.eta_mem * m.bw))
+
+
+def pp_round(m: StepCostModel, lay: Layout, gpu_forward: float, cpu: float, b: int) -> float:
+    """One PP round: ``max(pp x S, pp x cpu) + (pp-1) p2p(b) + pp x pp_stage_latency_s``.
+
+    ``S`` the slowest stage's slot: ``T x ceil(L / pp) / L + H``. ``gpu_forward``: all ``L``
+    layers of one micro-batch (``T``); SGLang splits the layers evenly and gives the last
+    ``L mod pp`` stages one more (``distributed/utils.py:110-115`` ``get_pp_indices``), and the
+    last stage also runs the lm_head (``H``, :func:`lm_head_seconds`), so it is the slowest,
+    and each of the ``pp`` slots of a round lasts as long as it. ``cpu``: scheduler CPU of one
+    micro-batch; ``b``: its tokens (module docstring). ``pp == 1``: ``max(T, cpu)``, the plain
+    overlap-scheduler step.
     """
     if lay.pp <= 1:
         return max(gpu_forward, cpu)
-    return (max(gpu_forward, lay.pp * cpu) + p2p_seconds(m, lay, b)
+    per_stage = -(-m.layers // lay.pp)
+    slot = gpu_forward * per_stage / m.layers + lm_head_seconds(m, lay, b)
+    return (lay.pp * max(slot, cpu) + p2p_seconds(m, lay, b)
             + lay.pp * m.eff.pp_stage_latency_s)
 
 
