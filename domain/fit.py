@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict
 from domain.config import ServingConfig
 from domain.engines import DerivedDefaults
 from domain.errors import DoesNotFit, InvalidCombination
-from domain.graph_memory import graph_capture_bytes
+from domain.graph_memory import deepep_buffer_bytes, graph_capture_bytes
 from domain.hardware import GPU, get_gpu
 from domain.model_arch import mamba_state_split
 from domain.models import ModelArch, get_model
@@ -67,6 +67,201 @@ MEMORY_FIELDS = ("weights", "tp_size", "kv_cache_dtype", "mem_fraction_static",
 HICACHE_DEFAULT_RATIO = 2.0
 HICACHE_HOST_RESERVE_BYTES = 10 * GIB
 HICACHE_AUTO_HOST_FRACTION = 0.8
+# Parallel layouts (issue 21). Every rule below is a no-op for a config whose layout fields hold
+# their defaults (attn_dp 1, ep 1, pp 1, no a2a backend, ...): fit() then takes the TP-only path.
+# Backends that force ep_size = tp_size (SGLang 0.5.23 arg_groups/overrides.py:1578-1593
+# _A2A_EP_SPANNING_BACKENDS, applied by _a2a_ep_size at :1611-1620).
+A2A_EP_SPANNING_BACKENDS = frozenset({"megamoe", "deepep", "deepep_v2", "mooncake", "nixl",
+                                      "ascend_fuseep", "flashinfer", "flashinfer_megamoe",
+                                      "mori", "pplx"})
+# Decode servers reserve 2 x the per-worker cap as extra request slots when that cap is at most
+# this (arg_groups/pd_disaggregation_hook.py:128-143).
+PD_EXTRA_SLOTS_MAX_PER_WORKER = 32
+# schedule_conservativeness is multiplied by this under attention DP
+# (arg_groups/parallel_hook.py:314-319).
+DP_ATTENTION_CONSERVATIVENESS = 0.3
+
+
+def resolved_ep_size(config: ServingConfig) -> int:
+    """``ep_size`` as the engine runs it: ``tp_size`` under an EP-spanning a2a backend.
+
+    SGLang 0.5.23 ``arg_groups/overrides.py:1611-1620`` (``_a2a_ep_size``, logged "The expert
+    parallel size is adjusted from X to the tensor parallel size"): a resolution, not a refusal.
+    """
+    if config.moe_a2a_backend in A2A_EP_SPANNING_BACKENDS:
+        return config.tp_size
+    return config.ep_size
+
+
+def default_layout(config: ServingConfig) -> bool:
+    """Every field that changes one GPU's weights or KV holds its default (TP-only path)."""
+    return (config.attn_dp_size == 1 and config.pp_size == 1 and resolved_ep_size(config) == 1
+            and config.moe_dense_tp_size in (None, config.tp_size)
+            and not config.ep_num_redundant_experts and not config.enable_dp_lm_head
+            and config.moe_a2a_backend in (None, "none"))
+
+
+def pp_layer_ranges(layers: int, pp_size: int) -> list[tuple[int, int]]:
+    """``[start, end)`` decoder layers of each pipeline stage.
+
+    SGLang 0.5.23 ``distributed/utils.py:110-150`` (``get_pp_indices``, no
+    ``SGLANG_PP_LAYER_PARTITION``): ``layers // pp`` each, the last ``layers % pp`` stages one
+    more.
+    """
+    base, extra = divmod(layers, pp_size)
+    out, start = [], 0
+    for rank in range(pp_size):
+        n = base + (1 if rank >= pp_size - extra else 0)
+        out.append((start, start + n))
+        start += n
+    return out
+
+
+class StageMemory(BaseModel):
+    """One pipeline stage's share of a GPU (bytes; ``kv_share``: its share of the KV bytes)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    weight_bytes: float
+    draft_weight_bytes: float
+    kv_share: float
+    layers: tuple[int, int]
+
+
+_LAYER_CACHE: dict[tuple[object, ...], list[dict[str, float]]] = {}
+
+
+def _layer_group_bytes(model: ModelArch, weights: str) -> tuple[list[dict[str, float]],
+                                                                dict[str, float]]:
+    """Per decoder layer ``{attention, dense, routed, shared, router}`` bytes, and the rest.
+
+    All GPUs together, at the checkpoint's bytes per parameter of each group
+    (:meth:`ModelArch.weight_bytes`' rule); when the checkpoint's size is exact
+    (``model.safetensors.index.json``) every group is scaled by the same factor so the parts
+    sum to it. The rest: ``embed``, ``lm_head`` (0 when tied) and ``vision``.
+    """
+    ckpt = model.checkpoint(weights)
+    key = (model.name, weights, model.layers, model.hidden, model.n_routed_experts,
+           model.vocab, ckpt.exact_total_bytes)
+    bpp = ckpt.bytes_per_param
+    computed = sum(n * bpp.get(g, 2.0) for g, n in model.param_groups().items())
+    scale = model.weight_bytes(weights) / computed if computed else 1.0
+    if key not in _LAYER_CACHE:
+        rows = []
+        for i in range(model.layers):
+            row = dict.fromkeys(("attention", "dense", "routed", "shared", "router"), 0.0)
+            for name, group, n in model.layer_modules(i):
+                b = n * bpp.get(group, 2.0) * scale
+                if group == "attention":
+                    row["attention"] += b
+                elif group == "dense_mlp":
+                    row["dense"] += b
+                elif ".experts." in name:
+                    row["routed"] += b
+                elif f".{model.shared_name}." in name:
+                    row["shared"] += b
+                else:
+                    row["router"] += b
+            rows.append(row)
+        _LAYER_CACHE[key] = rows
+    vh = model.vocab * model.hidden * bpp.get("embed", 2.0) * scale
+    rest = {"embed": vh, "lm_head": 0.0 if model.tied_embeddings else vh,
+            "vision": model.vision_params * bpp.get("vision", 2.0) * scale}
+    return _LAYER_CACHE[key], rest
+
+
+def stage_memory(config: ServingConfig, model: ModelArch, speculative: bool) -> list[StageMemory]:
+    """Weights per GPU of each pipeline stage under ``config``'s layout, bytes.
+
+    TP-only layouts (:func:`default_layout`): one stage, ``weights / tp_size`` (draft layers
+    likewise). Otherwise, per GPU (SGLang 0.5.23):
+
+    - attention (and a DSA indexer) over ``attn_tp_size`` -- replicated on every attention-DP
+      rank (``layers/dp_attention.py compute_dp_attention_world_info``);
+    - ``embed_tokens`` vocab-parallel over the attention TP group under attention DP, else over
+      TP (``layers/vocab_parallel_embedding.py:168-185`` ``get_embedding_tp_kwargs``); on the
+      first stage only (``models/deepseek_v2.py:2943-2949``: ``PPMissingLayer`` elsewhere);
+    - ``lm_head`` over the attention TP group with ``--enable-dp-lm-head``, else over TP
+      (``models/deepseek_v2.py:3296``, ``llama.py:578``, ``qwen3_moe.py:1022``
+      ``use_attn_tp_group=enable_dp_lm_head``); on the last stage; a tied head is a copy there
+      when PP splits it from the embedding;
+    - dense MLP layers over ``moe_dense_tp_size`` (None = TP; ``validation_hook.py:207-211``
+      allows None, 1 or tp_size);
+    - routed experts: ``(experts + ep_num_redundant_experts) / ep_size`` physical experts per
+      GPU (``eplb/expert_location.py:237-257``), each split over ``moe_tp_size = tp / ep`` --
+      ``routed x physical / experts / tp``; shared experts replicated (TP 1) under an a2a
+      backend, else over TP (``models/deepseek_v2.py:870-897``); the router over TP as the
+      TP-only path counts it;
+    - layers split over ``pp_size`` stages (:func:`pp_layer_ranges`); the speculative draft
+      (MTP) layers on the last stage, attention over ``attn_tp_size`` and the rest over TP.
+
+    ``kv_share``: the stage's share of the model's full-attention KV bytes per token (its
+    full-attention layers, sliding ones at :data:`domain.model_arch.SWA_FULL_TOKENS_RATIO`).
+    """
+    t = config.tp_size
+    draft_total = model.draft_weight_bytes(config.weights) if speculative else 0.0
+    if default_layout(config):
+        return [StageMemory(weight_bytes=model.weight_bytes(config.weights) / t,
+                            draft_weight_bytes=draft_total / t, kv_share=1.0,
+                            layers=(0, model.layers))]
+    from domain.model_arch import SWA_FULL_TOKENS_RATIO
+
+    rows, rest = _layer_group_bytes(model, config.weights)
+    attn_tp = config.attn_tp_size
+    dense_tp = config.moe_dense_tp_size or t
+    physical = 1.0
+    if model.n_routed_experts:
+        physical = (model.n_routed_experts + config.ep_num_redundant_experts) \
+            / model.n_routed_experts
+    a2a = config.moe_a2a_backend not in (None, "none")
+    embed_tp = attn_tp if config.attn_dp_size > 1 else t
+    head_tp = attn_tp if config.enable_dp_lm_head and config.attn_dp_size > 1 else t
+    lm_head = rest["lm_head"] or (rest["embed"] if config.pp_size > 1 else 0.0)
+    if draft_total:
+        ckpt = model.checkpoint(config.weights)
+        b = ckpt.mtp_bytes_per_param or ckpt.bytes_per_param
+        d_attn = model.mtp_layers * model.mtp_params_per_layer["attention"] * b["attention"]
+        draft = d_attn / attn_tp + (draft_total - d_attn) / t
+    else:
+        draft = 0.0
+
+    def kv_weight(i: int) -> float:
+        kind = model.layer_kind(i)
+        return 1.0 if kind == "full" else SWA_FULL_TOKENS_RATIO if kind == "sliding" else 0.0
+
+    total_kv = sum(kv_weight(i) for i in range(model.layers)) or 1.0
+    ranges = pp_layer_ranges(model.layers, config.pp_size)
+    out = []
+    for k, (a, z) in enumerate(ranges):
+        w = sum(r["attention"] / attn_tp + r["dense"] / dense_tp + r["routed"] * physical / t
+                + r["shared"] / (1 if a2a else t) + r["router"] / t for r in rows[a:z])
+        if k == 0:
+            w += rest["embed"] / embed_tp + rest["vision"] / t
+        last = k == len(ranges) - 1
+        if last:
+            w += lm_head / head_tp
+        out.append(StageMemory(weight_bytes=w, draft_weight_bytes=draft if last else 0.0,
+                               kv_share=sum(kv_weight(i) for i in range(a, z)) / total_kv,
+                               layers=(a, z)))
+    return out
+
+
+def layout_label(config: ServingConfig) -> str:
+    """``TP8`` or e.g. ``TP8 (attention TP1 x DP8, EP8, PP2)``: the layout fit() sized."""
+    parts = []
+    if config.attn_dp_size > 1:
+        parts.append(f"attention TP{config.attn_tp_size} x DP{config.attn_dp_size}")
+    ep = resolved_ep_size(config)
+    if ep > 1:
+        parts.append(f"EP{ep}" + (f" (+{config.ep_num_redundant_experts} redundant)"
+                                  if config.ep_num_redundant_experts else ""))
+    if config.moe_dense_tp_size not in (None, config.tp_size):
+        parts.append(f"dense MLP TP{config.moe_dense_tp_size}")
+    if config.pp_size > 1:
+        parts.append(f"PP{config.pp_size}")
+    return f"TP{config.tp_size}" + (f" ({', '.join(parts)})" if parts else "")
+
+
 class FitReport(BaseModel):
     """Resolved memory layout of one replica (per GPU unless the name says per replica).
 
@@ -74,6 +269,17 @@ class FitReport(BaseModel):
     and GPU; ``draft_kv_bytes_per_token`` the speculative draft layers' (0 when off), and the
     pool holds ``kv_tokens`` tokens of both. ``host_kv_tokens`` is the HiCache host tier per GPU
     process (0 when off) at ``kv_bytes_per_token`` each.
+
+    Per scheduler: ``kv_tokens``, ``max_running_requests`` and ``chunked_prefill_size`` are one
+    scheduler's (one attention-DP rank: each holds its own pool; one ``--dp-size`` copy);
+    ``schedulers`` is how many a server runs (``config.schedulers``). With pipeline
+    parallelism the per-GPU fields are the stage that bounds the pool (the engine MIN-reduces
+    the stages' token capacities). ``deepep_buffer_bytes_per_gpu``: the DeepEP all-to-all
+    buffers (0 without ``--moe-a2a-backend deepep``); ``graph_bytes_per_gpu``: the decode CUDA
+    graphs; both outside the static pool. ``decode_extra_slots``: request slots a PD decode
+    server adds for transfers in flight; ``conservativeness_scale``: the factor the engine
+    applies to ``schedule_conservativeness`` (0.3 under attention DP);
+    ``radix_cache_off_by_role``: a PD decode server runs without the radix cache.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -99,6 +305,13 @@ class FitReport(BaseModel):
     host_kv_tokens: int = 0
     hicache_ratio: float = 0.0
     host_kv_bytes_per_gpu: float = 0.0
+    # Parallel layouts (issue 21): per scheduler = one attention-DP rank or one dp copy.
+    schedulers: int = 1
+    deepep_buffer_bytes_per_gpu: float = 0.0
+    graph_bytes_per_gpu: float = 0.0
+    decode_extra_slots: int = 0
+    conservativeness_scale: float = 1.0
+    radix_cache_off_by_role: bool = False
 
     @property
     def kv_pool_gb(self) -> float:
@@ -186,7 +399,9 @@ def prefill_capture_sizes(max_tokens: int) -> list[int]:
 
 def default_mem_fraction(model: ModelArch, gpu: GPU, tp_size: int, chunked: int,
                          graph_bs: int, version: str | None = None,
-                         speculative: str | None = None, prefill_graphs: bool = True) -> float:
+                         speculative: str | None = None, prefill_graphs: bool = True, *,
+                         pp_size: int = 1, attn_dp_size: int = 1, role: str = "null",
+                         deepep: bool = False, decode_tokens: int | None = None) -> float:
     """``mem_fraction_static`` when unset (memory_hook.py: handle_gpu_memory_settings).
 
     Reserved MiB = 512 + 1.5 x max(chunked, 2048) + tp/8 x 1024 + 2 x decode graph max bs
@@ -197,16 +412,35 @@ def default_mem_fraction(model: ModelArch, gpu: GPU, tp_size: int, chunked: int,
     ``speculative`` algorithms (6 GiB STANDALONE) after the floor (:func:`version_defaults`).
     ``--disable-cuda-graph`` (``graph_bs`` 0, ``prefill_graphs`` False) reserves neither graph
     term (0.5.23 ``memory_hook.py:359-398`` reserve_for_graph_mb: only phases not DISABLED).
+
+    Layouts (0.5.23 ``memory_hook.py:297-317, 357-414``; the hook runs before attention DP
+    divides the chunk): the parallel term is ``tp x pp / 8 x 1024``; a PD ``role`` prefill
+    server reserves no decode graph, a decode server no prefill graph and sizes the
+    activations by ``decode_tokens`` (``max((max_running_requests or graph max bs or 1) x
+    (num_draft_tokens or 1), 2048)``); attention DP adds ``3 x graph_bs x attn_dp_size`` (and
+    ``1.5 x`` more above a max bs of 300); DeepEP (``deepep``) adds 1,024 for the breakable
+    prefill graph and, with decode graphs, 2,048 after the 10 GiB floor. The caller passes
+    ``prefill_graphs`` False where the engine disables the prefill graph first
+    (``cuda_graph_hook.py:150-161`` PP, ``:218-229`` TBO or an a2a backend other than
+    none/deepep/megamoe/flashinfer, ``:568-576`` a decode server).
     """
     rules = version_defaults(version)
     gpu_mib = gpu.hbm_mib
     prefill_graph = 1536 if model.attention in ("mla", "dsa") \
         else 8 * len(prefill_capture_sizes(chunked))
-    if not rules.prefill_graph_reserve or not prefill_graphs:
+    if not rules.prefill_graph_reserve or not prefill_graphs or role == "decode":
         prefill_graph = 0
-    reserved = 512 + 1.5 * max(chunked, 2048) + tp_size / 8 * 1024 + 2 * graph_bs + prefill_graph
+    elif deepep:
+        prefill_graph += 1024
+    decode_graph: float = 0 if role == "prefill" else 2 * graph_bs
+    if attn_dp_size > 1 and role != "prefill":
+        decode_graph += graph_bs * attn_dp_size * (4.5 if graph_bs > 300 else 3)
+    tokens = max(decode_tokens if role == "decode" and decode_tokens else chunked, 2048)
+    reserved = 512 + 1.5 * tokens + tp_size * pp_size / 8 * 1024 + decode_graph + prefill_graph
     if gpu_mib > 60 * 1024:
         reserved = max(reserved, 10240)
+    if deepep and role != "prefill" and graph_bs:
+        reserved += 2048
     reserved += rules.speculative_reserve(speculative)
     return round((gpu_mib - reserved) / gpu_mib, 3)
 
@@ -218,7 +452,8 @@ def default_max_running_requests(kv_tokens: int, context_len: int) -> int:
 
 
 def resolve_max_running_requests(requested: int | None, kv_tokens: int, context_len: int,
-                                 speculative: bool, version: str | None = None) -> int:
+                                 speculative: bool, version: str | None = None,
+                                 attn_dp_size: int = 1) -> int:
     """``max_running_requests`` per replica as ``resolve_max_num_reqs`` sets it, requests.
 
     Args:
@@ -228,16 +463,21 @@ def resolve_max_running_requests(requested: int | None, kv_tokens: int, context_
         speculative: a speculative algorithm is on (unset then means 48, speculative_hook.py).
         version: SGLang release (None: 0.5.23); 0.5.19 bounds an explicit value by
             ``kv_tokens // 2`` only, 0.5.9 takes it as given (:func:`version_defaults`).
+        attn_dp_size: attention-DP ranks; an explicit (or speculative) value is the whole
+            server's and each rank gets ``value // attn_dp_size``
+            (``kv_cache_configurator.py:3126-3129``; 48 -> 6 per rank at DP 8). ``kv_tokens``
+            is then one rank's pool.
 
     Returns:
-        ``min(max(1, value), kv_tokens // 2)`` for an explicit (or speculative 48) value, else
-        :func:`default_max_running_requests`; 0 when the pool holds fewer than 2 tokens.
+        ``min(max(1, value // attn_dp_size), kv_tokens // 2)`` for an explicit (or speculative
+        48) value, else :func:`default_max_running_requests`; 0 when the pool holds fewer than
+        2 tokens. Per scheduler.
     """
     if requested is None and speculative:
         requested = SPEC_MAX_RUNNING_REQUESTS
     if requested is None:
         return default_max_running_requests(kv_tokens, context_len)
-    return version_defaults(version).explicit_running(requested, kv_tokens)
+    return version_defaults(version).explicit_running(requested // attn_dp_size, kv_tokens)
 
 
 def hicache_host_pool(config: ServingConfig, gpu: GPU, kv_tokens: int,
@@ -295,12 +535,37 @@ def _lenient_spec(config: ServingConfig) -> SpecParams | None:
         return None
 
 
-def fit(config: ServingConfig) -> FitReport:
-    """Resolve the memory layout of one replica of ``config``, or raise ``DoesNotFit``.
+def fit_servers(config: ServingConfig) -> list[tuple[str, int, ServingConfig, FitReport]]:
+    """``(role, count, server config, its fit)`` of every server group of ``config``.
 
-    Flag combinations SGLang refuses while resolving arguments are not checked here (see
-    ``domain/engines/sglang/startup.py``), nor is the HiCache host pool against host memory
-    (:func:`host_pool_shortfall`).
+    Aggregated: ``[("server", replicas, config, fit(config))]``; PD: the prefill then the
+    decode group (:meth:`ServingConfig.servers`), each fitted as one server of its role.
+
+    Raises:
+        DoesNotFit: a group's servers do not fit (the first that does not).
+        ConfigInvalid: unknown model, GPU or checkpoint.
+    """
+    return [(role, n, c, fit(c)) for role, n, c in config.servers()]
+
+
+def fit(config: ServingConfig) -> FitReport:
+    """Resolve the memory layout of one server of ``config``, or raise ``DoesNotFit``.
+
+    Per GPU and per scheduler (see :class:`FitReport`); with a PD layout, one decode server's
+    (:func:`fit_servers` fits every group). Flag combinations SGLang refuses while resolving
+    arguments are not checked here (see ``domain/engines/sglang/startup.py``), nor is the
+    HiCache host pool against host memory (:func:`host_pool_shortfall`).
+
+    Layouts (:func:`stage_memory` for the weights): the KV pool of each attention-DP rank holds
+    GQA KV heads over ``attn_tp_size`` (an MLA latent whole on every GPU) of its stage's layers;
+    the pool's tokens are the smallest over the PP stages; ``chunked_prefill_size`` is divided
+    by ``attn_dp_size`` after the memory fraction is resolved (``parallel_hook.py:326-336``);
+    the explicit or speculative ``max_running_requests`` is split over the ranks
+    (:func:`resolve_max_running_requests`); DeepEP's buffers
+    (:func:`domain.graph_memory.deepep_buffer_bytes`) and the decode graphs sit outside the
+    static pool; a PD prefill server captures no decode graph and a decode server no prefill
+    graph (``cuda_graph_hook.py:557-576``); ``--deepep-mode normal`` disables both graphs
+    after the fraction is resolved (``moe_hook.py:383-398``).
 
     Raises:
         DoesNotFit: phase ``weights_load`` when the weight shard (draft layers included) plus
@@ -311,23 +576,33 @@ def fit(config: ServingConfig) -> FitReport:
             max_running_requests is 0 (cause ``zero_requests``, ``tp_worker.py:420``), or
             ``min(context_len, tokens) - 1 <= 0`` (cause ``pool_too_small``,
             ``tp_worker.py:425``; with ``tokens // 2`` requests that needs a one-token context);
-            and ``cuda_graph`` when 1 - mem_fraction_static
-            leaves less than the prefill activations and decode graphs need.
+            and ``cuda_graph`` when 1 - mem_fraction_static leaves less than the prefill
+            activations, the decode graphs and the DeepEP buffers need.
         ConfigInvalid: unknown model, GPU or checkpoint.
     """
+    if config.pd is not None:
+        return fit(config.pd_worker("decode"))
     model, gpu = get_model(config.model), get_gpu(config.gpu)
     if config.context_length is not None:  # --context-length: the context the server runs
         model = model.model_copy(update={"context_len": config.context_length})
     t = config.tp_size
     spec = _lenient_spec(config)
     total_w = model.weight_bytes(config.weights)
-    w = total_w / t
-    draft_w = model.draft_weight_bytes(config.weights) / t if spec else 0.0
+    stages = stage_memory(config, model, spec is not None)
+    tp_only = default_layout(config)
+    heavy = max(stages, key=lambda st: st.weight_bytes + st.draft_weight_bytes)
+    w, draft_w = heavy.weight_bytes, heavy.draft_weight_bytes
     M = gpu.hbm_bytes
     exact = " (model.safetensors.index.json total_size)" \
         if model.checkpoint(config.weights).exact_total_bytes is not None else ""
-    head = (f"{config.weights} weights{exact} {total_w / 1e9:.1f} GB / TP{t} = "
-            f"{w / 1e9:.1f} GB per GPU; {gpu.name} has {gpu.hbm_gb:.0f} GB")
+    if tp_only:
+        head = (f"{config.weights} weights{exact} {total_w / 1e9:.1f} GB / TP{t} = "
+                f"{w / 1e9:.1f} GB per GPU; {gpu.name} has {gpu.hbm_gb:.0f} GB")
+    else:
+        where = f" on the largest of {len(stages)} stages" if len(stages) > 1 else ""
+        head = (f"{config.weights} weights{exact} {total_w / 1e9:.1f} GB over "
+                f"{layout_label(config)} = {w / 1e9:.1f} GB per GPU{where}; {gpu.name} has "
+                f"{gpu.hbm_gb:.0f} GB")
     if draft_w:
         head += f"; draft (MTP) layers {draft_w / 1e9:.2f} GB per GPU"
     if w + draft_w + CONTEXT_OVERHEAD_BYTES > M:
@@ -337,6 +612,8 @@ def fit(config: ServingConfig) -> FitReport:
                          f"{CONTEXT_OVERHEAD_BYTES / 1e9:.1f} GB CUDA context > "
                          f"{gpu.hbm_gb:.0f} GB")
     ver = config.engine_version
+    role = config.disaggregation_mode
+    dp = config.attn_dp_size
     chunked = config.chunked_prefill_size or default_chunked_prefill(gpu, ver)
     if chunked == -1:
         chunked = 16384  # max_prefill_tokens default when chunking is disabled
@@ -345,14 +622,27 @@ def fit(config: ServingConfig) -> FitReport:
         graph_bs = min(graph_bs, config.max_running_requests)
     if config.cuda_graph_max_bs_decode is not None:
         graph_bs = config.cuda_graph_max_bs_decode
-    if config.disable_cuda_graph:  # cuda_graph_hook.py:55-57: decode and prefill DISABLED
+    if config.disable_cuda_graph or role == "prefill":  # cuda_graph_hook.py:55-57, :559-566
         graph_bs = 0
+    deepep = config.moe_a2a_backend == "deepep"
+    prefill_graphs = (not config.disable_cuda_graph and config.pp_size == 1
+                      and not config.enable_two_batch_overlap
+                      and config.moe_a2a_backend in (None, "none", "deepep", "megamoe",
+                                                     "flashinfer"))
     f_default = config.mem_fraction_static is None
-    f = default_mem_fraction(model, gpu, t, chunked, graph_bs, ver,
-                             spec.algorithm if spec else None,
-                             prefill_graphs=not config.disable_cuda_graph) if f_default \
+    # a PD decode server runs decode batches only (memory_hook.py:298-303 sizes its activations
+    # by them); every other server its prefill chunk
+    decode_tokens = (config.max_running_requests or graph_bs or 1) \
+        * (config.speculative_num_draft_tokens or 1)
+    act_tokens = max(decode_tokens, 2048) if role == "decode" else chunked
+    f = default_mem_fraction(
+        model, gpu, t, chunked, graph_bs, ver, spec.algorithm if spec else None,
+        prefill_graphs=prefill_graphs, pp_size=config.pp_size, attn_dp_size=dp, role=role,
+        deepep=deepep, decode_tokens=decode_tokens) if f_default \
         else config.mem_fraction_static
     assert f is not None
+    if deepep and (config.deepep_mode or "auto") == "normal":  # moe_hook.py:383-398
+        graph_bs = 0
     budget = f * M
     if w + draft_w >= budget:
         raise DoesNotFit("kv_pool", (w + draft_w) / 1e9, budget / 1e9,
@@ -364,22 +654,37 @@ def fit(config: ServingConfig) -> FitReport:
     paged = page if config.page_size is not None and page != resolve_attention_backend(
         config.model_copy(update={"page_size": None}), model, gpu)[1] else 1
     kv_dtype = resolve_kv_dtype(config, model, gpu)
-    per_tok = model.kv_bytes_per_token(KV_BYTES[kv_dtype], t)
-    draft_per_tok = per_tok / model.layers * model.mtp_layers if spec else 0.0
-    pool = budget - w - draft_w
-    # hybrid linear-attention/Mamba models: the per-request state pool takes ratio/(1 + ratio)
-    # of the room and caps the requests (domain/model_arch.py:mamba_state_split)
-    pool, state_slots, state_txt = mamba_state_split(model, t, pool)
-    kv_tokens = int(pool // (per_tok + draft_per_tok))
-    kv_tokens = kv_tokens // paged * paged  # whole pages (pool_configurator.py:646)
+    full_tok = model.kv_bytes_per_token(KV_BYTES[kv_dtype], config.attn_tp_size)
+    # the pool of each stage; the engine runs the smallest (the pipeline MIN-reduce)
+    best: tuple[int, StageMemory, float, float, float, int | None, str] | None = None
+    for st in stages:
+        per_tok = full_tok * st.kv_share
+        draft_per_tok = full_tok / model.layers * model.mtp_layers \
+            if spec and st.draft_weight_bytes else 0.0
+        if per_tok + draft_per_tok <= 0:
+            continue  # a stage without attention layers holds no KV
+        pool = budget - st.weight_bytes - st.draft_weight_bytes
+        # hybrid linear-attention/Mamba models: the per-request state pool takes ratio/(1 +
+        # ratio) of the room and caps the requests (domain/model_arch.py:mamba_state_split)
+        pool, state_slots, state_txt = mamba_state_split(model, config.attn_tp_size, pool)
+        tokens = int(pool // (per_tok + draft_per_tok))
+        tokens = tokens // paged * paged  # whole pages (pool_configurator.py:646)
+        if best is None or tokens < best[0]:
+            best = (tokens, st, per_tok, draft_per_tok, pool, state_slots, state_txt)
+    assert best is not None
+    kv_tokens, st, per_tok, draft_per_tok, pool, state_slots, state_txt = best
+    w, draft_w = st.weight_bytes, st.draft_weight_bytes
     mrr = resolve_max_running_requests(config.max_running_requests, kv_tokens,
-                                       model.context_len, spec is not None, ver)
+                                       model.context_len, spec is not None, ver,
+                                       attn_dp_size=dp)
     if state_slots is not None:
         mrr = min(mrr, state_slots)
     kv_txt = (f"{kv_dtype} KV {per_tok:,.0f} B/token"
               + (f" + draft {draft_per_tok:,.0f} B/token" if draft_per_tok else ""))
+    stage_txt = f" (stage layers {st.layers[0]}-{st.layers[1] - 1})" if len(stages) > 1 else ""
     pool_txt = (f"{head}; pool = {f} x {gpu.hbm_gb:.0f} GB - {(w + draft_w) / 1e9:.1f} GB"
-                f"{state_txt} = {pool / 1e9:.3f} GB; {kv_txt} -> {kv_tokens:,} tokens")
+                f"{stage_txt}{state_txt} = {pool / 1e9:.3f} GB; {kv_txt} -> {kv_tokens:,} "
+                f"tokens" + (" per attention-DP rank" if dp > 1 else ""))
     if kv_tokens <= 0:  # pool_configurator.py:95 (MemoryPoolConfig: max_total_num_tokens <= 0)
         raise DoesNotFit("kv_pool", (w + draft_w + per_tok + draft_per_tok) / 1e9, budget / 1e9,
                          f"{pool_txt}: not one token", cause="no_room")
@@ -391,37 +696,60 @@ def fit(config: ServingConfig) -> FitReport:
         raise DoesNotFit("kv_pool", 2 * (per_tok + draft_per_tok) / 1e9, pool / 1e9,
                          f"{pool_txt}; the longest request would be {kv_tokens - 1} tokens",
                          cause="pool_too_small")
-    # Outside the static pool the engine needs prefill activations and the decode CUDA graphs;
-    # captured sizes stop at the request-slot pool (max_running_requests).
+    # Outside the static pool the engine needs prefill activations, the decode CUDA graphs and
+    # the DeepEP buffers; captured sizes stop at the request-slot pool (max_running_requests).
     captured_bs = min(graph_bs, mrr)
     outside = (1 - f) * M
     graphs = 0.0 if config.disable_cuda_graph else graph_capture_bytes(
-        model, t, captured_bs, backend, spec is not None, gpu.sm_major,
+        model, config.attn_tp_size, captured_bs, backend, spec is not None, gpu.sm_major,
         spec.draft_tokens if spec is not None else 1)
-    need = chunked * ACTIVATION_BYTES_PER_TOKEN + graphs
+    a2a = 0.0
+    if deepep and model.n_routed_experts:
+        a2a = deepep_buffer_bytes(model.hidden, resolved_ep_size(config),
+                                  model.n_routed_experts + config.ep_num_redundant_experts,
+                                  config.deepep_mode or "auto")
+    need = act_tokens * ACTIVATION_BYTES_PER_TOKEN + graphs + a2a
     if need > outside - CONTEXT_OVERHEAD_BYTES:
+        a2a_txt = f" + DeepEP buffers {a2a / 1e9:.2f} GB" if a2a else ""
         raise DoesNotFit("cuda_graph", (need + CONTEXT_OVERHEAD_BYTES) / 1e9, outside / 1e9,
                          f"(1 - {f}) x {gpu.hbm_gb:.0f} GB = {outside / 1e9:.1f} GB outside the "
-                         f"static pool < {need / 1e9:.1f} GB activations for {chunked} tokens + "
-                         f"graphs for batch {captured_bs} + "
+                         f"static pool < {need / 1e9:.1f} GB activations for {act_tokens} tokens + "
+                         f"graphs for batch {captured_bs}{a2a_txt} + "
                          f"{CONTEXT_OVERHEAD_BYTES / 1e9:.1f} GB")
     ratio, host_tokens = hicache_host_pool(config, gpu, kv_tokens, per_tok)
     arithmetic = f"{pool_txt}; max_running_requests {mrr}"
+    requested = config.max_running_requests or (SPEC_MAX_RUNNING_REQUESTS if spec else None)
+    if dp > 1 and requested is not None:
+        arithmetic += f" ({requested} // attn_dp_size {dp} per rank, x {dp} ranks)"
     if spec:
         arithmetic += (f" ({SPEC_MAX_RUNNING_REQUESTS} with speculative decoding unless set); "
                        f"{spec.algorithm} steps {spec.num_steps} topk {spec.topk} draft tokens "
                        f"{spec.draft_tokens}")
+    rank_chunk = chunked
+    if dp > 1 and config.chunked_prefill_size != -1:  # parallel_hook.py:326-336
+        rank_chunk = chunked // dp
+        arithmetic += f"; chunked_prefill_size {chunked} // {dp} = {rank_chunk} per rank"
+    if a2a:
+        arithmetic += (f"; DeepEP {config.deepep_mode or 'auto'} buffers {a2a / 1e9:.2f} GB "
+                       f"per GPU (EP{resolved_ep_size(config)})")
     if host_tokens:
         arithmetic += (f"; HiCache host pool {ratio:.2f} x {kv_tokens:,} = {host_tokens:,} tokens "
                        f"= {host_tokens * per_tok / 1e9:.1f} GB per GPU")
+    extra = 0
+    if role == "decode" and config.max_running_requests is not None:  # pd_..._hook.py:133-143
+        per_worker = max(1, config.max_running_requests // config.schedulers)
+        extra = 2 * per_worker if per_worker <= PD_EXTRA_SLOTS_MAX_PER_WORKER else 0
     return FitReport(
         weight_bytes_per_gpu=w, gpu_bytes=M, mem_fraction_static=f,
         mem_fraction_was_default=f_default, kv_dtype=kv_dtype, kv_bytes_per_token=per_tok,
         kv_pool_bytes_per_gpu=pool, kv_tokens=kv_tokens, context_len=model.context_len,
-        max_running_requests=mrr, chunked_prefill_size=chunked,
+        max_running_requests=mrr, chunked_prefill_size=rank_chunk,
         cuda_graph_max_bs_decode=captured_bs, arithmetic=arithmetic,
         attention_backend=backend, page_size=page, speculative=spec,
         draft_weight_bytes_per_gpu=draft_w, draft_kv_bytes_per_token=draft_per_tok,
         host_kv_tokens=host_tokens, hicache_ratio=ratio,
-        host_kv_bytes_per_gpu=host_tokens * per_tok,
+        host_kv_bytes_per_gpu=host_tokens * per_tok, schedulers=config.schedulers,
+        deepep_buffer_bytes_per_gpu=a2a, graph_bytes_per_gpu=graphs, decode_extra_slots=extra,
+        conservativeness_scale=DP_ATTENTION_CONSERVATIVENESS if dp > 1 else 1.0,
+        radix_cache_off_by_role=role == "decode",
     )

@@ -107,3 +107,86 @@ def graph_capture_bytes(model: ModelArch, tp_size: int, max_bs: int, attention_b
     rows = bs * max(1, tokens_per_req)
     return rows * model.vocab * 4.0 + rows * decode_activation_bytes_per_token(model, tp_size) \
         + workspace
+
+
+# DeepEP all-to-all buffers (SGLang 0.5.23 ``layers/moe/token_dispatcher/deepep.py:203-305``
+# ``DeepEPBuffer.get_deepep_buffer``; the sizes are DeepEP's, deepseek-ai/DeepEP
+# ``csrc/config.hpp`` ``Config::get_nvl_buffer_size_hint`` / ``get_rdma_buffer_size_hint`` /
+# ``get_low_latency_rdma_size_hint`` and ``deep_ep/buffer.py`` ``Buffer.num_sms = 20``,
+# ``get_dispatch_config`` / ``get_combine_config``).
+DEEPEP_NUM_SMS = 20  # deep_ep/buffer.py Buffer.num_sms (SGLang's DeepEPConfig default)
+DEEPEP_NVL_PEERS = 8  # NUM_MAX_NVL_PEERS (csrc/kernels/configs.cuh)
+DEEPEP_ALIGN = 128  # NUM_BUFFER_ALIGNMENT_BYTES (csrc/kernels/configs.cuh)
+DEEPEP_MAX_TOPK = 128  # kNumMaxTopK in config.hpp
+DEEPEP_MAX_SCALES = 128  # kNumMaxScales in config.hpp
+DEEPEP_SOURCE_META_BYTES = 8  # internode::get_source_meta_bytes(): SourceMeta, two ints
+# SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK default (environ.py:1439): low-latency tokens
+DEEPEP_LL_TOKENS_PER_RANK = 128
+# (num_max_nvl_chunked_recv_tokens, num_max_rdma_chunked_send, num_max_rdma_chunked_recv) of the
+# dispatch and combine configs by EP ranks (deep_ep/buffer.py get_dispatch_config /
+# get_combine_config); 2..8 ranks are intranode.
+_DEEPEP_CONFIGS: dict[int, tuple[tuple[int, int, int], tuple[int, int, int]]] = {
+    2: ((256, 6, 128), (256, 6, 128)), 4: ((256, 6, 128), (256, 6, 128)),
+    8: ((256, 6, 128), (256, 6, 128)), 16: ((288, 20, 128), (288, 28, 128)),
+    24: ((288, 32, 128), (288, 20, 128)), 32: ((288, 32, 128), (288, 20, 128)),
+    64: ((288, 28, 128), (288, 20, 128)), 128: ((560, 32, 128), (560, 12, 128)),
+    144: ((720, 12, 128), (720, 8, 128)), 160: ((720, 12, 128), (720, 8, 128)),
+}
+
+
+def _align(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def deepep_buffer_bytes(hidden: int, ep_ranks: int, num_experts: int, mode: str,
+                        tokens_per_rank: int = DEEPEP_LL_TOKENS_PER_RANK) -> float:
+    """Bytes of the DeepEP buffer one GPU allocates for ``--moe-a2a-backend deepep``.
+
+    SGLang sizes one ``deep_ep.Buffer`` per rank (``token_dispatcher/deepep.py:221-304``):
+    ``normal`` (and ``auto``) take the larger NVLink hint of the dispatch and combine configs
+    at bf16 hidden states (``params_bytes = 2``, ``:403``) plus, across nodes (more than 8
+    ranks), their RDMA hint; ``low_latency`` (and ``auto``) an RDMA buffer of
+    ``get_low_latency_rdma_size_hint(tokens_per_rank, hidden, ranks, experts)``: two odd/even
+    send, receive and signalling buffers, each receive ``experts x tokens x message``, a
+    dispatch message ``16 + max(2 x hidden, hidden + hidden / 128 x 4)`` bytes and a combine
+    one ``hidden / 128 x 4 + 2 x hidden`` (DeepEP ``csrc/config.hpp``). ``num_experts``:
+    physical experts (routed + redundant). Example: DeepSeek-V3 (hidden 7168, 256 experts)
+    over 8 ranks: normal 0.34 GB, low_latency 1.91 GB, auto 2.24 GB. 0 for ``ep_ranks`` < 2.
+
+    Raises:
+        ValueError: ``mode`` is not auto, normal or low_latency.
+    """
+    if mode not in ("auto", "normal", "low_latency"):
+        raise ValueError(f"deepep mode {mode!r}: auto, normal or low_latency")
+    if ep_ranks < 2:
+        return 0.0
+    nvl = rdma = 0
+    if mode in ("auto", "normal"):
+        known = [r for r in _DEEPEP_CONFIGS if r >= ep_ranks]
+        configs = _DEEPEP_CONFIGS[known[0] if known else max(_DEEPEP_CONFIGS)]
+        hidden_bytes = hidden * 2
+        rdma_ranks = max(ep_ranks // DEEPEP_NVL_PEERS, 1)
+        nvl_ranks = min(ep_ranks, DEEPEP_NVL_PEERS)
+        channels = DEEPEP_NUM_SMS // 2
+        per_token = (hidden_bytes + DEEPEP_SOURCE_META_BYTES + DEEPEP_MAX_TOPK * (8 + 4)
+                     + DEEPEP_MAX_SCALES * 4)
+        for nvl_recv, rdma_send, rdma_recv in configs:
+            n = channels * nvl_ranks * (2 * rdma_ranks + 3) * 4 \
+                + channels * nvl_ranks * nvl_recv * per_token
+            nvl = max(nvl, _align(n, 128))
+            if ep_ranks > DEEPEP_NVL_PEERS:
+                recv = _align(rdma_recv, rdma_send)
+                r = channels * rdma_ranks * (DEEPEP_NVL_PEERS * 2 + 2) * 2 * 4 \
+                    + channels * rdma_ranks * recv * (per_token + 16) * 2 + 1048576
+                rdma = max(rdma, _align(r, 128))
+    if mode in ("auto", "low_latency"):
+        scales = hidden // 128
+        dispatch_msg = 16 + max(hidden * 2, hidden + scales * 4)
+        combine_msg = scales * 4 + hidden * 2
+        send = max(tokens_per_rank * dispatch_msg, num_experts * tokens_per_rank * combine_msg)
+        recv = num_experts * tokens_per_rank * max(dispatch_msg, combine_msg)
+        local = num_experts // ep_ranks
+        signal = _align(num_experts * 8 + local * 4, 128)
+        total = 2 * (send + recv + signal)
+        rdma = max(rdma, (total + DEEPEP_ALIGN) // DEEPEP_ALIGN * DEEPEP_ALIGN)
+    return float(nvl + rdma)
