@@ -5,7 +5,11 @@ ratio printed is simulated seconds per wall second. The workload is the full Moo
 conversation trace (12,031 requests over one hour, shipped in ``data/traces``) at its own arrival
 times on ONE replica of GLM-5 on B200 (TP8, FP8 weights). Rows: with the radix prefix cache (the
 engine default), with HiCache, and with the cache disabled, plus the default study's saturation
-run for reference. Target (issue 3): >= 1,000x real time for the trace replay.
+run for reference. Target (issue 3): >= 1,000x real time for the trace replay. The attention-DP
+rows (issue 21) replay the same trace on, and saturate, ONE server of DeepSeek-V3 FP8 on 8x H200
+with attention DP 8 + EP 8 (eight schedulers in lockstep behind the DP controller); target
+>= 1,000x. The last column is the compute budget's up-front estimate of the run
+(:mod:`domain.twin.budget`), wall seconds on a machine twice as fast as the one it was measured on.
 
     .venv/bin/python benchmarks/twin_speed.py [--trace PATH]
 """
@@ -20,7 +24,12 @@ from domain.config import ServingConfig
 from domain.fit import fit
 from domain.metrics import summarize
 from domain.traces import load_trace
-from domain.twin.cluster import simulate_closed_loop, simulate_open_loop
+from domain.twin.cluster import (
+    estimate_closed_loop,
+    estimate_open_loop,
+    simulate_closed_loop,
+    simulate_open_loop,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "data" / "traces" / "mooncake_fast25_conversation_trace.jsonl"
@@ -35,15 +44,19 @@ def main() -> None:
     reqs = [(q.arrival_s, q.input_tokens, q.output_tokens, q.hash_ids, q.block_size)
             for q in trace.requests]
     base = ServingConfig(model="glm-5", gpu="B200", tp_size=8, weights="fp8")
+    dp8 = ServingConfig(model="deepseek-v3", gpu="H200", tp_size=8, weights="fp8",
+                        attn_dp_size=8, ep_size=8, moe_a2a_backend="deepep")
     rows = {
         "replay, radix cache (default)": base,
         "replay, HiCache ratio 2": base.model_copy(update={"enable_hierarchical_cache": True}),
         "replay, radix cache off": base.model_copy(update={"disable_radix_cache": True}),
+        "replay, attn DP 8 + EP 8": dp8,
     }
     print(f"workload: {args.trace.name}, {len(reqs)} requests, one replica of "
-          f"{base.model} {base.weights} TP{base.tp_size} on {base.gpu}")
+          f"{base.model} {base.weights} TP{base.tp_size} on {base.gpu} (attn DP rows: "
+          f"{dp8.model} {dp8.weights} on 8x {dp8.gpu}, attn DP 8 + EP 8)")
     print(f"{'run':<32} {'virtual s':>10} {'wall s':>8} {'x real time':>12} {'hit rate':>9} "
-          f"{'TTFT p50 s':>11}")
+          f"{'TTFT p50 s':>11} {'estimate s':>11}")
     for name, cfg in rows.items():
         cfg = ServingConfig.model_validate(cfg.model_dump())
         rep = fit(cfg)
@@ -54,15 +67,20 @@ def main() -> None:
         virtual = max(r.finish_s for r in ok) - min(r.arrival_s for r in recs)
         s = summarize(recs, cfg.gpus)
         p50 = (s.ttft_ms.p50 or 0.0) / 1e3
+        hit = sum(x.cache_hit_rate for x in stats) / len(stats)  # mean over the schedulers
+        est = estimate_open_loop(cfg, rep, reqs).seconds
         print(f"{name:<32} {virtual:>10.0f} {wall:>8.2f} {virtual / wall:>12,.0f} "
-              f"{stats[0].cache_hit_rate:>9.1%} {p50:>11.1f}")
-    rep = fit(base)
-    t0 = time.perf_counter()
-    recs, _ = simulate_closed_loop(base, rep, 1024, 120.0, 2048, 512)
-    wall = time.perf_counter() - t0
-    virtual = max(r.finish_s for r in recs if r.error is None)
-    print(f"{'saturation c1024 ISL2048/OSL512':<32} {virtual:>10.0f} {wall:>8.2f} "
-          f"{virtual / wall:>12,.0f} {'-':>9} {'-':>11}")
+              f"{hit:>9.1%} {p50:>11.1f} {est:>11.2f}")
+    for name, cfg in (("saturation c1024 ISL2048/OSL512", base),
+                      ("saturation attn DP 8, c1024", dp8)):
+        rep = fit(cfg)
+        t0 = time.perf_counter()
+        recs, _ = simulate_closed_loop(cfg, rep, 1024, 120.0, 2048, 512)
+        wall = time.perf_counter() - t0
+        virtual = max(r.finish_s for r in recs if r.error is None)
+        est = estimate_closed_loop(cfg, rep, 1024, 120.0, 2048, 512).seconds
+        print(f"{name:<32} {virtual:>10.0f} {wall:>8.2f} {virtual / wall:>12,.0f} {'-':>9} "
+              f"{'-':>11} {est:>11.2f}")
 
 
 if __name__ == "__main__":

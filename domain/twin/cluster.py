@@ -97,6 +97,9 @@ ROUTED_CLOSED_LOOP = ("round_robin", "power_of_two")
 # Progress callbacks of the simulations: (done, total), called from the simulating thread.
 SimProgress = Callable[[int, int], None]
 PROGRESS_EVERY = 1000  # requests routed between two open-loop progress calls
+# Wall cost of one attention-DP rank's lockstep step over a lone engine's step (the compute
+# budget's estimate, _step_weight): measured by benchmarks/twin_speed.py --estimate
+LOCKSTEP_STEP_WEIGHT = 4.0
 
 
 class ReplicaStats(BaseModel):
@@ -566,8 +569,8 @@ def estimate_closed_loop(config: ServingConfig, report: FitReport, concurrency: 
     the compute budget's up-front check (:class:`~domain.twin.budget.SimCost`), not a bound.
     """
     cost = build_cost_model(config, report)
-    lim = engine_limits(config, report)
-    R = config.replicas
+    lim = scheduler_limits(config, report)
+    R, S = config.replicas, config.schedulers
     total = SimCost(0, 0, 0)
     shares = Router.for_config(config).client_shares(concurrency, isl)
     for i in range(R):
@@ -578,13 +581,26 @@ def estimate_closed_loop(config: ServingConfig, report: FitReport, concurrency: 
             total += SimCost(0, share, 0)
             continue
         ctx = isl + osl / 2
-        b = _batch(lim, share, ctx)
+        busy = min(S, share)  # schedulers with clients (the controller spreads them)
+        b = _batch(lim, share / busy, ctx)
         round_s = max(osl * cost.decode_time(b, int(b * ctx)), 1e-9)
-        n = share + b * duration_s / round_s
+        n = share + busy * b * duration_s / round_s
         if max_requests:
             n = min(n, max(share, max_requests * share // concurrency))
-        total += SimCost(_steps(lim, b, n * isl, n * osl), n, n * osl)
+        steps = busy * _steps(lim, b, n / busy * isl, n / busy * osl)
+        total += SimCost(steps * _step_weight(config), n, n * osl)
     return total
+
+
+def _step_weight(config: ServingConfig) -> float:
+    """Cost of one scheduler step of ``config`` in units of a lone engine's step.
+
+    Attention-DP ranks step in lockstep: each rank's iteration is formed and run separately
+    (:meth:`TwinEngine.plan_step`, :meth:`TwinEngine.commit_step`) without the lone engine's
+    run of decode steps in one call, and every rank takes part in every step (an idle rank
+    too): :data:`LOCKSTEP_STEP_WEIGHT` per rank and step.
+    """
+    return LOCKSTEP_STEP_WEIGHT if config.attn_dp_size > 1 else 1.0
 
 
 def estimate_open_loop(config: ServingConfig, report: FitReport, requests: Sequence[Any]
@@ -594,7 +610,7 @@ def estimate_open_loop(config: ServingConfig, report: FitReport, requests: Seque
     Decode steps at the largest batch the fleet's slots and KV pools hold (a lower estimate:
     a lightly loaded replica decodes smaller batches); requests that cannot fit cost one record.
     """
-    lim = engine_limits(config, report)
+    lim = scheduler_limits(config, report)
     n = len(requests)
     fit_in = fit_out = fits = 0
     for req in requests:
@@ -606,4 +622,5 @@ def estimate_open_loop(config: ServingConfig, report: FitReport, requests: Seque
     if not fits:
         return SimCost(0, n, 0)
     b = _batch(lim, fits, (fit_in + fit_out / 2) / fits)
-    return SimCost(_steps(lim, b, fit_in, fit_out) / config.replicas, n, fit_out)
+    steps = _steps(lim, b, fit_in, fit_out) / config.replicas * _step_weight(config)
+    return SimCost(steps, n, fit_out)

@@ -41,7 +41,6 @@ independently.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import random
 from collections import deque
@@ -210,7 +209,9 @@ class DPServer:
                 out.append(RequestRecord(arrival_s=self._arrival[k], input_tokens=inp,
                                          output_tokens=0, error="request did not finish"))
                 continue
-            out.append(dataclasses.replace(per[rank][j], arrival_s=self._arrival[k]))
+            rec = per[rank][j]  # a fresh record: its arrival becomes the server's
+            rec.arrival_s = self._arrival[k]
+            out.append(rec)
         return out
 
     # ------------------------------------------------------------------ simulation
@@ -251,7 +252,7 @@ class DPServer:
             self.now = max(self.now, until) if math.isfinite(until) else \
                 max([self.now, *(e.now for e in self.ranks)])
             return
-        ranks, q = self.ranks, self._queue
+        ranks, q, cost = self.ranks, self._queue, self.ranks[0].cost
         budget, mask, it = ranks[0].compute_budget, CHECK_EVERY - 1, 0
         while self.now < until:
             it += 1
@@ -260,10 +261,23 @@ class DPServer:
             now = self.now
             self._dispatch(now)
             dt = None
+            n_max = ctx_max = 0
             for e in ranks:
-                d = e.plan_step(max_virtual_s)
+                d = e.plan_step(max_virtual_s, shared_decode=True)
                 if d is not None and (dt is None or d > dt):
                     dt = d
+                shape = e.shared_decode
+                if shape is not None:
+                    n_max, ctx_max = max(n_max, shape[0]), max(ctx_max, shape[1])
+            if n_max:  # the decode ranks' forward: padded to the largest batch (docstring)
+                gpu = cost.decode_time(n_max, ctx_max)
+                ar = cost.decode_allreduce_time(n_max)
+                roof = cost.decode_roofline_time(n_max, ctx_max)
+                eager = cost.eager(n_max)
+                for e in ranks:
+                    if e.shared_decode is not None:
+                        e.count_shared_decode(ar, roof, eager)
+                dt = gpu if dt is None or gpu > dt else dt
             if dt is not None:
                 for e in ranks:
                     e.commit_step(dt)

@@ -340,6 +340,7 @@ class TwinEngine:
         self._tokenizer_free = 0.0                       # when the tokenizer is next idle
         # lockstep (domain.twin.dp): the iteration plan_step formed, for commit_step
         self._plan: tuple[list[tuple[_Req, int]], int, float, int] | None = None
+        self.shared_decode: tuple[int, int] | None = None  # see plan_step
 
     # ------------------------------------------------------------------ public API
     def submit(self, arrival_s: float, input_tokens: int, output_tokens: int,
@@ -497,7 +498,8 @@ class TwinEngine:
         return len(self._finish_times)
 
     # ------------------------------------------------------------------ lockstep (DP ranks)
-    def plan_step(self, max_virtual_s: float = 1e7) -> float | None:
+    def plan_step(self, max_virtual_s: float = 1e7, shared_decode: bool = False
+                  ) -> float | None:
         """Form this engine's next iteration at :attr:`now`; return its own duration, s.
 
         For attention-DP ranks that step together (:mod:`domain.twin.dp`): the caller takes
@@ -505,20 +507,41 @@ class TwinEngine:
         iteration is formed as :meth:`advance` forms it (arrivals taken, admission, retraction
         to make room), so its state changes are made here. None: nothing to run (the rank
         joins the others' forward with an idle batch, or all are idle).
+
+        ``shared_decode``: a plain (not speculative) decode step is priced by the caller for
+        all ranks at once; the engine then sets :attr:`shared_decode` to ``(batch, context
+        tokens)``, returns only its CPU floor (the queue scan of its admission pass, else 0)
+        and takes the step's statistics from :meth:`count_shared_decode`.
         """
         now = self.now
-        self._intake(now)
+        self.shared_decode = None
+        if self._pending or self._tokenizing:
+            self._intake(now)
         if now > max_virtual_s:
             self._give_up(now, max_virtual_s)
             return None
         while True:
-            chunks, loaded = self._admit()
+            if self._running and self._chunked is None and (self._full or not self._waiting):
+                chunks: list[tuple[_Req, int]] = []  # what _admit returns at once
+                loaded = 0
+                self._scan_s = 0.0
+            else:
+                chunks, loaded = self._admit()
             if chunks:
                 self._plan = (chunks, 0, 0.0, 0)
                 return self._prefill_time(chunks, loaded, self.lim.index_topk)
             if self._running:
                 retracted = self.stats.retractions
                 n = self._make_room(len(self._running))
+                if shared_decode and self.lim.spec is None:
+                    self._plan = ([], n, 1.0, retracted)
+                    self.shared_decode = (n, int(self._ctx_running))
+                    self.stats.waiting_sum += len(self._waiting)
+                    floor = 0.0
+                    if self._scan_s:
+                        floor = self.cost.cpu_time(n) + self._scan_s
+                        self._scan_s = 0.0
+                    return floor
                 dt, acc = self._decode_time(n)
                 self._plan = ([], n, acc, retracted)
                 return dt
@@ -528,6 +551,14 @@ class TwinEngine:
                            "request exceeds the KV pool after reservations")
                 continue
             return None
+
+    def count_shared_decode(self, allreduce_s: float, roofline_s: float, eager: bool) -> None:
+        """Count the statistics of a decode step priced for all ranks (``shared_decode``)."""
+        st = self.stats
+        st.decode_allreduce_s += allreduce_s
+        st.decode_roofline_s += roofline_s
+        if eager:
+            st.eager_decode_steps += 1
 
     def commit_step(self, dt: float) -> None:
         """Run the iteration :meth:`plan_step` formed, lasting ``dt`` s (>= its own duration).
