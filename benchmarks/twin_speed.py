@@ -4,8 +4,9 @@ Baseline: real time (a real cluster needs the virtual duration in wall-clock sec
 ratio printed is simulated seconds per wall second. The workload is the full Mooncake FAST'25
 conversation trace (12,031 requests over one hour, shipped in ``data/traces``) at its own arrival
 times on ONE replica of GLM-5 on B200 (TP8, FP8 weights). Rows: with the radix prefix cache (the
-engine default), with HiCache, and with the cache disabled, plus the default study's saturation
-run for reference. Target (issue 3): >= 1,000x real time for the trace replay. The attention-DP
+engine default), with HiCache, and with the cache disabled, on a 1P:1D prefill/decode split of
+that server (two of them: ``pd_row``, issue 21), plus the default study's saturation run for
+reference. Target (issue 3): >= 1,000x real time for the trace replay. The attention-DP
 rows (issue 21) replay the same trace on, and saturate, ONE server of DeepSeek-V3 FP8 on 8x H200
 with attention DP 8 + EP 8 (eight schedulers in lockstep behind the DP controller); target
 >= 1,000x. The last column is the compute budget's up-front estimate of the run
@@ -71,6 +72,7 @@ def main() -> None:
         est = estimate_open_loop(cfg, rep, reqs).seconds
         print(f"{name:<32} {virtual:>10.0f} {wall:>8.2f} {virtual / wall:>12,.0f} "
               f"{hit:>9.1%} {p50:>11.1f} {est:>11.2f}")
+    pd_row(base, reqs)
     for name, cfg in (("saturation c1024 ISL2048/OSL512", base),
                       ("saturation attn DP 8, c1024", dp8)):
         rep = fit(cfg)
@@ -81,6 +83,25 @@ def main() -> None:
         est = estimate_closed_loop(cfg, rep, 1024, 120.0, 2048, 512).seconds
         print(f"{name:<32} {virtual:>10.0f} {wall:>8.2f} {virtual / wall:>12,.0f} {'-':>9} "
               f"{'-':>11} {est:>11.2f}")
+
+
+def pd_row(base: ServingConfig, reqs: list[tuple[float, int, int, tuple[int, ...], int]]) -> None:
+    """Print the row of the trace replayed on a 1P:1D split of ``base`` (issue 21).
+
+    One prefill and one decode server with ``base``'s layout (:mod:`domain.twin.pd`); the
+    virtual duration over the wall seconds of the simulation, as the other replay rows.
+    """
+    cfg = ServingConfig.model_validate({**base.model_dump(), "pd": "1P1D"})
+    rep = fit(cfg)
+    t0 = time.perf_counter()
+    recs, stats = simulate_open_loop(cfg, rep, reqs)
+    wall = time.perf_counter() - t0
+    ok = [r for r in recs if r.error is None]
+    virtual = max(r.finish_s for r in ok) - min(r.arrival_s for r in recs)
+    p50 = (summarize(recs, cfg.gpus).ttft_ms.p50 or 0.0) / 1e3
+    hit = next(s.cache_hit_rate for s in stats if s.role == "prefill")
+    print(f"{'replay, PD 1P1D':<32} {virtual:>10.0f} {wall:>8.2f} {virtual / wall:>12,.0f} "
+          f"{hit:>9.1%} {p50:>11.1f}")
 
 
 if __name__ == "__main__":

@@ -80,6 +80,10 @@ Op classes:
   prompt's token list concatenated and walked page by page, at the ~20 us per running request
   of ``request_overhead_s``' prior); not fitted: the measured rows are closed loops whose
   clients do not queue beyond the slots.
+- ``pd_transfer_eta`` / ``pd_transfer_latency_s``: prefill/decode disaggregation: the share of
+  the NICs' bandwidth a prompt's KV transfer from the prefill to the decode server reaches, and
+  the fixed seconds per request around it (bootstrap handshake, completion poll); priors and
+  sources at the fields, the mechanics in :mod:`domain.twin.pd`.
 - ``allreduce_latency_s``: the fixed latency of the plain ring all-reduce of a cost model built
   without a GPU (order of us). A model built for a GPU prices all-reduces with
   :mod:`domain.interconnect` instead (latencies fitted per topology on the wheel's tables).
@@ -172,6 +176,17 @@ class Efficiency:
     # two-GPU NCCL small-message latencies of domain/data/allreduce-fit.json (LL / Simple:
     # 6.5 / 18.8 us on H200, 6.4 / 16.8 us on RTX PRO 6000) plus the pyobj send, ~ 30 us
     pp_stage_latency_s: float = 3.0e-5
+    # PD disaggregation (domain/twin/pd.py): the share of the NIC bandwidth a KV transfer
+    # between a prefill and a decode server reaches. Prior 0.475: the Mooncake Transfer Engine
+    # README (kvcache-ai/Mooncake) reports 190 GB/s on 8 x 400 Gbps RoCE (400 GB/s: 8 GPUs x the
+    # catalog's 50e9 B/s NIC) for 40 GB transfers; the wheel's disaggregated rows fit it
+    pd_transfer_eta: float = 0.475
+    # PD: fixed seconds per request outside the bytes on the wire: the decode server's
+    # preallocation metadata sent to the prefill's bootstrap (ZMQ), the transfer's completion
+    # notification and one poll of each scheduler loop. Prior 1 ms (an assumption: two ZMQ
+    # messages of well under 1 ms each on an idle host, as request_fixed_s' hops; polls run
+    # once per iteration, a few ms apart under load); the wheel's disaggregated rows fit it
+    pd_transfer_latency_s: float = 1.0e-3
 
     def updated(self, values: dict[str, float]) -> Efficiency:
         """A copy with ``values`` replacing fields of the same name.
@@ -185,7 +200,7 @@ class Efficiency:
             raise ValueError(f"unknown efficiency constant(s) {', '.join(bad)}; "
                              f"known: {', '.join(sorted(known))}")
         for k, v in values.items():
-            if k.startswith("eta_") and not 0 < v <= 1.5:
+            if (k.startswith("eta_") or k.endswith("_eta")) and not 0 < v <= 1.5:
                 raise ValueError(f"{k} = {v} is not a share of peak in (0, 1.5]")
             if k.endswith("_s") and v < 0:
                 raise ValueError(f"{k} = {v} s is negative")

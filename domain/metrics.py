@@ -44,6 +44,9 @@ class RequestRecord:
     finish_s: float = math.nan
     itl_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
     error: str | None = None
+    # PD disaggregation: seconds of the prompt's KV transfer (prefill end to KV on the decode
+    # server) inside this request's TTFT; 0 on an aggregated server
+    transfer_s: float = 0.0
 
     @property
     def ttft_s(self) -> float:
@@ -154,6 +157,20 @@ def summarize(records: Sequence[RequestRecord], gpus: int,
         ttft_ms=Percentiles.of(ttft), itl_ms=Percentiles.of(itl), tpot_ms=Percentiles.of(tpot),
         e2e_ms=Percentiles.of(e2e), goodput_req_s=good, gpus=gpus,
     )
+
+
+def ttft_transfer_share(records: Sequence[RequestRecord]) -> float | None:
+    """The KV transfer's share of TTFT over the completed requests (PD disaggregation).
+
+    ``sum(transfer_s) / sum(ttft_s)`` over records without error: the fraction of all the time
+    to first token spent moving prompts' KV from prefill to decode servers. None when no
+    completed request has a transfer (an aggregated run) or none completed.
+    """
+    ok = [r for r in records if r.error is None]
+    moved = sum(r.transfer_s for r in ok)
+    if not ok or moved <= 0:
+        return None
+    return moved / max(sum(r.ttft_s for r in ok), 1e-12)
 
 
 # "ITL roughly doubles" past the ceiling: an eager run's median ITL at least 1.8 x an in-graph

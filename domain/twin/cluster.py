@@ -129,6 +129,7 @@ class ReplicaStats(BaseModel):
     waiting_sum: int = 0  # sum over steps of the waiting-queue length
     mean_inflight: float = 0.0  # requests in flight (running + waiting), time-weighted
     max_inflight: int = 0
+    role: str = "server"  # PD layouts: "prefill" or "decode" (domain.twin.pd)
     rank: int = 0
 
 
@@ -348,6 +349,10 @@ def simulate_open_loop(config: ServingConfig, report: FitReport,
     Raises:
         ComputeBudgetExceeded: ``budget`` ran out or was cancelled.
     """
+    if config.pd is not None:  # prefill/decode disaggregation
+        from domain.twin import pd
+
+        return pd.simulate_open_loop(config, report, requests, progress, budget)
     cost = build_cost_model(config, report)
     lim = scheduler_limits(config, report)
     R = config.replicas
@@ -411,6 +416,11 @@ def simulate_closed_loop(config: ServingConfig, report: FitReport, concurrency: 
     """
     if concurrency < 1:
         raise ValueError("concurrency must be >= 1")
+    if config.pd is not None:  # prefill/decode disaggregation
+        from domain.twin import pd
+
+        return pd.simulate_closed_loop(config, report, concurrency, duration_s, isl, osl,
+                                       max_requests, progress, budget, router_seed)
     if config.router_policy in ROUTED_CLOSED_LOOP and config.replicas > 1:
         return _closed_loop_routed(config, report, concurrency, duration_s, isl, osl,
                                    max_requests, progress, budget, router_seed)
@@ -567,7 +577,12 @@ def estimate_closed_loop(config: ServingConfig, report: FitReport, concurrency: 
     half the output per request) busy for ``duration_s`` at the step time of the cost model,
     then drain; requests that cannot fit fail at once (one record, no steps). An estimate for
     the compute budget's up-front check (:class:`~domain.twin.budget.SimCost`), not a bound.
+    A PD config: :func:`domain.twin.pd.estimate_closed_loop`.
     """
+    if config.pd is not None:
+        from domain.twin import pd
+
+        return pd.estimate_closed_loop(config, concurrency, duration_s, isl, osl, max_requests)
     cost = build_cost_model(config, report)
     lim = scheduler_limits(config, report)
     R, S = config.replicas, config.schedulers
@@ -609,7 +624,12 @@ def estimate_open_loop(config: ServingConfig, report: FitReport, requests: Seque
 
     Decode steps at the largest batch the fleet's slots and KV pools hold (a lower estimate:
     a lightly loaded replica decodes smaller batches); requests that cannot fit cost one record.
+    A PD config: :func:`domain.twin.pd.estimate_open_loop`.
     """
+    if config.pd is not None:
+        from domain.twin import pd
+
+        return pd.estimate_open_loop(config, requests)
     lim = scheduler_limits(config, report)
     n = len(requests)
     fit_in = fit_out = fits = 0

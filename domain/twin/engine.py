@@ -338,6 +338,17 @@ class TwinEngine:
         self._fixed = float(getattr(cost, "request_fixed_s", 0.0))
         self._tokenize = getattr(cost, "tokenize_time", None) if tokenize else None
         self._tokenizer_free = 0.0                       # when the tokenizer is next idle
+        # PD disaggregation roles (:meth:`set_role`, driven by domain.twin.pd)
+        self._role = "null"
+        self._held: dict[int, _Req] = {}   # KV and a slot held outside the batch (PD)
+        self._held_kv = 0.0                # their KV tokens
+        self._transferred: deque[_Req] = deque()  # decode role: KV arrived, not yet running
+        self._stalled = False              # the head waits on held KV (prefill role)
+        self._pd_extra_slots = 0
+        self._pd_reserved = 0
+        self._pd_joins = 0                 # decode role: requests joined (prealloc_fits' cache)
+        self._pd_max_key: tuple[int, ...] = ()
+        self._pd_max_total = 0
         # lockstep (domain.twin.dp): the iteration plan_step formed, for commit_step
         self._plan: tuple[list[tuple[_Req, int]], int, float, int] | None = None
         self.shared_decode: tuple[int, int] | None = None  # see plan_step
@@ -368,7 +379,7 @@ class TwinEngine:
     def busy(self) -> bool:
         """Whether a submitted request is not finished (there is work to simulate)."""
         return bool(self._pending or self._tokenizing or self._waiting or self._running
-                    or self._chunked)
+                    or self._chunked or self._transferred)
 
     @property
     def next_event_s(self) -> float:
@@ -377,7 +388,8 @@ class TwinEngine:
         :attr:`now` while a request is running, waiting or mid-prefill; else the next arrival
         or the next request leaving the tokenizer.
         """
-        if self._running or self._waiting or self._chunked is not None:
+        if (self._running or self._waiting or self._chunked is not None
+                or self._transferred) and not self._stalled:
             return self.now
         t = math.inf
         if self._pending:
@@ -622,6 +634,9 @@ class TwinEngine:
             it += 1
             if budget is not None and not it & mask:
                 budget.check()
+            self._stalled = False
+            if self._transferred:
+                self._join_transferred()
             now = self.now
             self._intake(now)
             if now > max_virtual_s:
@@ -645,6 +660,9 @@ class TwinEngine:
                 if self.now < nxt:
                     break
                 continue
+            if waiting and self._held:  # PD: the head waits for held KV to be released
+                self._stalled = True
+                break
             if waiting:  # nothing runs and the head cannot be admitted: it never fits
                 r = waiting.popleft()
                 self._fail(r, now, "request exceeds the KV pool after reservations")
@@ -785,7 +803,7 @@ class TwinEngine:
     def _free(self) -> float:
         dev = self.cache.device_tokens if self.cache else 0
         chunk_priv = self._chunked.private if self._chunked is not None else 0.0
-        return self.lim.kv_tokens - dev - self._priv_running - chunk_priv
+        return self.lim.kv_tokens - dev - self._priv_running - chunk_priv - self._held_kv
 
     def _evictable(self) -> int:
         return self.cache.evictable_tokens if self.cache else 0
@@ -857,7 +875,7 @@ class TwinEngine:
             self._full = False
         if chunked is None and (self._full or not waiting):
             return chunks, 0
-        n_slots = len(self._running) + (1 if chunked is not None else 0)
+        n_slots = len(self._running) + (1 if chunked is not None else 0) + len(self._held)
         if chunked is None and n_slots >= lim.max_running_requests:
             self._full = True
             return chunks, 0
@@ -949,6 +967,9 @@ class TwinEngine:
             else:  # recomputation after a retraction also yields the next token
                 r.segments.append((-1, -1, 1))
                 r.reprefill_times.append(now)
+            if self._role == "prefill":  # PD: its KV waits for the transfer (set_role)
+                self._hold(r, now)
+                continue
             if r.generated >= r.output:
                 r.segments.append((0, 0, 0))
                 self._release(r)
@@ -1059,6 +1080,150 @@ class TwinEngine:
         last = self._finish_times[-1] if self._finish_times else t
         self._finish_times.append(max(t, last))  # kept sorted for finished_by()
         self._finish_order.append(r.idx)
+
+    # ------------------------------------------------------------------ PD roles
+    def set_role(self, role: str, extra_slots: int = 0, reserved_decode_tokens: int = 0) -> None:
+        """Make this engine one server of a prefill/decode layout (:mod:`domain.twin.pd`).
+
+        ``"prefill"``: a request leaves the batch once its prefill yields the first token but
+        keeps its KV (and its cache locks) and its request slot until :meth:`release_held` (its
+        KV transfer ended); :meth:`ended_since` reports it at the prefill's end. SGLang 0.5.23
+        ``disaggregation/prefill.py``: ``process_batch_result_disagg_prefill`` (901) moves it
+        to the inflight queue, ``process_disagg_prefill_inflight_queue`` (1151-1250) frees its
+        KV on ``KVPoll.Success``; the rows it holds count against admission
+        (``managers/scheduler.py:4027-4050`` ``get_num_allocatable_reqs``).
+
+        ``"decode"``: requests arrive prefilled: :meth:`prealloc_fits` and :meth:`preallocate`
+        reserve a request slot and the prompt's KV before the transfer, :meth:`join_prefilled`
+        hands the request over when its KV has arrived (SGLang ``disaggregation/decode.py``).
+
+        Args:
+            role: ``"prefill"`` or ``"decode"``.
+            extra_slots: decode: request slots beyond ``max_running_requests`` for requests
+                preallocated or in transfer (``--disaggregation-decode-extra-slots``).
+            reserved_decode_tokens: decode: KV tokens reserved per active request by the
+                preallocation budget (``--num-reserved-decode-tokens``).
+
+        Raises:
+            ValueError: for another role.
+        """
+        if role not in ("prefill", "decode"):
+            raise ValueError(f"unknown PD role {role!r}: prefill or decode")
+        self._role = role
+        self._pd_extra_slots = extra_slots
+        self._pd_reserved = reserved_decode_tokens
+
+    @property
+    def pd_reserved_tokens(self) -> int:
+        """Decode role: KV tokens the preallocation budget reserves per active request."""
+        return self._pd_reserved
+
+    def release_held(self, idx: int, t: float) -> None:
+        """Prefill role: request ``idx``'s KV transfer ended at ``t``: free its KV and slot.
+
+        The KV is freed at the engine's next iteration boundary at or after ``t`` (the
+        inflight queue is polled once per scheduler loop, ``prefill.py:684-722``); an idle
+        engine moves to ``t``. Its cached prefix stays in the radix cache, unlocked.
+        """
+        r = self._held.pop(idx)
+        self._held_kv -= r.private
+        self._release(r)
+        self._full = False
+        self._stalled = False
+        if not (self._running or self._chunked is not None) and self.now < t:
+            self.now = t
+
+    def prealloc_fits(self, input_tokens: int, output_tokens: int) -> bool:
+        """Decode role: whether preallocation admits one more request now.
+
+        SGLang 0.5.23 ``disaggregation/decode.py`` ``pop_preallocated`` (1333-1620, FIFO, the
+        queue stops at the first request that does not fit): a free request row
+        (``max_running_requests + extra_slots`` rows, ``DecodeReqToTokenPool`` 171-216) and
+        ``required <= allocatable`` with (radix cache off on decode servers)
+
+        - ``required = max(input + reserved, input + output - retractable)``
+          (``_required_admission_tokens``, 508-517),
+        - ``allocatable = free KV - max(reserved x active, max over the running batch of
+          (input + output) - retractable)`` (``_allocatable_token_budgets`` and
+          ``_need_space_for_single_req``, 2027-2137),
+
+        where ``retractable`` = prompt + generated tokens of the running batch and ``active``
+        = requests running, preallocated, in transfer or waiting.
+        """
+        running = self._running
+        active = (len(running) + len(self._held) + len(self._transferred) + len(self._waiting)
+                  + (1 if self._chunked is not None else 0))
+        if active >= self.lim.max_running_requests + self._pd_extra_slots:
+            return False
+        retractable = self._ctx_running
+        # the running batch changes only on a join, a finish, a retraction or a re-prefill
+        key = (self._pd_joins, len(self._finish_order), self.stats.retractions,
+               self.stats.prefill_steps)
+        if key != self._pd_max_key:
+            self._pd_max_key = key
+            self._pd_max_total = max((x.input + x.output for x in running.values()), default=0)
+        single = self._pd_max_total - retractable if running else 0.0
+        allocatable = self._free() + self._evictable() - max(self._pd_reserved * active,
+                                                             single)
+        required = max(input_tokens + self._pd_reserved,
+                       input_tokens + output_tokens - retractable)
+        return required <= allocatable
+
+    def preallocate(self, t: float, input_tokens: int, output_tokens: int) -> int:
+        """Decode role: reserve a slot and ``input_tokens`` of KV for a request at ``t``.
+
+        Returns:
+            The request's index in :meth:`records` (its arrival there is ``t``).
+        """
+        r = _Req(idx=len(self._reqs), arrival=t, input=input_tokens, output=output_tokens,
+                 path=[], block=0, target=input_tokens)
+        self._reqs.append(r)
+        r.private = float(input_tokens)
+        self._held[r.idx] = r
+        self._held_kv += r.private
+        return r.idx
+
+    def join_prefilled(self, idx: int, t: float) -> None:
+        """Decode role: request ``idx``'s KV arrived at ``t``; it joins the running batch.
+
+        It joins at the engine's next iteration boundary at or after ``t`` while the batch has
+        room (``_get_new_prebuilt_batch``, ``decode.py:3375-3456``: up to
+        ``max_running_requests`` running), with the first token (computed by the prefill
+        server) streamed then (``process_batch_result_prebuilt``,
+        ``managers/scheduler_components/batch_result_processor.py:117-134``): that is its
+        first-token time; no forward runs for it.
+        """
+        r = self._held.pop(idx)
+        if not self.busy:
+            self.now = max(self.now, t)
+        self._transferred.append(r)
+
+    def _join_transferred(self) -> None:
+        cap, now = self.lim.max_running_requests, self.now
+        while self._transferred and len(self._running) < cap:
+            r = self._transferred.popleft()
+            self._pd_joins += 1
+            self._held_kv -= r.private
+            r.prefilled = r.target = r.input
+            r.generated = 1
+            r.first_token = now
+            self.stats.prompt_tokens += r.input
+            if r.generated >= r.output:
+                r.segments.append((0, 0, 0))
+                r.private = 0.0
+                self._finish(r, now)
+                continue
+            self._join_running(r)
+
+    def _hold(self, r: _Req, now: float) -> None:
+        """Prefill role: ``r`` produced its first token; it keeps its KV until released."""
+        r.segments.append((0, 0, 0))
+        r.finish = now
+        last = self._finish_times[-1] if self._finish_times else now
+        self._finish_times.append(max(now, last))
+        self._finish_order.append(r.idx)
+        self._held[r.idx] = r
+        self._held_kv += r.private
 
     # ------------------------------------------------------------------ results
     def records(self) -> list[RequestRecord]:
