@@ -73,17 +73,6 @@ from domain.speculative import accept_length, draft_tokens_for_batch, steps_for_
 from domain.study import SaturationSpec
 from domain.workload import Trace
 
-# Priors of a PD layout's KV transfer until the GPU's Efficiency carries fitted
-# ``pd_transfer_eta`` / ``pd_transfer_latency_s`` (the PD fit of issue 21): half the NIC's line
-# rate, a deliberately round share (RDMA transfer engines report well above it on large
-# messages, far below it on small pages), and a round 2 ms per request for the handshake: the
-# decode server sends the request's KV page indices to its prefill peer before the first page
-# moves and polls the transfer's status once per scheduler iteration
-# (--disaggregation-decode-polling-interval 1; the HTTP route lookup is cached per prefill
-# server, SGLang 0.5.23 disaggregation/common/conn.py:1293-1306).
-PD_TRANSFER_ETA = 0.5
-PD_TRANSFER_LATENCY_S = 2e-3
-
 
 @dataclass(frozen=True, slots=True)
 class ReplayProfile:
@@ -349,29 +338,25 @@ def estimate(config: ServingConfig, saturation: SaturationSpec,
                     utilization=rho, ttft_p99_ms=ttft)
 
 
-def transfer_time(prefill: ServingConfig, rep: FitReport, tokens: float) -> float:
-    """Seconds to move ``tokens`` tokens of KV from a prefill server to a decode server.
+def transfer_time(config: ServingConfig, prefill: tuple[ServingConfig, FitReport],
+                  decode: tuple[ServingConfig, FitReport], tokens: float) -> float:
+    """Seconds to move ``tokens`` prompt tokens of KV from a prefill to a decode server.
 
-    Every prefill GPU sends its share of the KV (``rep.kv_bytes_per_token`` per GPU, the
-    draft's too) to its decode peer at once, over its scale-out NIC
-    (``Interconnect.nic_bytes_per_s``) at the share ``pd_transfer_eta`` of it, plus the fixed
-    ``pd_transfer_latency_s`` per request (bootstrap and handshake): the Efficiency fields of
-    the GPU once calibrated, else the priors :data:`PD_TRANSFER_ETA` and
-    :data:`PD_TRANSFER_LATENCY_S`.
+    The twin's transfer on an idle link (:func:`domain.twin.pd.transfer_link`): every prefill
+    GPU holding the request sends its share over its own NIC at ``Efficiency.pd_transfer_eta``
+    of ``Interconnect.nic_bytes_per_s``, plus ``pd_transfer_latency_s`` per request; no queue
+    on the link (the estimate's queueing is the prefill's M/M/1 wait).
 
     Args:
-        prefill: one prefill server's config (``ServingConfig.pd_worker("prefill")``).
-        rep: its memory fit.
+        config: the PD config (its ``disaggregation_transfer_backend``).
+        prefill: one prefill server's config and memory fit.
+        decode: one decode server's config and memory fit.
         tokens: prompt tokens whose KV moves (cached ones too: the decode server holds none).
     """
-    from domain.calibration import efficiency
-    from domain.hardware import get_gpu
+    from domain.twin.pd import transfer_link  # the twin's link, imported when a PD is priced
 
-    eff = efficiency(prefill.gpu)
-    eta = float(getattr(eff, "pd_transfer_eta", PD_TRANSFER_ETA))
-    fixed = float(getattr(eff, "pd_transfer_latency_s", PD_TRANSFER_LATENCY_S))
-    nbytes = (rep.kv_bytes_per_token + rep.draft_kv_bytes_per_token) * max(tokens, 0.0)
-    return fixed + nbytes / (get_gpu(prefill.gpu).interconnect.nic_bytes_per_s * eta)
+    link = transfer_link(config, prefill[0], prefill[1], decode[0], decode[1])
+    return link.seconds(int(round(max(tokens, 0.0))))
 
 
 def _estimate_pd(config: ServingConfig, saturation: SaturationSpec,
@@ -399,7 +384,11 @@ def _estimate_pd(config: ServingConfig, saturation: SaturationSpec,
             return _not_fit(f"{role} servers: {e}")
         roles[role] = (count * worker.schedulers, worker, rep, build_cost_model(worker, rep))
     n_p, pw, rep_p, cost_p = roles["prefill"]
-    n_d, _, rep_d, cost_d = roles["decode"]
+    n_d, dw, rep_d, cost_d = roles["decode"]
+
+    def move(tokens: float) -> float:
+        return transfer_time(config, (pw, rep_p), (dw, rep_d), tokens)
+
     s = saturation
     batch = _batch(rep_d, s.concurrency / n_d, s.isl, s.osl)
     if batch < 1:
@@ -409,7 +398,7 @@ def _estimate_pd(config: ServingConfig, saturation: SaturationSpec,
     t_pre = _prefill_per_request(cost_p, s.isl, 0.0, rep_p.chunked_prefill_size)
     t_dec, acc = _decode_step(cost_d, rep_d, b, s.isl + s.osl / 2)
     dec_req = max(s.osl - 1, 0.0) / acc * t_dec
-    cycle = (t_pre + transfer_time(pw, rep_p, s.isl) + t_dec + dec_req
+    cycle = (t_pre + move(s.isl) + t_dec + dec_req
              + cost_p.tokenize_time(s.isl) + cost_p.request_fixed_s)
     x = min(n_p / t_pre if t_pre > 0 else math.inf,
             n_d * b / dec_req if dec_req > 0 else math.inf, s.concurrency / cycle)
@@ -433,15 +422,15 @@ def _estimate_pd(config: ServingConfig, saturation: SaturationSpec,
     rho_d = r.rate_req_s / cap_d if math.isfinite(cap_d) else 0.0
     b_load = max(1, int(round(min(rho_d, 1.0) * b_max)))
     t_dec, _ = _decode_step(cost_d, rep_d, b_load, r.isl_mean + r.osl_mean / 2)
-    move = transfer_time(pw, rep_p, r.isl_p99)
+    moved = move(r.isl_p99)
     if rho >= 1 or rho_p >= 1:
         ttft = math.inf
     else:
-        ttft = (_first_prefill(cost_p, rep_p, r) + _p99_exp_wait(rho_p, t_pre) + move + t_dec
+        ttft = (_first_prefill(cost_p, rep_p, r) + _p99_exp_wait(rho_p, t_pre) + moved + t_dec
                 + _p99_slot_wait(rho_d, b_max, dec_e2e + t_dec)
                 + cost_p.tokenize_time(r.isl_p99) + cost_p.request_fixed_s) * 1000
     return Estimate(fits=True, batch=batch, output_tok_s_per_gpu=sat, capacity_req_s=mu,
-                    utilization=rho, ttft_p99_ms=ttft, transfer_ms=move * 1000)
+                    utilization=rho, ttft_p99_ms=ttft, transfer_ms=moved * 1000)
 
 
 def safe_estimate(config: ServingConfig, saturation: SaturationSpec,
