@@ -48,7 +48,12 @@ is the sum of
 Layouts: the fit and the step costs are per scheduler (one attention-DP rank or dp copy of a
 server; every rank assumed to run the same batch, the MoE seeing the gathered one), so a pool
 of ``replicas`` servers runs ``replicas x config.schedulers`` copies of the steady state above,
-each with its share of the clients and arrivals. A PD layout (``config.pd``) is a prefill pool
+each with its share of the clients and arrivals. Attention-DP ranks step together
+(``domain/twin/dp.py``), so in the replay a rank's decode also waits for its peers' prefills:
+with each rank prefilling a share ``u`` of the time independently, some rank prefills
+``1 - (1 - u)^ranks`` of it, and the excess over ``u`` is added to the rank's utilization and
+stretches its decode steps (saturation keeps one rank's own prefills: there the ranks' prefills
+coincide). A PD layout (``config.pd``) is a prefill pool
 and a decode pool, each fitted and costed as its own servers, joined by the KV transfer
 (:func:`transfer_time`): its throughput is the smaller pool's capacity and its TTFT adds the
 transfer and the wait for a decode slot (:func:`_estimate_pd`).
@@ -204,17 +209,19 @@ def _decode_step(cost: StepCostModel, rep: FitReport, batch: int,
 
 
 def _throughput(cost: StepCostModel, rep: FitReport, batch: float, isl: float, osl: float,
-                hit: float, outside_s: float = 0.0) -> tuple[float, float, float]:
+                hit: float, outside_s: float = 0.0,
+                lockstep: int = 1) -> tuple[float, float, float]:
     """(output tok/s, requests/s, T_pre s) of one replica at a running ``batch``.
 
     ``outside_s``: seconds per request a closed-loop client spends outside the engine's steps
     (the TTFT path: tokenize + ``request_fixed_s``, ``domain/twin/engine.py``), added to the
-    cycle; 0 for an open-loop capacity.
+    cycle; 0 for an open-loop capacity. ``lockstep``: ranks whose prefills stall this one's
+    decode (attention DP, see :func:`estimate`); 1 otherwise.
     """
     b = max(1, int(round(batch)))
     t_pre = _prefill_per_request(cost, isl, hit, rep.chunked_prefill_size)
     t_dec, acc = _decode_step(cost, rep, b, isl + osl / 2)
-    cycle = b * t_pre + max(osl - 1, 0.0) / acc * t_dec + outside_s
+    cycle = lockstep * b * t_pre + max(osl - 1, 0.0) / acc * t_dec + outside_s
     if cycle <= 0:
         return 0.0, 0.0, t_pre
     return b * osl / cycle, b / cycle, t_pre
@@ -318,14 +325,22 @@ def estimate(config: ServingConfig, saturation: SaturationSpec,
         return Estimate(fits=True, batch=batch, output_tok_s_per_gpu=sat,
                         why="the KV pool holds less than one mean request of the replay")
     _, req_s, t_pre = _throughput(cost, rep, b_max, r.isl_mean, r.osl_mean, r.reuse_share)
+    lam = r.rate_req_s / n  # arrivals per scheduler
+    rho_p = lam * t_pre  # its own prefills' share of its time
+    # attention-DP ranks step together (domain/twin/dp.py): a peer's prefill stalls this
+    # rank's decode. With the ranks' prefills independent, some rank prefills a share
+    # 1 - (1 - rho_p)^ranks of the time (rho_p for one rank), and decode runs only in the rest
+    stall = 1.0 - (1.0 - min(rho_p, 1.0)) ** config.attn_dp_size - min(rho_p, 1.0)
     mu = req_s * n
+    if stall > 0:  # the pool's rate at which the stalled ranks would be full
+        mu = r.rate_req_s / (lam / req_s + stall)
     rho = r.rate_req_s / mu if mu > 0 else math.inf
     # the decode batch a request meets on arrival: the load's share of the largest batch
     b_load = max(1, int(round(min(rho, 1.0) * b_max)))
     t_dec, acc = _decode_step(cost, rep, b_load, r.isl_mean + r.osl_mean / 2)
+    if stall > 0:
+        t_dec /= max(1e-9, 1.0 - stall)  # the peers' prefills in between
     first = _first_prefill(cost, rep, r)
-    lam = r.rate_req_s / n
-    rho_p = lam * t_pre
     if rho >= 1 or rho_p >= 1:
         ttft = math.inf
     else:

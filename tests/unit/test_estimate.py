@@ -333,3 +333,17 @@ def test_pd_is_the_slower_pool_and_its_ttft_carries_the_transfer(hand_model):
     slot = _p99_slot_wait(1 / 40, 4, 0.11)
     assert 0 < slot < 0.05
     assert est.ttft_p99_ms == pytest.approx((0.1 + wait + move + 0.01 + slot) * 1000)
+
+
+def test_attention_dp_ranks_stall_for_each_others_prefills(hand_model):
+    # 2 schedulers at 1 req/s each; each: 4 slots, 4 x 0.1 s prefill + 10 x 0.01 s decode per
+    # 4 requests = 8 req/s, and a 0.1 s prefill per request: its own prefill share u = 0.1
+    r = ReplayProfile(rate_req_s=2.0, isl_mean=100, isl_p99=100, osl_mean=11,
+                      reuse_share=0.0, requests=120)
+    copies = estimate(DSV3.model_copy(update={"dp_size": 2}), HAND_SAT, r)
+    assert copies.utilization == pytest.approx(1 / 8)  # independent TP groups: no stall
+    # attention-DP ranks step together: the peer prefills 1 - 0.9^2 - 0.1 = 0.09 of the time
+    lock = estimate(DSV3.model_copy(update={"attn_dp_size": 2}), HAND_SAT, r)
+    assert lock.utilization == pytest.approx(1 / 8 + 0.09)
+    assert lock.capacity_req_s == pytest.approx(2.0 / (1 / 8 + 0.09))
+    assert lock.ttft_p99_ms > copies.ttft_p99_ms
