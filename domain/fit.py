@@ -1,5 +1,8 @@
 """Memory fit: weights per GPU, KV bytes per token, the KV pool, and SGLang's default rules.
 
+The derived defaults live in :mod:`domain.memory_defaults` and the per-stage weights of a
+parallel layout in :mod:`domain.layout_memory`; both are re-exported here.
+
 Everything is per GPU of one replica unless named otherwise. Units: bytes for memory (GB = 1e9
 bytes in messages), tokens for pool sizes.
 
@@ -28,15 +31,38 @@ SGLang 0.5.23 rules reproduced here (servetune's sglang-knobs reference, section
 
 from __future__ import annotations
 
-from functools import cache
-
 from pydantic import BaseModel, ConfigDict
 
 from domain.config import ServingConfig
-from domain.engines import DerivedDefaults
 from domain.errors import DoesNotFit, InvalidCombination
 from domain.graph_memory import deepep_buffer_bytes, graph_capture_bytes
 from domain.hardware import GPU, get_gpu
+from domain.layout_memory import (
+    A2A_EP_SPANNING_BACKENDS as A2A_EP_SPANNING_BACKENDS,
+)
+from domain.layout_memory import (
+    DP_ATTENTION_CONSERVATIVENESS,
+    PD_EXTRA_SLOTS_MAX_PER_WORKER,
+    StageMemory,
+)
+from domain.layout_memory import default_layout as default_layout
+from domain.layout_memory import layout_label as layout_label
+from domain.layout_memory import pp_layer_ranges as pp_layer_ranges
+from domain.layout_memory import resolved_ep_size as resolved_ep_size
+from domain.layout_memory import stage_memory as stage_memory
+from domain.memory_defaults import GIB as GIB
+from domain.memory_defaults import MIB as MIB
+from domain.memory_defaults import default_chunked_prefill as default_chunked_prefill
+from domain.memory_defaults import default_decode_graph_bs as default_decode_graph_bs
+from domain.memory_defaults import (
+    default_max_running_requests as default_max_running_requests,
+)
+from domain.memory_defaults import default_mem_fraction as default_mem_fraction
+from domain.memory_defaults import prefill_capture_sizes as prefill_capture_sizes
+from domain.memory_defaults import (
+    resolve_max_running_requests as resolve_max_running_requests,
+)
+from domain.memory_defaults import version_defaults as version_defaults
 from domain.model_arch import mamba_state_split
 from domain.models import ModelArch, get_model
 from domain.speculative import (
@@ -45,8 +71,6 @@ from domain.speculative import (
     resolve_speculative,
 )
 
-GIB = 2**30
-MIB = 2**20
 # CUDA context, NCCL buffers and allocator slack present before weights load (~1.5 GB per GPU in
 # SGLang startup logs: "Load weight begin. avail mem=" sits about this far below the HBM size).
 CONTEXT_OVERHEAD_BYTES = 1.5e9
@@ -67,201 +91,6 @@ MEMORY_FIELDS = ("weights", "tp_size", "kv_cache_dtype", "mem_fraction_static",
 HICACHE_DEFAULT_RATIO = 2.0
 HICACHE_HOST_RESERVE_BYTES = 10 * GIB
 HICACHE_AUTO_HOST_FRACTION = 0.8
-# Parallel layouts (issue 21). Every rule below is a no-op for a config whose layout fields hold
-# their defaults (attn_dp 1, ep 1, pp 1, no a2a backend, ...): fit() then takes the TP-only path.
-# Backends that force ep_size = tp_size (SGLang 0.5.23 arg_groups/overrides.py:1578-1593
-# _A2A_EP_SPANNING_BACKENDS, applied by _a2a_ep_size at :1611-1620).
-A2A_EP_SPANNING_BACKENDS = frozenset({"megamoe", "deepep", "deepep_v2", "mooncake", "nixl",
-                                      "ascend_fuseep", "flashinfer", "flashinfer_megamoe",
-                                      "mori", "pplx"})
-# Decode servers reserve 2 x the per-worker cap as extra request slots when that cap is at most
-# this (arg_groups/pd_disaggregation_hook.py:128-143).
-PD_EXTRA_SLOTS_MAX_PER_WORKER = 32
-# schedule_conservativeness is multiplied by this under attention DP
-# (arg_groups/parallel_hook.py:314-319).
-DP_ATTENTION_CONSERVATIVENESS = 0.3
-
-
-def resolved_ep_size(config: ServingConfig) -> int:
-    """``ep_size`` as the engine runs it: ``tp_size`` under an EP-spanning a2a backend.
-
-    SGLang 0.5.23 ``arg_groups/overrides.py:1611-1620`` (``_a2a_ep_size``, logged "The expert
-    parallel size is adjusted from X to the tensor parallel size"): a resolution, not a refusal.
-    """
-    if config.moe_a2a_backend in A2A_EP_SPANNING_BACKENDS:
-        return config.tp_size
-    return config.ep_size
-
-
-def default_layout(config: ServingConfig) -> bool:
-    """Every field that changes one GPU's weights or KV holds its default (TP-only path)."""
-    return (config.attn_dp_size == 1 and config.pp_size == 1 and resolved_ep_size(config) == 1
-            and config.moe_dense_tp_size in (None, config.tp_size)
-            and not config.ep_num_redundant_experts and not config.enable_dp_lm_head
-            and config.moe_a2a_backend in (None, "none"))
-
-
-def pp_layer_ranges(layers: int, pp_size: int) -> list[tuple[int, int]]:
-    """``[start, end)`` decoder layers of each pipeline stage.
-
-    SGLang 0.5.23 ``distributed/utils.py:110-150`` (``get_pp_indices``, no
-    ``SGLANG_PP_LAYER_PARTITION``): ``layers // pp`` each, the last ``layers % pp`` stages one
-    more.
-    """
-    base, extra = divmod(layers, pp_size)
-    out, start = [], 0
-    for rank in range(pp_size):
-        n = base + (1 if rank >= pp_size - extra else 0)
-        out.append((start, start + n))
-        start += n
-    return out
-
-
-class StageMemory(BaseModel):
-    """One pipeline stage's share of a GPU (bytes; ``kv_share``: its share of the KV bytes)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    weight_bytes: float
-    draft_weight_bytes: float
-    kv_share: float
-    layers: tuple[int, int]
-
-
-_LAYER_CACHE: dict[tuple[object, ...], list[dict[str, float]]] = {}
-
-
-def _layer_group_bytes(model: ModelArch, weights: str) -> tuple[list[dict[str, float]],
-                                                                dict[str, float]]:
-    """Per decoder layer ``{attention, dense, routed, shared, router}`` bytes, and the rest.
-
-    All GPUs together, at the checkpoint's bytes per parameter of each group
-    (:meth:`ModelArch.weight_bytes`' rule); when the checkpoint's size is exact
-    (``model.safetensors.index.json``) every group is scaled by the same factor so the parts
-    sum to it. The rest: ``embed``, ``lm_head`` (0 when tied) and ``vision``.
-    """
-    ckpt = model.checkpoint(weights)
-    key = (model.name, weights, model.layers, model.hidden, model.n_routed_experts,
-           model.vocab, ckpt.exact_total_bytes)
-    bpp = ckpt.bytes_per_param
-    computed = sum(n * bpp.get(g, 2.0) for g, n in model.param_groups().items())
-    scale = model.weight_bytes(weights) / computed if computed else 1.0
-    if key not in _LAYER_CACHE:
-        rows = []
-        for i in range(model.layers):
-            row = dict.fromkeys(("attention", "dense", "routed", "shared", "router"), 0.0)
-            for name, group, n in model.layer_modules(i):
-                b = n * bpp.get(group, 2.0) * scale
-                if group == "attention":
-                    row["attention"] += b
-                elif group == "dense_mlp":
-                    row["dense"] += b
-                elif ".experts." in name:
-                    row["routed"] += b
-                elif f".{model.shared_name}." in name:
-                    row["shared"] += b
-                else:
-                    row["router"] += b
-            rows.append(row)
-        _LAYER_CACHE[key] = rows
-    vh = model.vocab * model.hidden * bpp.get("embed", 2.0) * scale
-    rest = {"embed": vh, "lm_head": 0.0 if model.tied_embeddings else vh,
-            "vision": model.vision_params * bpp.get("vision", 2.0) * scale}
-    return _LAYER_CACHE[key], rest
-
-
-def stage_memory(config: ServingConfig, model: ModelArch, speculative: bool) -> list[StageMemory]:
-    """Weights per GPU of each pipeline stage under ``config``'s layout, bytes.
-
-    TP-only layouts (:func:`default_layout`): one stage, ``weights / tp_size`` (draft layers
-    likewise). Otherwise, per GPU (SGLang 0.5.23):
-
-    - attention (and a DSA indexer) over ``attn_tp_size`` -- replicated on every attention-DP
-      rank (``layers/dp_attention.py compute_dp_attention_world_info``);
-    - ``embed_tokens`` vocab-parallel over the attention TP group under attention DP, else over
-      TP (``layers/vocab_parallel_embedding.py:168-185`` ``get_embedding_tp_kwargs``); on the
-      first stage only (``models/deepseek_v2.py:2943-2949``: ``PPMissingLayer`` elsewhere);
-    - ``lm_head`` over the attention TP group with ``--enable-dp-lm-head``, else over TP
-      (``models/deepseek_v2.py:3296``, ``llama.py:578``, ``qwen3_moe.py:1022``
-      ``use_attn_tp_group=enable_dp_lm_head``); on the last stage; a tied head is a copy there
-      when PP splits it from the embedding;
-    - dense MLP layers over ``moe_dense_tp_size`` (None = TP; ``validation_hook.py:207-211``
-      allows None, 1 or tp_size);
-    - routed experts: ``(experts + ep_num_redundant_experts) / ep_size`` physical experts per
-      GPU (``eplb/expert_location.py:237-257``), each split over ``moe_tp_size = tp / ep`` --
-      ``routed x physical / experts / tp``; shared experts replicated (TP 1) under an a2a
-      backend, else over TP (``models/deepseek_v2.py:870-897``); the router over TP as the
-      TP-only path counts it;
-    - layers split over ``pp_size`` stages (:func:`pp_layer_ranges`); the speculative draft
-      (MTP) layers on the last stage, attention over ``attn_tp_size`` and the rest over TP.
-
-    ``kv_share``: the stage's share of the model's full-attention KV bytes per token (its
-    full-attention layers, sliding ones at :data:`domain.model_arch.SWA_FULL_TOKENS_RATIO`).
-    """
-    t = config.tp_size
-    draft_total = model.draft_weight_bytes(config.weights) if speculative else 0.0
-    if default_layout(config):
-        return [StageMemory(weight_bytes=model.weight_bytes(config.weights) / t,
-                            draft_weight_bytes=draft_total / t, kv_share=1.0,
-                            layers=(0, model.layers))]
-    from domain.model_arch import SWA_FULL_TOKENS_RATIO
-
-    rows, rest = _layer_group_bytes(model, config.weights)
-    attn_tp = config.attn_tp_size
-    dense_tp = config.moe_dense_tp_size or t
-    physical = 1.0
-    if model.n_routed_experts:
-        physical = (model.n_routed_experts + config.ep_num_redundant_experts) \
-            / model.n_routed_experts
-    a2a = config.moe_a2a_backend not in (None, "none")
-    embed_tp = attn_tp if config.attn_dp_size > 1 else t
-    head_tp = attn_tp if config.enable_dp_lm_head and config.attn_dp_size > 1 else t
-    lm_head = rest["lm_head"] or (rest["embed"] if config.pp_size > 1 else 0.0)
-    if draft_total:
-        ckpt = model.checkpoint(config.weights)
-        b = ckpt.mtp_bytes_per_param or ckpt.bytes_per_param
-        d_attn = model.mtp_layers * model.mtp_params_per_layer["attention"] * b["attention"]
-        draft = d_attn / attn_tp + (draft_total - d_attn) / t
-    else:
-        draft = 0.0
-
-    def kv_weight(i: int) -> float:
-        kind = model.layer_kind(i)
-        return 1.0 if kind == "full" else SWA_FULL_TOKENS_RATIO if kind == "sliding" else 0.0
-
-    total_kv = sum(kv_weight(i) for i in range(model.layers)) or 1.0
-    ranges = pp_layer_ranges(model.layers, config.pp_size)
-    out = []
-    for k, (a, z) in enumerate(ranges):
-        w = sum(r["attention"] / attn_tp + r["dense"] / dense_tp + r["routed"] * physical / t
-                + r["shared"] / (1 if a2a else t) + r["router"] / t for r in rows[a:z])
-        if k == 0:
-            w += rest["embed"] / embed_tp + rest["vision"] / t
-        last = k == len(ranges) - 1
-        if last:
-            w += lm_head / head_tp
-        out.append(StageMemory(weight_bytes=w, draft_weight_bytes=draft if last else 0.0,
-                               kv_share=sum(kv_weight(i) for i in range(a, z)) / total_kv,
-                               layers=(a, z)))
-    return out
-
-
-def layout_label(config: ServingConfig) -> str:
-    """``TP8`` or e.g. ``TP8 (attention TP1 x DP8, EP8, PP2)``: the layout fit() sized."""
-    parts = []
-    if config.attn_dp_size > 1:
-        parts.append(f"attention TP{config.attn_tp_size} x DP{config.attn_dp_size}")
-    ep = resolved_ep_size(config)
-    if ep > 1:
-        parts.append(f"EP{ep}" + (f" (+{config.ep_num_redundant_experts} redundant)"
-                                  if config.ep_num_redundant_experts else ""))
-    if config.moe_dense_tp_size not in (None, config.tp_size):
-        parts.append(f"dense MLP TP{config.moe_dense_tp_size}")
-    if config.pp_size > 1:
-        parts.append(f"PP{config.pp_size}")
-    return f"TP{config.tp_size}" + (f" ({', '.join(parts)})" if parts else "")
-
-
 class FitReport(BaseModel):
     """Resolved memory layout of one replica (per GPU unless the name says per replica).
 
@@ -349,135 +178,6 @@ def resolve_attention_backend(config: ServingConfig, model: ModelArch,
     from domain.engines import engine_for
 
     return engine_for(config).attention_backend(config, model, gpu)
-
-
-@cache
-def version_defaults(version: str | None = None) -> DerivedDefaults:
-    """The derived-default rules of SGLang ``version`` (None: 0.5.23).
-
-    Or its nearest modelled release's (``domain/engines/sglang/versions.py``: 0.5.9, 0.5.19,
-    0.5.23, file:line each).
-
-    Raises:
-        ValueError: a version without a flag inventory (the line names the fetch command).
-    """
-    from domain.engines import engine
-
-    return engine("sglang", version).memory_defaults()
-
-
-def default_chunked_prefill(gpu: GPU, version: str | None = None) -> int:
-    """``chunked_prefill_size`` when unset, by GPU memory tier (memory_hook.py), tokens.
-
-    0.5.23 tiers of nvidia-smi memory: < 20 GiB 2048; < 35 GiB 4096; < 60 GiB 4096; < 90 GiB
-    8192; < 160 GiB 8192; else 16384 (sglang-knobs reference 2.3); 0.5.9 and 0.5.19 use 2048
-    below 35 GiB (:func:`version_defaults`).
-    """
-    return version_defaults(version).chunked_prefill(gpu.hbm_bytes / GIB)
-
-
-def default_decode_graph_bs(gpu: GPU, tp_size: int, version: str | None = None) -> int:
-    """Largest decode CUDA-graph batch size when unset, by GPU memory tier (memory_hook.py).
-
-    0.5.23: < 20 GiB 8; < 35 GiB 48 (TP < 4) / 160; < 60 GiB 32 / 160; < 160 GiB 256 / 512;
-    else 512 (sglang-knobs reference 2.3); 0.5.9 and 0.5.19: 24 / 80 below 35 GiB.
-    """
-    return version_defaults(version).decode_graph_bs(gpu.hbm_bytes / GIB, tp_size)
-
-
-def prefill_capture_sizes(max_tokens: int) -> list[int]:
-    """Token counts the prefill CUDA graph captures, up to ``max_tokens``.
-
-    Source: ``cuda_graph_hook.py`` (sglang-knobs reference 2.3): 4..32 step 4, 48..256 step 16,
-    288..512 step 32, 576..1024 step 64, 1280..4096 step 256, then step 512 (58 sizes for 8192).
-    """
-    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))
-             + list(range(576, 1025, 64)) + list(range(1280, 4097, 256))
-             + list(range(4608, max(max_tokens, 4608) + 1, 512)))
-    return [s for s in sizes if s <= max_tokens]
-
-
-def default_mem_fraction(model: ModelArch, gpu: GPU, tp_size: int, chunked: int,
-                         graph_bs: int, version: str | None = None,
-                         speculative: str | None = None, prefill_graphs: bool = True, *,
-                         pp_size: int = 1, attn_dp_size: int = 1, role: str = "null",
-                         deepep: bool = False, decode_tokens: int | None = None) -> float:
-    """``mem_fraction_static`` when unset (memory_hook.py: handle_gpu_memory_settings).
-
-    Reserved MiB = 512 + 1.5 x max(chunked, 2048) + tp/8 x 1024 + 2 x decode graph max bs
-    + prefill graph reserve (flat 1,536 MiB for MLA/DSA models, else 8 MiB per captured prefill
-    size up to ``chunked``: 50 sizes for 4096 tokens, 58 for 8192, 74 for 16384); at least
-    10,240 MiB when the GPU has more than 60 GiB. The fraction is rounded to 3 decimals.
-    SGLang 0.5.9 (``version``) reserves no prefill graph and adds 2 GiB for EAGLE-like
-    ``speculative`` algorithms (6 GiB STANDALONE) after the floor (:func:`version_defaults`).
-    ``--disable-cuda-graph`` (``graph_bs`` 0, ``prefill_graphs`` False) reserves neither graph
-    term (0.5.23 ``memory_hook.py:359-398`` reserve_for_graph_mb: only phases not DISABLED).
-
-    Layouts (0.5.23 ``memory_hook.py:297-317, 357-414``; the hook runs before attention DP
-    divides the chunk): the parallel term is ``tp x pp / 8 x 1024``; a PD ``role`` prefill
-    server reserves no decode graph, a decode server no prefill graph and sizes the
-    activations by ``decode_tokens`` (``max((max_running_requests or graph max bs or 1) x
-    (num_draft_tokens or 1), 2048)``); attention DP adds ``3 x graph_bs x attn_dp_size`` (and
-    ``1.5 x`` more above a max bs of 300); DeepEP (``deepep``) adds 1,024 for the breakable
-    prefill graph and, with decode graphs, 2,048 after the 10 GiB floor. The caller passes
-    ``prefill_graphs`` False where the engine disables the prefill graph first
-    (``cuda_graph_hook.py:150-161`` PP, ``:218-229`` TBO or an a2a backend other than
-    none/deepep/megamoe/flashinfer, ``:568-576`` a decode server).
-    """
-    rules = version_defaults(version)
-    gpu_mib = gpu.hbm_mib
-    prefill_graph = 1536 if model.attention in ("mla", "dsa") \
-        else 8 * len(prefill_capture_sizes(chunked))
-    if not rules.prefill_graph_reserve or not prefill_graphs or role == "decode":
-        prefill_graph = 0
-    elif deepep:
-        prefill_graph += 1024
-    decode_graph: float = 0 if role == "prefill" else 2 * graph_bs
-    if attn_dp_size > 1 and role != "prefill":
-        decode_graph += graph_bs * attn_dp_size * (4.5 if graph_bs > 300 else 3)
-    tokens = max(decode_tokens if role == "decode" and decode_tokens else chunked, 2048)
-    reserved = 512 + 1.5 * tokens + tp_size * pp_size / 8 * 1024 + decode_graph + prefill_graph
-    if gpu_mib > 60 * 1024:
-        reserved = max(reserved, 10240)
-    if deepep and role != "prefill" and graph_bs:
-        reserved += 2048
-    reserved += rules.speculative_reserve(speculative)
-    return round((gpu_mib - reserved) / gpu_mib, 3)
-
-
-def default_max_running_requests(kv_tokens: int, context_len: int) -> int:
-    """The engine default (kv_cache_configurator.py: resolve_max_num_reqs), requests."""
-    estimate = min(max(int(kv_tokens / context_len * 512), 2048), 4096)
-    return min(estimate, kv_tokens // 2)
-
-
-def resolve_max_running_requests(requested: int | None, kv_tokens: int, context_len: int,
-                                 speculative: bool, version: str | None = None,
-                                 attn_dp_size: int = 1) -> int:
-    """``max_running_requests`` per replica as ``resolve_max_num_reqs`` sets it, requests.
-
-    Args:
-        requested: ``--max-running-requests`` (None: unset).
-        kv_tokens: KV pool size, tokens.
-        context_len: the model's context length, tokens.
-        speculative: a speculative algorithm is on (unset then means 48, speculative_hook.py).
-        version: SGLang release (None: 0.5.23); 0.5.19 bounds an explicit value by
-            ``kv_tokens // 2`` only, 0.5.9 takes it as given (:func:`version_defaults`).
-        attn_dp_size: attention-DP ranks; an explicit (or speculative) value is the whole
-            server's and each rank gets ``value // attn_dp_size``
-            (``kv_cache_configurator.py:3126-3129``; 48 -> 6 per rank at DP 8). ``kv_tokens``
-            is then one rank's pool.
-
-    Returns:
-        ``min(max(1, value // attn_dp_size), kv_tokens // 2)`` for an explicit (or speculative
-        48) value, else :func:`default_max_running_requests`; 0 when the pool holds fewer than
-        2 tokens. Per scheduler.
-    """
-    if requested is None and speculative:
-        requested = SPEC_MAX_RUNNING_REQUESTS
-    if requested is None:
-        return default_max_running_requests(kv_tokens, context_len)
-    return version_defaults(version).explicit_running(requested // attn_dp_size, kv_tokens)
 
 
 def hicache_host_pool(config: ServingConfig, gpu: GPU, kv_tokens: int,

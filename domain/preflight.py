@@ -23,8 +23,12 @@ from domain.fit import (
     KV_BYTES,
     FitReport,
     default_decode_graph_bs,
+    default_layout,
     fit,
+    layout_label,
     resolve_attention_backend,
+    resolved_ep_size,
+    stage_memory,
 )
 from domain.fit import resolve_kv_dtype as _kv_dtype
 from domain.graph_memory import graph_capture_bytes
@@ -73,15 +77,38 @@ class ParsedCommand(BaseModel):
     decode_cuda_graphs: bool = Field(True, description="False: the command disables them")
 
 
+# MemoryReport fields present only for a parallel layout (left out of to_json when None)
+LAYOUT_MEMORY_KEYS = ("layout", "schedulers", "kv_tokens_per_rank",
+                      "max_running_requests_per_rank", "chunked_prefill_size_per_rank",
+                      "deepep_buffer_bytes_per_gpu")
+
+
 class MemoryReport(BaseModel):
-    """Per GPU of one replica: weights, KV per token, the pool, the smallest fraction, graphs."""
+    """Per GPU of one server: weights, KV per token, the pool, the smallest fraction, graphs.
+
+    With a parallel layout (attention DP, EP, PP, an a2a backend, ``--dp-size``, a PD role)
+    also, per scheduler (one attention-DP rank or ``--dp-size`` copy): its pool's tokens, its
+    ``max_running_requests`` and prefill chunk, and per GPU the DeepEP buffers; the weights
+    and KV bytes are then the largest PP stage's (:func:`domain.fit.stage_memory`).
+    """
 
     weights_bytes_per_gpu: float
     kv_bytes_per_token: float
-    kv_pool_tokens: int = Field(description="0 when the config does not fit")
+    kv_pool_tokens: int = Field(description="0 when the config does not fit; per scheduler")
     min_mem_fraction_static: float | None = Field(
         description="smallest --mem-fraction-static (to 0.01) that fits; None if none does")
     graph_capture_bytes: float
+    layout: str | None = Field(None, description="e.g. 'TP8 (attention TP1 x DP8, EP8)'")
+    schedulers: int | None = Field(None, description="schedulers of the server (dp x attn_dp)")
+    kv_tokens_per_rank: int | None = None
+    max_running_requests_per_rank: int | None = None
+    chunked_prefill_size_per_rank: int | None = None
+    deepep_buffer_bytes_per_gpu: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields, the layout ones only when set (a TP-only command keeps its keys)."""
+        return {k: v for k, v in self.model_dump().items()
+                if k not in LAYOUT_MEMORY_KEYS or v is not None}
 
 
 class CheckReport(BaseModel):
@@ -101,7 +128,7 @@ class CheckReport(BaseModel):
         return {"verdict": self.verdict,
                 "findings": [f.model_dump() for f in self.findings],
                 "model": self.model,
-                "memory": self.memory.model_dump() if self.memory else None,
+                "memory": self.memory.to_json() if self.memory else None,
                 "resolved": self.resolved}
 
 
@@ -166,19 +193,29 @@ def memory_report(config: ServingConfig, decode_graphs: bool = True
                           message=str(e), fix=fix)
     backend = rep.attention_backend if rep else resolve_attention_backend(config, model, gpu)[0]
     per_tok = rep.kv_bytes_per_token if rep else model.kv_bytes_per_token(
-        KV_BYTES[_kv_dtype(config, model, gpu)], config.tp_size)
+        KV_BYTES[_kv_dtype(config, model, gpu)], config.attn_tp_size)
     graph_bs = rep.cuda_graph_max_bs_decode if rep else (
         config.cuda_graph_max_bs_decode
         or default_decode_graph_bs(gpu, config.tp_size, config.engine_version))
     if not decode_graphs:
         graph_bs = 0
+    spec_on = config.speculative_algorithm is not None
+    weights = rep.weight_bytes_per_gpu if rep else max(
+        st.weight_bytes for st in stage_memory(config, model, spec_on))
+    layout: dict[str, Any] = {}
+    if not default_layout(config) or config.schedulers > 1 or config.disaggregation_mode != "null":
+        layout = {"layout": layout_label(config), "schedulers": config.schedulers,
+                  "kv_tokens_per_rank": rep.kv_tokens if rep else 0,
+                  "max_running_requests_per_rank": rep.max_running_requests if rep else 0,
+                  "chunked_prefill_size_per_rank": rep.chunked_prefill_size if rep else 0,
+                  "deepep_buffer_bytes_per_gpu": rep.deepep_buffer_bytes_per_gpu if rep
+                  else 0.0}
     mem = MemoryReport(
-        weights_bytes_per_gpu=model.weight_bytes(config.weights) / config.tp_size,
+        weights_bytes_per_gpu=weights,
         kv_bytes_per_token=per_tok, kv_pool_tokens=rep.kv_tokens if rep else 0,
         min_mem_fraction_static=min_mem_fraction(config),
-        graph_capture_bytes=graph_capture_bytes(model, config.tp_size, graph_bs, backend,
-                                                config.speculative_algorithm is not None,
-                                                gpu.sm_major))
+        graph_capture_bytes=graph_capture_bytes(model, config.attn_tp_size, graph_bs, backend,
+                                                spec_on, gpu.sm_major), **layout)
     return mem, rep, finding
 
 
@@ -258,13 +295,16 @@ def lint_config(config: ServingConfig, study: Study | None = None, *,
                 f"memory) or --max-running-requests {ceiling}"))
     if config.speculative_algorithm is not None and config.max_running_requests is None:
         load = ""
+        dp = config.attn_dp_size
+        per_rank = (f", {SPEC_MAX_RUNNING_REQUESTS // dp} per attention-DP rank x {dp}"
+                    if dp > 1 else "")
         if study is not None and study.saturation.concurrency > SPEC_MAX_RUNNING_REQUESTS:
             load = f"; the study runs {study.saturation.concurrency} clients"
         out.append(Finding(
             severity="warn", code="SPEC_DEFAULT_CAP",
             message=f"--speculative-algorithm {config.speculative_algorithm} without "
                     f"--max-running-requests caps the server at {SPEC_MAX_RUNNING_REQUESTS} "
-                    f"running requests (speculative_hook.py){load}",
+                    f"running requests{per_rank} (speculative_hook.py){load}",
             fix="set --max-running-requests to the concurrency you serve (e.g. 256)"))
     if trace is not None:
         page = rep.page_size if page_size in (None, config.page_size) else page_size
@@ -311,23 +351,33 @@ def resolved(rep: FitReport | None, config: ServingConfig) -> dict[str, Any]:
     from domain.engines import engine_for
 
     kernels = engine_for(config).resolved_backends(config)  # attention, DSA, MoE, FP4 GEMM
-    return {**kernels, "attention_backend": rep.attention_backend,
-            "max_running_requests": rep.max_running_requests,
-            "chunked_prefill_size": rep.chunked_prefill_size,
-            "cuda_graph_max_bs_decode": rep.cuda_graph_max_bs_decode,
-            "page_size": rep.page_size, "kv_cache_dtype": rep.kv_dtype,
-            "mem_fraction_static": rep.mem_fraction_static}
+    out = {**kernels, "attention_backend": rep.attention_backend,
+           "max_running_requests": rep.max_running_requests,
+           "chunked_prefill_size": rep.chunked_prefill_size,
+           "cuda_graph_max_bs_decode": rep.cuda_graph_max_bs_decode,
+           "page_size": rep.page_size, "kv_cache_dtype": rep.kv_dtype,
+           "mem_fraction_static": rep.mem_fraction_static}
+    if not default_layout(config) or config.schedulers > 1:
+        # per scheduler: the request cap and chunk above are one rank's
+        out.update(ep_size=resolved_ep_size(config), attn_tp_size=config.attn_tp_size,
+                   attn_dp_size=config.attn_dp_size, schedulers=config.schedulers)
+        if config.moe_a2a_backend == "deepep":
+            out["deepep_mode"] = config.deepep_mode or "auto"
+    return out
 
 
 def check_config(config: ServingConfig, values: dict[str, Any] | None = None, *,
                  gpus: int | None = None, study: Study | None = None,
-                 trace: Trace | None = None, decode_graphs: bool = True) -> CheckReport:
+                 trace: Trace | None = None, decode_graphs: bool = True,
+                 nnodes: int | None = None) -> CheckReport:
     """Check one config: backend flags against the GPU, GPU count, memory, startup, lints.
 
     ``values`` are the parsed flags of the launch command (argparse dest -> value) when there is
     one: every attention-backend flag among them is checked, and ``page_size`` read.
     ``decode_graphs`` False: the command disables decode CUDA graphs (no graph memory, no
-    graph-ceiling lint).
+    graph-ceiling lint). ``nnodes``: the command's ``--nnodes`` (None: the config's own argv,
+    which spans nodes when the server needs them). An a2a backend's ``ep_size = tp_size`` is
+    an ``EP_RESOLVED`` info finding and ``resolved["ep_size"]``, not a refusal.
     """
     from domain.engines import engine_for
 
@@ -337,23 +387,44 @@ def check_config(config: ServingConfig, values: dict[str, Any] | None = None, *,
                         fix=f"another {flag}, or leave it unset for the engine's choice")
                 for flag, msg in eng.backend_refusals(config, values)]
     if gpus is not None and config.gpus > gpus:
+        shape = f"tp {config.tp_size}" + (f" x pp {config.pp_size}" if config.pp_size > 1
+                                          else "")
+        copies = config.dp_size * config.replicas
         findings.append(Finding(severity="refuse", code="NOT_ENOUGH_GPUS",
                                 message=f"the command needs {config.gpus} GPUs "
-                                        f"(tp {config.tp_size} x dp {config.replicas}); "
-                                        f"{gpus} given",
+                                        f"({shape} x dp {copies}); {gpus} given",
                                 fix=f"--tp-size {gpus} or fewer, or more GPUs"))
+    ep = resolved_ep_size(config)
+    if ep != config.ep_size:
+        findings.append(Finding(
+            severity="info", code="EP_RESOLVED",
+            message=f"--moe-a2a-backend {config.moe_a2a_backend} sets ep_size {config.ep_size} "
+                    f"-> {ep} (= tp_size; arg_groups/overrides.py:1611-1620 _a2a_ep_size)",
+            fix="none needed; the memory and speed estimates use ep_size "
+                f"{ep}"))
     mem, rep, refusal = memory_report(config, decode_graphs)
     if refusal is not None:
         findings.append(refusal)
-    start = eng.start(config)
+    start = eng.start(config, nnodes)
     said = {f.message for f in findings}
     if not start.ready and start.phase not in ("load_weights", "kv_pool", "cuda_graph") \
             and not any(start.log[-1].endswith(s) or s.endswith(start.log[-1]) for s in said):
-        last = start.log[-1]
-        if ": " not in last and len(start.log) > 1 and start.log[-2].startswith("    "):
-            last = f"{last}: {start.log[-2].strip()}"  # a bare assert: name its source line
+        # the traceback's exception line (CUDA errors print hints after it)
+        at = max((i for i, line in enumerate(start.log) if line.startswith("    ")),
+                 default=len(start.log) - 2) + 1
+        last = start.log[min(at, len(start.log) - 1)]
+        if ": " not in last and start.log[at - 1].startswith("    "):
+            last = f"{last}: {start.log[at - 1].strip()}"  # a bare assert: its source line
+        fix = "see the engine's message"
+        if start.phase == "init_distributed":
+            from domain.hardware import get_gpu
+
+            per_node = get_gpu(config.gpu).gpus_per_node
+            fix = (f"launch it over {config.nnodes(per_node)} nodes of {per_node} GPUs: "
+                   f"--nnodes {config.nnodes(per_node)} with each pod's --node-rank and "
+                   "--dist-init-addr, or fewer GPUs per server")
         findings.append(Finding(severity="refuse", code=f"STARTUP_{start.phase.upper()}",
-                                message=last, fix="see the engine's message"))
+                                message=last, fix=fix))
     findings += [f for f in lint_config(config, study, trace=trace,
                                         page_size=values.get("page_size"))
                  if decode_graphs or f.code != "GRAPH_CEILING"]
@@ -407,6 +478,7 @@ def check_command(argv: list[str], gpu: str, gpus: int | None = None, *, engine:
                        fix="give a value SGLang accepts") for err in e.errors()]
         return CheckReport(verdict="refuse", findings=parsed.findings + bad, model=summary)
     report = check_config(config, parsed.values, gpus=gpus, study=study, trace=trace,
-                          decode_graphs=parsed.decode_cuda_graphs)
+                          decode_graphs=parsed.decode_cuda_graphs,
+                          nnodes=int(parsed.values.get("nnodes", 1)))
     findings = parsed.findings + report.findings
     return report.model_copy(update={"findings": findings, "verdict": verdict_of(findings)})

@@ -98,6 +98,14 @@ def print_report(report: CheckReport) -> None:
                       f"{m.kv_bytes_per_token:,.0f} B/token, pool {m.kv_pool_tokens:,} tokens, "
                       f"CUDA graphs {m.graph_capture_bytes / 1e9:.2f} GB; smallest "
                       f"--mem-fraction-static {least}", highlight=False, soft_wrap=True)
+        if m.layout is not None:  # a parallel layout: what each scheduler (rank) holds
+            deepep = (f", DeepEP buffers {m.deepep_buffer_bytes_per_gpu / 1e9:.2f} GB per GPU"
+                      if m.deepep_buffer_bytes_per_gpu else "")
+            console.print(f"  per rank ({m.layout}, {m.schedulers} schedulers): pool "
+                          f"{m.kv_tokens_per_rank:,} tokens, max_running_requests "
+                          f"{m.max_running_requests_per_rank}, chunked_prefill_size "
+                          f"{m.chunked_prefill_size_per_rank}{deepep}", highlight=False,
+                          soft_wrap=True)
     if report.resolved:
         console.print("  resolved: " + ", ".join(f"{k}={v}" for k, v in report.resolved.items()),
                       highlight=False, soft_wrap=True)

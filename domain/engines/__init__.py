@@ -170,8 +170,11 @@ class Engine(Protocol):
         """
         ...
 
-    def start(self, config: ServingConfig) -> Startup:
-        """The twin's start of one replica: the engine's startup log, ready or the failure."""
+    def start(self, config: ServingConfig, nnodes: int | None = None) -> Startup:
+        """The twin's start of one replica: the engine's startup log, ready or the failure.
+
+        ``nnodes``: the launch's node count (None: the argv's, :meth:`argv`).
+        """
         ...
 
     def classify(self, log: Sequence[str]) -> tuple[str, str]:

@@ -178,3 +178,22 @@ def test_a_verified_sm_scoped_lesson_reaches_check_command_and_the_skill(tmp_pat
         assert stored.id in skill and "any SM 10.x GPU" in skill, skill
     finally:
         store.close()
+
+
+def test_a_layout_command_shows_memory_per_rank(tmp_path: Path) -> None:
+    """Attention DP 8 + DeepEP on 8x H200 (issue 21): per-rank pool, cap and DeepEP buffers,
+    the old --dp-size N --enable-dp-attention spelling read as attention DP."""
+    cmd = ["sglang", "serve", "--model-path", "deepseek-ai/DeepSeek-V3", "--tp-size", "8",
+           "--dp-size", "8", "--enable-dp-attention", "--moe-a2a-backend", "deepep",
+           "--speculative-algorithm", "EAGLE"]
+    r = invoke("check", "--gpu", "H200", "--gpus", "8", "--", *cmd, tmp=tmp_path)
+    assert r.returncode == 0, r.stdout  # warn: the deprecated flag and the spec cap
+    assert "per rank (TP8 (attention TP1 x DP8, EP8), 8 schedulers)" in r.stdout
+    assert "max_running_requests 6" in r.stdout and "DeepEP buffers 2.24 GB" in r.stdout
+    out = json.loads(invoke("check", "--gpu", "H200", "--gpus", "8", "--json", "--", *cmd,
+                            tmp=tmp_path).stdout)
+    assert out["memory"]["max_running_requests_per_rank"] == 6
+    assert out["resolved"]["ep_size"] == 8
+    bad = invoke("check", "--gpu", "H200", "--gpus", "8", "--", *cmd[:6], "--attn-dp-size",
+                 "3", tmp=tmp_path)
+    assert bad.returncode == 1 and "assert cfg.tp_size % cfg.attn_dp_size == 0" in bad.stdout

@@ -77,9 +77,14 @@ def test_tp_divisibility_and_single_node_refused_like_the_engine():
     assert s.log[-3:] == [
         '  File "/sgl-workspace/sglang/python/sglang/srt/models/deepseek_v2.py", line 2057, in '
         "__init__", "    assert num_heads % attn_tp_size == 0", "AssertionError"]
-    s = start(cfg(weights="nvfp4", tp_size=16, replicas=1))
+    # a pasted launch of TP16 without --nnodes: rank 8 has no device on an 8-GPU node
+    from domain.engines import engine
+    s = engine("sglang").start(cfg(weights="nvfp4", tp_size=16, replicas=1), nnodes=1)
     assert classify(s.log)[0] == "MULTI_NODE_REQUIRED"
-    # a study may now build it (issue 21: a server spans nodes, its argv carries --nnodes)
+    # the config's own argv spans two nodes with --nnodes 2 (issue 21) and starts
+    s = start(cfg(weights="nvfp4", tp_size=16, replicas=1))
+    assert s.ready and "--nnodes 2" in s.log[0]
+    # and a study may build it (the knobs let a server span nodes)
     two_nodes = apply_knob(cfg(), "tp_size", 16, 16)
     assert (two_nodes.replicas, two_nodes.nnodes(8)) == (1, 2)
 

@@ -393,7 +393,9 @@ def test_multi_node_device_ordinal(pinned_tree):  # noqa: F811
     its expression evaluated from the tree with ``_calculate_rank_ranges``' assignments:
     ``nnodes`` 1, ``pp_size`` 1, ``base_gpu_id`` 0, ``gpu_id_step`` 1, the servetune defaults).
     CUDA refuses an ordinal at or above the node's GPU count -- a device fact, bound from the
-    GPU catalog. Grid: tp_size 1..16 x the grid's GPUs x 2 models."""
+    GPU catalog. Grid: tp_size 1..16 x the grid's GPUs x 2 models, launched with ``--nnodes 1``
+    (a pasted command without ``--nnodes``; a config's own argv adds ``--nnodes`` when it spans
+    nodes, test_layout_refusals.py)."""
     rel = "sglang/srt/entrypoints/engine.py"
     ranges = guards.function(pinned_tree, rel, "_calculate_rank_ranges")
     s = guard_of(pinned_tree, "multi_node_device_ordinal")
@@ -413,7 +415,7 @@ def test_multi_node_device_ordinal(pinned_tree):  # noqa: F811
         invalid = worst >= get_gpu(g).gpus_per_node
         c = ServingConfig.model_construct(**{**cfg(model=m, gpu=g, weights=lightest(m),
                                                    tp_size=1).model_dump(), "tp_size": tp})
-        rows.append(((tp, g, m), invalid, start(c)))
+        rows.append(((tp, g, m), invalid, engine("sglang").start(c, nnodes=1)))
     check("multi_node_device_ordinal", rows)
 
 

@@ -119,11 +119,11 @@ class SglangEngine:
 
         return layout_coupling.couple(fields)
 
-    def start(self, config: ServingConfig) -> Startup:
+    def start(self, config: ServingConfig, nnodes: int | None = None) -> Startup:
         """The twin's start of one replica of ``config`` (:func:`startup.start`)."""
         from domain.engines.sglang import startup
 
-        return startup.start(config)
+        return startup.start(config, nnodes)
 
     def classify(self, log: Sequence[str]) -> tuple[str, str]:
         """Failure class and evidence line of a failed startup log (:func:`failures.classify`)."""

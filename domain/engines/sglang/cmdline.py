@@ -30,9 +30,10 @@ from domain.preflight import Finding, ParsedCommand
 if TYPE_CHECKING:
     from domain.models import ModelArch
 
-# ServingConfig field each modelled SGLang dest sets (dp_size: full replicas in 0.5.23,
-# sglang-knobs reference, "DP attention spelling changed")
-MODELLED = {"tp_size": "tp_size", "dp_size": "replicas", "kv_cache_dtype": "kv_cache_dtype",
+# ServingConfig field each modelled SGLang dest sets (dp_size: full data-parallel copies inside
+# one server in 0.5.23; the old "--dp-size N --enable-dp-attention" is attention DP, read by
+# read_deprecated_dp_attention; sglang-knobs reference, "DP attention spelling changed")
+MODELLED = {"tp_size": "tp_size", "dp_size": "dp_size", "kv_cache_dtype": "kv_cache_dtype",
             "mem_fraction_static": "mem_fraction_static",
             "max_running_requests": "max_running_requests",
             "chunked_prefill_size": "chunked_prefill_size",
@@ -54,10 +55,24 @@ MODELLED = {"tp_size": "tp_size", "dp_size": "replicas", "kv_cache_dtype": "kv_c
             "fp4_gemm_runner_backend": "fp4_gemm_runner_backend",
             "num_continuous_decode_steps": "num_continuous_decode_steps",
             "enable_two_batch_overlap": "enable_two_batch_overlap",
-            "enable_single_batch_overlap": "enable_single_batch_overlap"}
-# dests read by the check itself (model lookup, GPU count), not config fields
-READ_BY_CHECK = ("model_path", "quantization", "nnodes", "pp_size",
-                 "prefill_attention_backend", "decode_attention_backend")
+            "enable_single_batch_overlap": "enable_single_batch_overlap",
+            # parallel layouts (issue 21)
+            "attn_dp_size": "attn_dp_size", "ep_size": "ep_size",
+            "moe_a2a_backend": "moe_a2a_backend", "deepep_mode": "deepep_mode",
+            "moe_dense_tp_size": "moe_dense_tp_size", "enable_eplb": "enable_eplb",
+            "ep_num_redundant_experts": "ep_num_redundant_experts", "pp_size": "pp_size",
+            "enable_dp_lm_head": "enable_dp_lm_head",
+            "disaggregation_mode": "disaggregation_mode",
+            "disaggregation_transfer_backend": "disaggregation_transfer_backend"}
+# dests read by the check itself (model lookup, node count, the old attention-DP spelling),
+# not config fields; node_rank and dist_init_addr differ per node of one server
+READ_BY_CHECK = ("model_path", "quantization", "nnodes", "node_rank", "dist_init_addr",
+                 "enable_dp_attention", "prefill_attention_backend",
+                 "decode_attention_backend")
+# ServingConfig's defaults for flags SGLang writes as their value (--moe-a2a-backend none,
+# --deepep-mode auto, --disaggregation-transfer-backend mooncake): the config's None
+UNSET_VALUES = {"moe_a2a_backend": "none", "deepep_mode": "auto",
+                "disaggregation_transfer_backend": "mooncake"}
 _LAUNCH_MODULE = "sglang.launch_server"
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
 
@@ -273,6 +288,7 @@ def parse(argv: list[str], version: str, model: str | None = None) -> ParsedComm
         old = renamed_dest(dest, version)
         if old is not None and old in values:
             values[dest] = values.pop(old)
+    read_deprecated_dp_attention(values)
     aliases = cli_extras(version)["deprecated_values"]
     for dest in aliases["dests"]:
         if values.get(dest) in aliases["aliases"]:
@@ -302,6 +318,22 @@ def parse(argv: list[str], version: str, model: str | None = None) -> ParsedComm
                   or values.get("cuda_graph_backend_decode") == "disabled")
     return ParsedCommand(program=program, version=version, values=values, fields=fields,
                          findings=findings + more, decode_cuda_graphs=graphs)
+
+
+def read_deprecated_dp_attention(values: dict[str, Any]) -> None:
+    """Read ``--dp-size N --enable-dp-attention`` as ``--attn-dp-size N`` (in place), any version.
+
+    SGLang 0.5.23 ``arg_groups/parallel_hook.py:39-61`` (``handleread_deprecated_dp_attention``):
+    with ``--enable-dp-attention`` and no ``--attn-dp-size``, the width moves from ``dp_size``
+    to ``attn_dp_size`` and ``dp_size`` counts replicas again (1); next to ``--attn-dp-size``
+    the flag adds nothing. Before 0.5.23 (no ``--attn-dp-size``) ``--dp-size`` with the flag was
+    the attention-DP width itself (sglang-knobs reference, "DP attention spelling changed").
+    """
+    if not values.get("enable_dp_attention"):
+        return
+    if values.get("attn_dp_size", 1) == 1:
+        values["attn_dp_size"] = values.get("dp_size", 1)
+        values["dp_size"] = 1
 
 
 def config_fields(values: dict[str, Any], model: str | None = None
@@ -344,7 +376,10 @@ def config_fields(values: dict[str, Any], model: str | None = None
         value = values[dest]
         if dest == "kv_cache_dtype" and value == "bfloat16":
             value = "bf16"
-        literal = field in ("kv_cache_dtype", "schedule_policy", "speculative_algorithm")
+        if UNSET_VALUES.get(dest) == value:
+            continue  # the engine's default, the config's None
+        literal = field in ("kv_cache_dtype", "schedule_policy", "speculative_algorithm",
+                            "deepep_mode", "disaggregation_mode")
         if literal and value not in _literal_values(field):
             findings.append(Finding(severity="info", code="UNMODELLED_VALUE",
                                     message=f"--{dest.replace('_', '-')} {value}: servetune "

@@ -212,13 +212,21 @@ def argv(config: ServingConfig, version: str) -> list[str]:
 def _layout_pairs(config: ServingConfig, version: str) -> list[tuple[str, Any]]:
     """The ``(dest, value)`` pairs of a config's parallel layout, in argv order.
 
-    Only values off their default are passed. ``attn_dp_size`` is ``--attn-dp-size N`` from
+    Only values off their default are passed. A server wider than one node
+    (``gpus_per_server`` above the GPU's ``gpus_per_node``) gets ``--nnodes N``; each pod adds
+    its own ``--node-rank`` and ``--dist-init-addr`` (the manifests do, ``sandbox/``).
+    ``attn_dp_size`` is ``--attn-dp-size N`` from
     0.5.23; before it existed (0.5.9, 0.5.19) it is ``--dp-size N`` plus the bare
     ``--enable-dp-attention`` that :func:`argv` appends (sglang-knobs reference, "DP
     attention spelling changed in 0.5.23"; 0.5.23 ``arg_groups/parallel_hook.py
     handle_deprecated_dp_attention`` rewrites the old spelling the same way).
     """
+    from domain.hardware import get_gpu  # local: hardware imports nothing from here
+
     pairs: list[tuple[str, Any]] = []
+    nodes = config.nnodes(get_gpu(config.gpu).gpus_per_node)
+    if nodes > 1:  # one server over several nodes; --node-rank/--dist-init-addr are per pod
+        pairs.append(("nnodes", nodes))
     if config.pp_size != 1:
         pairs.append(("pp_size", config.pp_size))
     if config.attn_dp_size > 1 and "attn_dp_size" not in flag_inventory(version):

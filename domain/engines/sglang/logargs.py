@@ -86,8 +86,29 @@ def _argv_form(text: str, version: str) -> dict[str, Any]:
     return out
 
 
+def _layout(settings: dict[str, Any]) -> dict[str, Any]:
+    """The parallel layout read the engine's way, in place (issue 21).
+
+    The old spelling ``dp_size=N, enable_dp_attention=True`` (argv ``--dp-size N
+    --enable-dp-attention``; every version before 0.5.23 logs it so) is attention DP:
+    ``attn_dp_size`` N, ``dp_size`` 1 (``arg_groups/parallel_hook.py:39-61``; a 0.5.23 resolved
+    dict already holds ``attn_dp_size`` and reports the flag set beside it). The values the
+    engine logs for its unset defaults (``moe_a2a_backend='none'``, ``deepep_mode='auto'``,
+    ``disaggregation_transfer_backend='mooncake'``) are dropped: a config's None.
+    """
+    from domain.engines.sglang.cmdline import UNSET_VALUES, read_deprecated_dp_attention
+
+    read_deprecated_dp_attention(settings)
+    for dest, unset in UNSET_VALUES.items():
+        if settings.get(dest) == unset:
+            del settings[dest]
+    return settings
+
+
 def logged_settings(log: Sequence[str], version: str) -> dict[str, Any]:
     """``{dest: value}`` of the last ``server_args=`` line of ``log`` ({} when there is none).
+
+    The parallel layout in either spelling (:func:`_layout`).
 
     Args:
         log: the log lines.
@@ -99,6 +120,6 @@ def logged_settings(log: Sequence[str], version: str) -> dict[str, Any]:
             continue
         text = m.group(1).strip()
         if text.startswith(("{", "ServerArgs(")):
-            return _dict_form(text)
-        return _argv_form(text, version)
+            return _layout(_dict_form(text))
+        return _layout(_argv_form(text, version))
     return {}

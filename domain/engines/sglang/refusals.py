@@ -72,6 +72,9 @@ class Refusal:
 _SPEC = "sglang/srt/arg_groups/speculative_hook.py"
 _REG = "sglang/srt/layers/attention/attention_registry.py"
 _OVR = "sglang/srt/arg_groups/overrides.py"
+_PAR = "sglang/srt/arg_groups/parallel_hook.py"
+_MOE = "sglang/srt/arg_groups/moe_hook.py"
+_VAL = "sglang/srt/arg_groups/validation_hook.py"
 _NONE_GT = "'>' not supported between instances of 'NoneType' and 'int'"
 
 # In the order the twin (and the engine) reach them: argparse; the launcher's argument resolution;
@@ -127,14 +130,85 @@ REFUSALS: dict[str, Refusal] = {
         _OVR, 1245, "_cutedsl_prefill_backend_fill", "raise ValueError(", "ValueError",
         "CuteDSL MLA backend is only supported on Blackwell GPUs (SM100). Please use a "
         "different backend."),
+    # resolve: parallel layouts (issue 21), in the pipeline's order: handle_pd_disaggregation
+    # (pipeline.py:147), handle_data_parallelism (:274), handle_moe_kernel_config (:294),
+    # handle_a2a_moe (:295), handle_eplb_and_dispatch (:297), then check_server_args
+    # (server_args.py:511)
+    "pd_prefill_fake": Refusal(
+        "sglang/srt/arg_groups/pd_disaggregation_hook.py", 146, "handle_pd_disaggregation",
+        'assert cfg.disaggregation_transfer_backend != "fake", (', "AssertionError",
+        "Prefill server does not support 'fake' as the transfer backend"),
+    "dp_with_attn_dp": Refusal(
+        _PAR, 288, "handle_data_parallelism", "raise ValueError(", "ValueError",
+        "--dp-size {dp} with --attn-dp-size {attn_dp}: data-parallel replicas combined with "
+        "attention data parallelism are not supported."),
+    "attn_dp_divides_tp": Refusal(_PAR, 326, "handle_data_parallelism",
+                                  "assert cfg.tp_size % cfg.attn_dp_size == 0",
+                                  "AssertionError", ""),
+    "dp_lm_head_without_attn_dp": Refusal(
+        _OVR, 1425, "_dp_lm_head_validation", "assert attn_dp_enabled_of(view), (",
+        "AssertionError", "--enable-dp-lm-head requires attention DP (--attn-dp-size)."),
+    "cutlass_moe_ep": Refusal(
+        _MOE, 89, "handle_moe_kernel_config", "assert view.ep_size in [", "AssertionError",
+        "The expert parallel size must be 1 or the same as the tensor parallel size"),
+    "cutedsl_moe_ep": Refusal(
+        _MOE, 102, "handle_moe_kernel_config", "assert view.ep_size in [", "AssertionError",
+        "The expert parallel size must be 1 or the same as the tensor parallel size"),
+    "cutlass_fp8_ep": Refusal(
+        _MOE, 161, "handle_moe_kernel_config",
+        "assert resolved_view(server_args).ep_size == 1, (", "AssertionError",
+        "FP8/MXFP8 Cutlass MoE is only supported with ep_size == 1"),
+    "megamoe_attn_dp": Refusal(
+        _MOE, 325, "handle_a2a_moe",
+        "assert attn_dp_enabled_of(cfg) and cfg.attn_dp_size == cfg.tp_size, (",
+        "AssertionError",
+        "FlashInfer MegaMOE is only supported with --attn-dp-size equal to --tp-size"),
+    "pplx_attn_dp": Refusal(
+        _MOE, 591, "handle_a2a_moe", "assert cfg.attn_dp_size >= 2, (", "AssertionError",
+        "moe_a2a_backend='pplx' requires attention DP with at least 2 groups "
+        "(--attn-dp-size >= 2)."),
+    "eplb_without_ep": Refusal(_PAR, 791, "handle_eplb_and_dispatch",
+                               "assert resolved_view(server_args).ep_size > 1",
+                               "AssertionError", ""),
+    "nnodes_divide_tp": Refusal(
+        _VAL, 179, "check_server_args",
+        "assert (cfg.tp_size * cfg.pp_size) % cfg.nnodes == 0, (", "AssertionError",
+        "tp_size must be divisible by number of nodes"),
+    "pp_spec_eagle_only": Refusal(
+        _VAL, 132, "check_pipeline_parallel_compat", "assert (", "AssertionError",
+        "Pipeline parallelism currently only supports EAGLE (non-multi-layer) speculative "
+        "decoding"),
+    "pp_spec_prefill_only": Refusal(
+        _VAL, 161, "check_pipeline_parallel_compat",
+        'assert cfg.disaggregation_mode == "prefill", (', "AssertionError",
+        "PP + speculative decoding (MTP) is only supported on prefill nodes "
+        "(disaggregation-mode=prefill)"),
+    "multi_node_dp": Refusal(
+        _VAL, 199, "check_server_args", "assert not (cfg.dp_size > 1 and cfg.nnodes != 1), (",
+        "AssertionError", "multi-node data-parallel replicas are not supported; use attention "
+        "DP (--attn-dp-size) across nodes"),
+    "moe_dense_tp": Refusal(
+        _VAL, 207, "check_server_args", "assert cfg.moe_dense_tp_size in (", "AssertionError",
+        "moe_dense_tp_size only supports None, 1, or tp_size currently"),
     "schedule_conservativeness": Refusal(
         "sglang/srt/arg_groups/validation_hook.py", 314, "check_server_args",
         "assert cfg.schedule_conservativeness >= 0, (", "AssertionError",
         "schedule_conservativeness must be non-negative"),
+    # resolve: check_two_batch_overlap, called at the end of check_server_args
+    # (validation_hook.py:346), after the schedule_conservativeness assert
+    "tbo_without_attn_dp": Refusal(
+        _VAL, 768, "check_two_batch_overlap", "raise ValueError(", "ValueError",
+        "When enabling two batch overlap without an EP a2a backend (moe_a2a_backend='none'), "
+        "attention DP (--attn-dp-size) is required (DeepSeek-V4 non-EP DP TBO path)."),
     # init_distributed: rank tp_rank's device is base_gpu_id + tp_rank; CUDA has no such ordinal
     "multi_node_device_ordinal": Refusal(
         "sglang/srt/entrypoints/engine.py", 935, "_launch_scheduler_processes", "gpu_id = (",
         "RuntimeError", "CUDA error: invalid device ordinal"),
+    # model_init: the model runner lays out the experts over the EP ranks before it builds the
+    # model (model_runner.py:708 maybe_init_expert_location_metadata, before load_model at :715)
+    "ep_divides_experts": Refusal("sglang/srt/eplb/expert_location.py", 256, "_init_common",
+                                  "assert num_physical_experts % ep_size == 0",
+                                  "AssertionError", ""),
     # model_init: the attention layer's tensor-parallel split (bare asserts), per architecture
     "tp_heads.LlamaForCausalLM": Refusal("sglang/srt/models/llama.py", 183, "__init__",
                                          "assert self.total_num_heads % tp_size == 0",
@@ -330,6 +404,19 @@ TP_ATTENTION_CLASS = {
     "GptOssForCausalLM": "GptOssAttention", "NemotronHForCausalLM": "NemotronHAttention",
     "Qwen3_5MoeForConditionalGeneration": "Qwen3_5AttentionDecoderLayer",
 }
+
+
+# Attention classes that split heads over the whole TP group (``tp_size =
+# get_parallel().tp_size``: models/llama.py:181, mixtral.py:137); the others split them over the
+# attention TP group (``get_parallel().attn_tp_size``, e.g. deepseek_v2.py:2051,
+# nemotron_h.py:694), which attention DP narrows to ``tp_size / attn_dp_size``.
+TP_FULL_WIDTH_CLASSES = frozenset({"LlamaForCausalLM", "MixtralAttention"})
+
+
+def attention_split_width(architecture: str, tp_size: int, attn_tp_size: int) -> int:
+    """The width the attention layer of ``architecture`` splits its heads over (see above)."""
+    cls = TP_ATTENTION_CLASS.get(architecture, "")
+    return tp_size if cls in TP_FULL_WIDTH_CLASSES else attn_tp_size
 
 
 def tp_refusal(architecture: str, heads: int, kv_heads: int | None, tp_size: int) -> str | None:

@@ -40,12 +40,17 @@ import re
 
 from domain.config import ServingConfig
 from domain.engines import engine_for
-from domain.engines.sglang.arch import BLACKWELL_SM_MAJORS, TRTLLM_GEN_MOE_RUNNERS
+from domain.engines.sglang.arch import (
+    BLACKWELL_SM_MAJORS,
+    TRTLLM_GEN_MOE_RUNNERS,
+    resolved_backends,
+)
 from domain.engines.sglang.refusals import (
     CUDA_ERROR_HINT,
     CUDA_GRAPH_CAPTURE_FAILED_LINES,
     HICACHE_SMALL_HOST_WARNING,
     REFUSALS,
+    attention_split_width,
     tp_refusal,
 )
 from domain.errors import DoesNotFit, InvalidCombination, UnknownFlag
@@ -55,6 +60,8 @@ from domain.fit import (
     fit,
     host_pool_shortfall,
     resolve_attention_backend,
+    resolved_ep_size,
+    stage_memory,
 )
 from domain.hardware import get_gpu
 from domain.models import ModelArch, get_model
@@ -170,7 +177,116 @@ def _traceback(e: InvalidCombination) -> list[str]:
     return ["Traceback (most recent call last):", *frame, e.line]
 
 
-def _resolve(config: ServingConfig) -> tuple[SpecResolution, list[str]]:
+def layout_refusal(config: ServingConfig, nnodes: int | None = None
+                   ) -> tuple[str, dict[str, object]] | None:
+    """The first :data:`REFUSALS` key (and its message fields) the parallel layout trips.
+
+    SGLang 0.5.23, in the engine's order (each row names its ``file:line``):
+    ``handle_pd_disaggregation`` -- a prefill server with the ``fake`` transfer backend;
+    ``handle_data_parallelism`` -- ``--dp-size`` with ``--attn-dp-size``, then ``attn_dp_size``
+    must divide ``tp_size`` (a bare assert); ``_dp_lm_head_validation`` --
+    ``--enable-dp-lm-head`` without attention DP (with one DP rank the flag is silently reset,
+    ``overrides.py:1367-1370``, so only ``--dp-size`` > 1 reaches it); the MoE runner's EP
+    asserts (:func:`moe_kernel_refusal`); ``handle_a2a_moe`` --
+    FlashInfer MegaMOE needs ``attn_dp_size == tp_size``, pplx at least 2 attention-DP ranks
+    (an a2a backend's ``ep_size = tp_size`` is a resolution, :func:`domain.fit.resolved_ep_size`,
+    never a refusal); ``handle_eplb_and_dispatch`` -- ``--enable-eplb`` needs ``ep_size`` > 1;
+    ``check_server_args`` -- ``(tp x pp) % nnodes``, PP with speculative decoding (EAGLE only,
+    and only on a PD prefill server), ``--dp-size`` > 1 across nodes, ``moe_dense_tp_size`` in
+    (None, 1, tp). Two-batch overlap is checked after ``schedule_conservativeness``
+    (:func:`_resolve`).
+
+    Args:
+        config: the server.
+        nnodes: ``--nnodes`` of the launch; None: the argv's (:meth:`ServingConfig.nnodes`
+            over the GPU's node: one server spanning nodes gets ``--nnodes``).
+    """
+    nodes = nnodes if nnodes is not None else config.nnodes(get_gpu(config.gpu).gpus_per_node)
+    t, dp = config.tp_size, config.attn_dp_size
+    if config.disaggregation_mode == "prefill" and config.disaggregation_transfer_backend == "fake":
+        return "pd_prefill_fake", {}
+    if dp > 1 and config.dp_size > 1:
+        return "dp_with_attn_dp", {"dp": config.dp_size, "attn_dp": dp}
+    if dp > 1 and t % dp:
+        return "attn_dp_divides_tp", {}
+    if config.enable_dp_lm_head and dp == 1 and config.schedulers > 1:
+        return "dp_lm_head_without_attn_dp", {}
+    moe = moe_kernel_refusal(config)
+    if moe is not None:
+        return moe, {}
+    if config.moe_a2a_backend == "flashinfer_megamoe" and not (dp > 1 and dp == t):
+        return "megamoe_attn_dp", {}
+    if config.moe_a2a_backend == "pplx" and dp < 2:
+        return "pplx_attn_dp", {}
+    if config.enable_eplb and resolved_ep_size(config) <= 1:
+        return "eplb_without_ep", {}
+    if (t * config.pp_size) % nodes:
+        return "nnodes_divide_tp", {}
+    spec = config.speculative_algorithm
+    if config.pp_size > 1 and spec is not None:
+        if spec == "EAGLE3":  # NEXTN is EAGLE by then (speculative_hook.py)
+            return "pp_spec_eagle_only", {}
+        if config.disaggregation_mode != "prefill":
+            return "pp_spec_prefill_only", {}
+    if config.dp_size > 1 and nodes != 1:
+        return "multi_node_dp", {}
+    if config.moe_dense_tp_size not in (None, 1, t):
+        return "moe_dense_tp", {}
+    return None
+
+
+def moe_kernel_refusal(config: ServingConfig) -> str | None:
+    """The MoE runner's EP asserts (``moe_hook.py:79-163``, ``handle_moe_kernel_config``).
+
+    They read ``ep_size`` before an a2a backend resolves it (``handle_a2a_moe`` runs next,
+    ``pipeline.py:294-295``): flashinfer_cutlass and flashinfer_cutedsl need ``ep_size`` 1 or
+    ``tp_size`` (``:89``, ``:102``); cutlass on an fp8 checkpoint ``ep_size`` 1 (``:161``). The
+    runner is the resolved one (:func:`domain.engines.sglang.arch.resolved_backends`: an
+    explicit ``--moe-runner-backend`` or the GPU's default); dense models build none.
+    """
+    runner = resolved_backends(config).get("moe_runner_backend")
+    ep, t = config.ep_size, config.tp_size
+    quant = get_model(config.model).checkpoint(config.weights).quantization
+    # each EP assert follows its runner's quantization assert (:81, :96), not modelled here:
+    # the twin claims the EP one only where that one passes
+    if runner == "flashinfer_cutlass" and ep not in (1, t) \
+            and quant in ("modelopt_fp4", "modelopt_fp8", "modelopt_mixed", None):
+        return "cutlass_moe_ep"
+    if runner == "flashinfer_cutedsl" and ep not in (1, t) \
+            and quant in ("modelopt_fp4", "modelopt_mixed", "nvfp4_online"):
+        return "cutedsl_moe_ep"
+    if runner == "cutlass" and quant in ("fp8", "mxfp8") and ep != 1:
+        return "cutlass_fp8_ep"
+    return None
+
+
+def tbo_refusal(config: ServingConfig) -> str | None:
+    """``tbo_without_attn_dp`` when two-batch overlap has neither an a2a backend nor attention DP.
+
+    ``validation_hook.py:755-772`` (``check_two_batch_overlap``).
+    """
+    if config.enable_two_batch_overlap and config.moe_a2a_backend in (None, "none") \
+            and config.attn_dp_size == 1:
+        return "tbo_without_attn_dp"
+    return None
+
+
+def expert_refusal(config: ServingConfig) -> str | None:
+    """``ep_divides_experts`` when ``ep_size`` does not divide the physical experts.
+
+    ``eplb/expert_location.py:237-257``: ``experts + --ep-num-redundant-experts`` must split
+    evenly over the (resolved) EP ranks; the model runner lays them out before it builds the
+    model (``model_runner.py:705-715``). Dense models lay out no experts.
+    """
+    model = get_model(config.model)
+    if not model.n_routed_experts:
+        return None
+    physical = model.n_routed_experts + config.ep_num_redundant_experts
+    return "ep_divides_experts" if physical % resolved_ep_size(config) else None
+
+
+def _resolve(config: ServingConfig, nnodes: int | None = None
+             ) -> tuple[SpecResolution, list[str]]:
     """Run the checks of SGLang's resolution pipeline in its order.
 
     Returns:
@@ -193,9 +309,21 @@ def _resolve(config: ServingConfig) -> tuple[SpecResolution, list[str]]:
     backend_key = attention_backend_refusal(config)
     if backend_key in ("backend_trtllm_mla_sm", "backend_cutedsl_sm"):
         raise _refuse(backend_key)
+    layout = layout_refusal(config, nnodes)
+    if layout is not None:
+        raise _refuse(layout[0], **layout[1])
     if config.schedule_conservativeness is not None and config.schedule_conservativeness < 0:
         raise _refuse("schedule_conservativeness")
-    return spec, list(spec.log)
+    tbo = tbo_refusal(config)
+    if tbo is not None:
+        raise _refuse(tbo)
+    log = list(spec.log)
+    ep = resolved_ep_size(config)
+    if ep != config.ep_size:  # overrides.py:1611-1620: a resolution, logged
+        log.append(f"{config.moe_a2a_backend} MoE is enabled. The expert parallel size is "
+                   f"adjusted from {config.ep_size} to the tensor parallel size "
+                   f"[{config.tp_size}].")
+    return spec, log
 
 
 def _load_lines(name: str, w: float, avail: float) -> list[str]:
@@ -214,8 +342,9 @@ def _failed_memory(config: ServingConfig, model: ModelArch, e: DoesNotFit, log: 
                    spec_on: bool) -> Startup:
     """The log and phase of a startup that ``fit`` rules out with ``e``."""
     gpu = get_gpu(config.gpu)
-    w = model.weight_bytes(config.weights) / config.tp_size
-    draft_w = model.draft_weight_bytes(config.weights) / config.tp_size if spec_on else 0.0
+    heavy = max(stage_memory(config, model, spec_on),
+                key=lambda st: st.weight_bytes + st.draft_weight_bytes)
+    w, draft_w = heavy.weight_bytes, heavy.draft_weight_bytes
     avail = gpu.hbm_bytes - CONTEXT_OVERHEAD_BYTES
     if e.phase == "weights_load":
         if w > avail:  # the target's own shard does not fit
@@ -281,12 +410,16 @@ def _argparse_error(violation: str) -> str:
     return f"unrecognized arguments: --{dest.replace('_', '-')}"
 
 
-def start(config: ServingConfig) -> Startup:
+def start(config: ServingConfig, nnodes: int | None = None) -> Startup:
     """Simulate ``sglang serve`` for one replica of ``config`` and return what happened.
 
     Never raises for a config the engine would reject: the rejection is the result (see the
     module docstring for the phases and their messages). Startup time (virtual s) is weight
     loading at ``LOAD_BYTES_PER_S`` per GPU plus ``FIXED_STARTUP_S``.
+
+    ``nnodes``: the launch's ``--nnodes``; None: the argv's (a server wider than one node gets
+    ``--nnodes``, :func:`domain.engines.sglang.flags.argv`). A launch on fewer nodes than its
+    GPUs need (a pasted command without ``--nnodes``) fails as a one-node launch does.
     """
     try:
         argv = engine_for(config).argv(config)
@@ -297,17 +430,22 @@ def start(config: ServingConfig) -> Startup:
     model, gpu = get_model(config.model), get_gpu(config.gpu)
     log = [f"server_args={' '.join(argv[2:])}"]
     try:  # the launcher resolves the arguments before it starts any scheduler process
-        spec, warnings = _resolve(config)
+        spec, warnings = _resolve(config, nnodes)
     except InvalidCombination as e:
         log += _traceback(e)
         return Startup(ready=False, phase="resolve", exit_code=1, log=log)
     log += warnings
-    if config.tp_size > gpu.gpus_per_node:  # one node, no --nnodes: rank 8+ has no device
+    nodes = nnodes if nnodes is not None else config.nnodes(gpu.gpus_per_node)
+    if config.gpus_per_server > gpu.gpus_per_node * nodes:  # rank 8+ of a node has no device
         log += ["Init torch distributed begin.",
                 *REFUSALS["multi_node_device_ordinal"].traceback(), *CUDA_ERROR_HINT]
         return Startup(ready=False, phase="init_distributed", exit_code=1, log=log)
-    tp_key = tp_refusal(hf_architecture(model), model.heads,
-                        model.kv_heads if model.attention == "gqa" else None, config.tp_size)
+    if expert_refusal(config) is not None:  # the model runner, before the model is built
+        log += REFUSALS["ep_divides_experts"].traceback()
+        return Startup(ready=False, phase="model_init", exit_code=1, log=log)
+    arch = hf_architecture(model)
+    tp_key = tp_refusal(arch, model.heads, model.kv_heads if model.attention == "gqa" else None,
+                        attention_split_width(arch, config.tp_size, config.attn_tp_size))
     tp_key = tp_key or mm_backend_refusal(config)  # the vision encoder is built with it
     if tp_key is not None:  # the attention layer's __init__: the loader builds the model
         # after "Load weight begin" and before any weight is read
@@ -324,8 +462,8 @@ def start(config: ServingConfig) -> Startup:
         if not (refusal and e.phase == "cuda_graph"):
             return _failed_memory(config, model, e, log, spec.params is not None)
         # the attention backend is built before the CUDA graphs are captured
-        log += _load_lines(model.name, model.weight_bytes(config.weights) / config.tp_size,
-                           avail)
+        log += _load_lines(model.name, max(st.weight_bytes for st in stage_memory(
+            config, model, spec.params is not None)), avail)
         log += REFUSALS[refusal].traceback(**fields)
         return Startup(ready=False, phase="model_init", exit_code=1, log=log)
     log += _load_lines(model.name, rep.weight_bytes_per_gpu, avail)
