@@ -29,7 +29,8 @@ Constants (the model each is a parameter of is :func:`domain.layout_cost.a2a_sec
 - ``expert_imbalance`` (no EPLB) and ``expert_imbalance_eplb``: the median over token counts
   >= 1,024 of ``latency(power_law_a) / latency(uniform)`` at EP 8 -- how much longer the
   busiest rank's expert GEMMs run under skewed routing. The prior takes ``power_law_1.01``
-  (aiconfigurator's default skew) without EPLB and the mildest table skew ``power_law_0.6``
+  (aiconfigurator's default skew: the wheel's ``sdk/config.py:37`` and
+  ``sdk/models/deepseek.py:170``) without EPLB and the mildest table skew ``power_law_0.6``
   for EPLB (a static rebalancing leaves a residual spread step to step).
 
 Needs pyarrow + numpy + scipy, kept out of the product's runtime::

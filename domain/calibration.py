@@ -164,7 +164,9 @@ class Efficiency:
     a2a_ll_latency_s: float = 2.1e-5
     # routed tokens (expert GEMM work) of the busiest EP rank over the mean without EPLB: the
     # wheel's H200 DeepEP MoE kernel (DeepSeek-V3 shape, EP 8, >= 1,024 tokens, compute-bound
-    # context table) under aiconfigurator's power_law_1.01 routing over uniform: 1.66 (the
+    # context table) under power_law_1.01 routing (aiconfigurator's default skew for DeepSeek:
+    # wheel sdk/config.py:37 workload_distribution "power_law", sdk/models/deepseek.py:170
+    # alpha 1.01) over uniform: 1.66 (the
     # generation table's 1.10 is the same skew on memory-bound kernels, which the model's
     # read cap reproduces)
     expert_imbalance: float = 1.66

@@ -595,8 +595,10 @@ class StepCostModel:
 
 
 def build_cost_model(config: ServingConfig, report: FitReport) -> StepCostModel:
-    """The step-time model of one replica of ``config`` with its resolved memory ``report``.
+    """The step-time model of one scheduler of ``config`` with its resolved memory ``report``.
 
+    One scheduler: the whole replica at the default layout; one attention-DP rank of one
+    ``dp_size`` copy otherwise (its methods take that rank's batch; PP, EP, TBO inside).
     Efficiencies come from :func:`domain.calibration.efficiency` for the config's GPU.
 
     Raises:

@@ -56,6 +56,7 @@ All functions take the cost model's constants and return seconds.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -128,6 +129,14 @@ class Layout:
         if self.deepep_mode in ("normal", "low_latency"):
             return self.deepep_mode
         return "normal" if mode == "extend" else "low_latency"
+
+
+def _memo(m: StepCostModel, key: tuple[object, ...], fn: Callable[[], float]) -> float:
+    """``fn()`` cached in the cost model's memo of batch-size-only terms (pure in ``key``)."""
+    hit = m._memo.get(key)
+    if hit is None:
+        hit = m._memo[key] = fn()
+    return hit
 
 
 def _group_allreduce(m: StepCostModel, nbytes: float, n: int, ideal: bool) -> float:
@@ -341,8 +350,9 @@ def pp_round(m: StepCostModel, lay: Layout, gpu_forward: float, cpu: float, b: i
     if lay.pp <= 1:
         return max(gpu_forward, cpu)
     per_stage = -(-m.layers // lay.pp)
-    slot = gpu_forward * per_stage / m.layers + lm_head_seconds(m, lay, b)
-    return (lay.pp * max(slot, cpu) + p2p_seconds(m, lay, b)
+    slot = gpu_forward * per_stage / m.layers + _memo(m, ("lay_lm", b),
+                                                      lambda: lm_head_seconds(m, lay, b))
+    return (lay.pp * max(slot, cpu) + _memo(m, ("lay_p2p", b), lambda: p2p_seconds(m, lay, b))
             + lay.pp * m.eff.pp_stage_latency_s)
 
 
@@ -358,10 +368,11 @@ def forward_seconds(m: StepCostModel, lay: Layout, n: int, attention: float, mod
     lat = m._layer_latency(m.layers, m.moe_layers)
 
     def compute(k: int) -> float:
-        return linear_seconds(m, lay, k) + attention * k / n + lat
+        return _memo(m, ("lay_lin", k), lambda: linear_seconds(m, lay, k)) + attention * k / n + lat
 
     def comm(k: int) -> float:
-        return comm_seconds(m, lay, k, m.layers, m.moe_layers, mode, spec)
+        return _memo(m, ("lay_comm", k, mode, spec),
+                     lambda: comm_seconds(m, lay, k, m.layers, m.moe_layers, mode, spec))
 
     if lay.tbo and n >= 2:
         n1 = n // 2

@@ -223,15 +223,17 @@ def eplb_eff(c: ServingConfig) -> float:
 
 
 def _tput(c: ServingConfig, conc: int, ctx: int) -> float:
+    """Decode tok/s of ``conc`` sequences of ``ctx`` KV tokens spread over the schedulers, each
+    at most the batch its KV pool and running cap allow."""
     r = fit(c)
     m = build_cost_model(c, r)
-    per = max(1, conc // c.schedulers)
+    per = max(1, min(conc // c.schedulers, r.kv_tokens // ctx, r.max_running_requests))
     return per * c.schedulers / m.decode_time(per, per * ctx)
 
 
 def test_dsv3_dp_attention_ep_slower_at_8_faster_at_256() -> None:
     """issue 21 'done when', cost level: DeepSeek-V3 FP8 on 8x H200, TP8 + attention DP 8 +
-    EP8 (deepep) against TP8, 1,500 KV tokens per sequence (the pool holds both batches)."""
+    EP8 (deepep) against TP8, 1,500 KV tokens per sequence, at the batch each pool allows."""
     tp8 = ServingConfig(model="deepseek-v3", gpu="H200", weights="fp8", tp_size=8)
     dpep = tp8.model_copy(update={"attn_dp_size": 8, "ep_size": 8, "moe_a2a_backend": "deepep"})
     assert _tput(dpep, 8, 1500) < _tput(tp8, 8, 1500)
@@ -269,3 +271,15 @@ def test_pp_gains_nothing_from_the_allreduce_over_nvlink() -> None:
     for ctx in (1500, 3000):
         n = kv // ctx
         assert m8.decode_time(n, n * ctx) / mpp.decode_time(n, n * ctx) <= 1.02
+
+
+def test_p2p_link_between_pipeline_stages() -> None:
+    from domain.hardware import get_gpu
+    from domain.interconnect import p2p_link_bytes_per_s
+
+    rtx = get_gpu("RTX-PRO-6000").interconnect  # PCIe Gen5 x16, NUMA 0-3 | 4-7 at 40 GB/s
+    assert p2p_link_bytes_per_s(0, 4, 4, rtx) == 40e9          # TP4+PP2 crosses the NUMA hop
+    assert p2p_link_bytes_per_s(0, 2, 2, rtx) == pytest.approx(16 * 3.938e9)  # inside NUMA 0
+    h200 = get_gpu("H200").interconnect
+    assert p2p_link_bytes_per_s(0, 4, 4, h200) == 450e9         # NVLink inside the node
+    assert p2p_link_bytes_per_s(0, 8, 8, h200) == 50e9          # TP8+PP2: the next host's NIC
