@@ -54,6 +54,30 @@ SETTLED: tuple[Phase, ...] = ("Ready", "Failed", "Terminated")
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")
 
 
+class ServerGroup(BaseModel):
+    """One group of servers of a deployment: the replicas, or a PD layout's prefill/decode pool.
+
+    Memory is one rank's (per GPU; KV tokens and the request cap per scheduler, i.e. per
+    attention-DP rank or DP copy); None where the backend does not know it.
+    """
+
+    role: str = Field(description="'server' (aggregated replicas), 'prefill' or 'decode'")
+    servers: int = Field(description="servers in the group")
+    layout: str = Field(description="one server's layout, e.g. 'TP8 DP-attn8 EP8', 'TP4xPP2'")
+    gpus_per_server: int = Field(description="tp x pp x dp")
+    nodes_per_server: int = Field(description="nodes one server spans (--nnodes)")
+    schedulers: int = Field(description="schedulers per server (dp x attention DP)")
+    ready: bool = Field(description="every server of the group started")
+    message: str = Field("", description="the group's error when it failed to start")
+    weights_gb_per_gpu: float | None = Field(None, description="weight shard per GPU, GB "
+                                             "(1e9 bytes), draft layers included")
+    kv_pool_gb_per_gpu: float | None = Field(None, description="KV pool per GPU, GB")
+    kv_tokens_per_scheduler: int | None = Field(None, description="KV pool tokens of one "
+                                                "scheduler")
+    max_running_requests_per_scheduler: int | None = Field(
+        None, description="running-request cap of one scheduler")
+
+
 class DeploymentStatus(BaseModel):
     """What ``status`` reports for one deployment."""
 
@@ -82,6 +106,9 @@ class DeploymentStatus(BaseModel):
                          "line")
     startup_s: float = Field(0.0, description="seconds from create to Ready (virtual for the "
                              "twin; 0 until Ready)")
+    groups: list[ServerGroup] = Field(
+        default_factory=list, description="the server groups (a PD layout: prefill, then "
+        "decode) with one rank's memory (twin); empty where the backend does not report them")
 
 
 class LogLine(BaseModel):

@@ -76,6 +76,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from domain.config import ServingConfig
 from domain.engines import engine_for
+from domain.hardware import get_gpu
 from domain.study_sources import USER_CATALOG_FILE, user_catalog
 from mcp_servers.cluster import logfile
 from mcp_servers.cluster.backend import (
@@ -249,6 +250,34 @@ def check_command(command: list[str] | None) -> None:
                     f"command argument {arg!r} has the unknown placeholder {ph}; the valid ones "
                     "are {host}, {port} and {config_json} (the path of a JSON file holding the "
                     "ServingConfig)")
+
+
+def refuse_layout(config: ServingConfig) -> None:
+    """Refuse what one machine's processes cannot serve: a PD layout, a server spanning nodes.
+
+    A PD layout needs prefill and decode servers, a KV transfer backend between them and the
+    router in PD mode; a server of more GPUs than one node of its GPU type has
+    (``config.nnodes`` > 1) needs one process per node with ``--nnodes``. Both run on the twin
+    backend (simulated) or the kubernetes backend (Deployments, LeaderWorkerSets and the PD
+    router, :mod:`sandbox.manifests`).
+
+    Raises:
+        BackendError: saying which and where to run it instead.
+    """
+    if config.pd is not None:
+        raise BackendError(
+            f"the local backend does not run prefill/decode disaggregation (pd "
+            f"{config.pd.label()}): it starts one server process per replica on this machine, "
+            "without the KV transfer between servers or the router in PD mode; deploy it on "
+            "the twin backend (simulated) or the kubernetes backend")
+    nodes = config.nnodes(get_gpu(config.gpu).gpus_per_node)
+    if nodes > 1:
+        raise BackendError(
+            f"one server of this config needs {config.gpus_per_server} GPUs (tp {config.tp_size}"
+            f" x pp {config.pp_size} x dp {config.dp_size}), {nodes} nodes of "
+            f"{get_gpu(config.gpu).gpus_per_node} {config.gpu}: the local backend runs "
+            "single-node servers only; deploy it on the kubernetes backend (a LeaderWorkerSet "
+            "with --lws) or the twin backend")
 
 
 class LocalProcessBackend:
@@ -479,12 +508,14 @@ class LocalProcessBackend:
         """Start ``config.replicas`` server processes as ``name``; wait up to ``wait_s`` s.
 
         Raises:
-            BackendError: invalid name or config, the name is taken by a live deployment, too
+            BackendError: invalid name or config, a PD layout or a server spanning nodes
+                (:func:`refuse_layout`), the name is taken by a live deployment, too
                 few visible devices, or the server program cannot be started.
             UnknownFlag: the config has a flag this SGLang version lacks (no command given).
         """
         check_name(name, self.namespace)
         refuse_flag_values(config)
+        refuse_layout(config)
         if self.visible_devices is not None and \
                 len(self.visible_devices) < config.gpus:
             raise BackendError(f"{name} needs {config.gpus} GPUs (tp_size x replicas) but the "

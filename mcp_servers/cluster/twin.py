@@ -1,7 +1,10 @@
 """The twin cluster backend: simulated SGLang deployments that answer at once.
 
-Startup fails or succeeds exactly as :func:`domain.twin.startup.start` says; a Ready deployment
-lists no endpoints and is simulated by the bench server from :meth:`TwinBackend.ready_fit`
+Startup fails or succeeds exactly as :func:`domain.twin.startup.start` says, for every server
+group of the config (a PD layout starts one prefill and one decode server config; the
+deployment is Ready when both are, and its status lists each group with its layout, schedulers
+and one rank's memory); a Ready deployment lists no endpoints and is simulated by the bench
+server from :meth:`TwinBackend.ready_fit`
 (a :class:`~mcp_servers.cluster.backend.SimulatedBackend`). Records live in memory or, with a
 ``state_dir``, as JSON files another process (the bench server of Claude Code) reads too.
 """
@@ -18,6 +21,8 @@ from pydantic import BaseModel
 from domain.config import ServingConfig
 from domain.faults import DeployFault, FaultSpec
 from domain.fit import FitReport
+from domain.hardware import get_gpu
+from domain.layout import layout_label, server_label
 from domain.twin.injected import inject_startup
 from domain.twin.startup import Startup, start
 from mcp_servers.cluster.backend import (
@@ -29,6 +34,7 @@ from mcp_servers.cluster.backend import (
     Event,
     LogLine,
     Phase,
+    ServerGroup,
     check_name,
     read_record,
     refuse_flag_values,
@@ -83,11 +89,57 @@ class TwinBackend:
     def _get(self, name: str) -> _TwinRecord:
         return require_record(self._store, name, _TwinRecord, self.namespace)
 
-    def _startup(self, config: ServingConfig) -> Startup:
+    def _server_startup(self, config: ServingConfig) -> Startup:
+        """:func:`start` of one server config (deterministic, so cached)."""
         key = config.model_dump_json()
         if key not in self._startups:
             self._startups[key] = start(config)
         return self._startups[key]
+
+    def _groups(self, config: ServingConfig) -> list[tuple[str, int, ServingConfig, Startup]]:
+        """``(role, servers, server config, its startup)`` of every server group."""
+        return [(role, n, c, self._server_startup(c)) for role, n, c in config.servers()]
+
+    def _startup(self, config: ServingConfig) -> Startup:
+        """How the whole deployment starts.
+
+        Aggregated: its one server config's startup (every replica starts alike). PD: the
+        first group that fails (prefill before decode), else Ready with the decode server's
+        fit (the ``domain.fit`` contract: a PD config's report is the decode worker's), its
+        log, and the slower group's startup time.
+        """
+        if config.pd is None:
+            return self._server_startup(config)
+        groups = self._groups(config)
+        failed = next((s for _, _, _, s in groups if not s.ready), None)
+        if failed is not None:
+            return failed
+        decode = groups[-1][3]
+        return decode.model_copy(update={"startup_s": max(s.startup_s for *_, s in groups)})
+
+    def _group_status(self, config: ServingConfig) -> list[ServerGroup]:
+        out = []
+        for role, n, c, s in self._groups(config):
+            rep = s.fit if s.ready else None
+            out.append(ServerGroup(
+                role=role, servers=n, layout=server_label(c), gpus_per_server=c.gpus_per_server,
+                nodes_per_server=c.nnodes(get_gpu(c.gpu).gpus_per_node),
+                schedulers=c.schedulers, ready=s.ready, message="" if s.ready else s.reason,
+                weights_gb_per_gpu=None if rep is None else round(
+                    (rep.weight_bytes_per_gpu + rep.draft_weight_bytes_per_gpu) / 1e9, 3),
+                kv_pool_gb_per_gpu=None if rep is None else round(rep.kv_pool_gb, 3),
+                kv_tokens_per_scheduler=None if rep is None else rep.kv_tokens,
+                max_running_requests_per_scheduler=None if rep is None
+                else rep.max_running_requests))
+        return out
+
+    @staticmethod
+    def _servers(config: ServingConfig) -> str:
+        """'2 replica(s)' or, for a PD layout, '1 prefill + 1 decode server(s)'."""
+        if config.pd is None:
+            return f"{config.replicas} replica(s)"
+        return (f"{config.pd.prefill.workers} prefill + {config.pd.decode.workers} decode "
+                "server(s)")
 
     def _fault(self, d: _TwinRecord) -> tuple[DeployFault | None, int]:
         """The fault injected into deployment ``d`` (None: none) and its launch number."""
@@ -132,6 +184,10 @@ class TwinBackend:
         phase: Phase = ("Terminated" if d.terminated_at is not None
                         else ("Ready" if s.ready else "Failed"))
         message = s.reason
+        groups = self._group_status(d.config)
+        bad = next((g for g in groups if not g.ready), None)
+        if d.config.pd is not None and bad is not None and not s.ready:
+            message = f"{bad.role} servers ({bad.layout}): {s.reason}"
         if d.terminated_at is not None:
             message = (f"torn down at {when(d.terminated_at)}; last log line: "
                        f"{s.log[-1] if s.log else ''}")
@@ -140,7 +196,8 @@ class TwinBackend:
             ready_replicas=d.config.replicas if phase == "Ready" else 0, config=d.config,
             labels=d.labels, created_at=d.created_at,
             exit_code=None if s.ready or s.exit_code < 0 else s.exit_code,
-            failed_stage=None if s.ready else s.phase, message=message, startup_s=s.startup_s)
+            failed_stage=None if s.ready else s.phase, message=message, startup_s=s.startup_s,
+            groups=groups)
 
     def status(self, name: str) -> DeploymentStatus:
         """Current status of ``name``. Raises BackendError if it does not exist."""
@@ -149,15 +206,29 @@ class TwinBackend:
     def logs(self, name: str, replica: int | None = None) -> list[LogLine]:
         """The server log of ``name``, every line stamped with the creation time.
 
-        Every twin replica logs the same.
+        Every twin replica logs the same. A PD layout's replicas are its servers, prefill
+        first: ``replica`` i picks that server's group log; by default the group that failed
+        (else the decode group, whose fit the bench simulates).
 
         Raises:
             BackendError: unknown name or replica index.
         """
         d = self._get(name)
-        if replica is not None and not 0 <= replica < d.config.replicas:
-            raise BackendError(f"{name} has replicas 0..{d.config.replicas - 1}")
-        return [LogLine(t=d.created_at, text=x) for x in self._run(d).log]
+        if d.config.pd is None:
+            if replica is not None and not 0 <= replica < d.config.replicas:
+                raise BackendError(f"{name} has replicas 0..{d.config.replicas - 1}")
+            return [LogLine(t=d.created_at, text=x) for x in self._run(d).log]
+        groups = self._groups(d.config)
+        total = sum(n for _, n, _, _ in groups)
+        if replica is None or self._fault(d)[0] is not None:
+            log = self._run(d).log
+        elif 0 <= replica < total:
+            first = groups[0][1]
+            log = (groups[0] if replica < first else groups[1])[3].log
+        else:
+            raise BackendError(f"{name} has replicas 0..{total - 1} (its servers: prefill "
+                               "first, then decode)")
+        return [LogLine(t=d.created_at, text=x) for x in log]
 
     def events(self, name: str | None = None) -> list[Event]:
         """Created, then Ready or Failed, then Killing after a teardown; oldest first.
@@ -178,8 +249,10 @@ class TwinBackend:
     def _events_of(self, d: _TwinRecord) -> list[Event]:
         s, n = self._run(d), d.config.replicas
         out = list(d.history)
+        layout = "" if not d.config.pd else f" ({layout_label(d.config)})"
         out.append(Event(t=d.created_at, type="Normal", reason="Created", object=d.name,
-                         message=f"{n} replica(s) of config {d.config.config_id()}"))
+                         message=f"{self._servers(d.config)} of config "
+                                 f"{d.config.config_id()}{layout}"))
         if s.ready:
             out.append(Event(t=d.created_at, type="Normal", reason="Ready", object=d.name,
                              message=f"{n}/{n} replicas ready after {s.startup_s:.1f} s "

@@ -6,6 +6,8 @@ against the policy and reports Ready only when every group's servers and the rou
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from fixtures.fakes_k8s import Clock, FakeKubeApi, Fate
 
@@ -60,3 +62,69 @@ def test_kubernetes_pd_groups_spanning_nodes_wait_for_every_pod():
     assert st.phase == "Ready"
     assert len([p for p in api.pods("big")
                 if p["metadata"]["labels"].get("servetune.io/component") != "router"]) == 6
+
+
+# ----- twin backend --------------------------------------------------------------------------
+
+PD_1P1D = dsv3(tp_size=8, pd="1P1D")
+# a decode group of TP1: DeepSeek-V3's 673 GB of FP8 weights do not load on one H200
+PD_BAD_DECODE = dsv3(tp_size=8, pd={"prefill": {"workers": 1},
+                                    "decode": {"workers": 1, "tp_size": 1}})
+
+
+@pytest.mark.anyio
+async def test_twin_deploys_a_pd_layout_through_the_mcp_tool():
+    from mcp import Client
+
+    from mcp_servers.cluster.server import build_server
+    from mcp_servers.cluster.twin import TwinBackend
+
+    twin = TwinBackend(NS)
+    async with Client(build_server(twin)) as c:
+        r = await c.call_tool("deploy", {"name": "pd", "config": PD_1P1D.model_dump(
+            mode="json"), "wait_s": 0})
+        st = r.structured_content
+        assert not r.is_error and st["phase"] == "Ready", st
+        groups = [(g["role"], g["servers"], g["layout"], g["gpus_per_server"], g["ready"])
+                  for g in st["groups"]]
+        assert groups == [("prefill", 1, "TP8", 8, True), ("decode", 1, "TP8", 8, True)]
+        for g in st["groups"]:  # one rank's memory, as domain.fit resolves the server
+            assert g["weights_gb_per_gpu"] > 80 and g["kv_tokens_per_scheduler"] > 0
+        ev = (await c.call_tool("get_events", {"name": "pd"})).structured_content["events"]
+        assert ev[0]["message"].startswith("1 prefill + 1 decode server(s) of config ")
+        assert ev[0]["message"].endswith("(1P1D TP8)")
+        r = await c.call_tool("get_logs", {"name": "pd", "replica": 2})
+        assert r.is_error and "replicas 0..1 (its servers: prefill first" in r.content[0].text
+        r = await c.call_tool("deploy", {"name": "bad", "config": PD_BAD_DECODE.model_dump(
+            mode="json"), "wait_s": 0})
+        st = r.structured_content
+        assert st["phase"] == "Failed"
+        assert st["message"].startswith("decode servers (TP1): torch.OutOfMemoryError")
+        assert [g["ready"] for g in st["groups"]] == [True, False]
+        assert st["groups"][1]["weights_gb_per_gpu"] is None
+    config, report = twin.ready_fit("pd")  # the bench simulates the PD config, decode's fit
+    assert config == PD_1P1D and report.kv_tokens == st["groups"][0]["kv_tokens_per_scheduler"]
+
+
+def test_twin_status_shows_schedulers_of_attention_dp():
+    from mcp_servers.cluster.twin import TwinBackend
+
+    config = dsv3(tp_size=8, attn_dp_size=8, ep_size=8, moe_a2a_backend="deepep")
+    st = TwinBackend(NS).deploy("dp8", config, {})
+    (g,) = st.groups
+    assert (g.role, g.layout, g.schedulers, g.nodes_per_server) == (
+        "server", "TP8 DP-attn8 EP8", 8, 1)
+
+
+@pytest.mark.parametrize("config,words", [
+    (PD_1P1D, "does not run prefill/decode disaggregation (pd 1P1D)"),
+    (dsv3(tp_size=16), "needs 16 GPUs (tp 16 x pp 1 x dp 1), 2 nodes of 8 H200"),
+])
+def test_local_backend_refuses_pd_and_multi_node_servers(tmp_path, config, words):
+    from mcp_servers.cluster.backend import make_backend
+
+    local = make_backend("local", NS, tmp_path, command=["true", "{host}", "{port}",
+                                                         "{config_json}"])
+    with pytest.raises(BackendError, match=re.escape(words)):
+        local.deploy("t1", config, {})
+    assert local.list() == []  # nothing started, no record
