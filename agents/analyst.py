@@ -76,11 +76,22 @@ def gates(gate: AcceptDecision | None) -> bool:
     return gate is not None and gate.samples == "runs"
 
 
+# ReplicaStats counters of a PD run that only prefill servers fill (their radix caches)
+PREFILL_COUNTERS = frozenset({"cache_hit_rate", "host_loaded_tokens", "evicted_tokens",
+                              "prefill_steps"})
+
+
 def replica_mean(replicas: Sequence[ReplicaStats], key: str) -> float | None:
     """Mean of one per-replica engine counter (e.g. ``decode_roofline_share``) over replicas.
 
     Returns None when no replica reports it (backends without engine counters: no replicas).
+    A PD run (servers with role prefill and decode, :mod:`domain.twin.pd`) averages each
+    counter over the servers that do that work: the prefix cache's over the prefill servers
+    (:data:`PREFILL_COUNTERS`), the rest over the decode servers.
     """
+    if any(getattr(r, "role", "server") == "prefill" for r in replicas):
+        want = "prefill" if key in PREFILL_COUNTERS else "decode"
+        replicas = [r for r in replicas if r.role == want]
     values = [float(v) for r in replicas if (v := getattr(r, key, None)) is not None]
     return sum(values) / len(values) if values else None
 

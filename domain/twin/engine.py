@@ -653,6 +653,7 @@ class TwinEngine:
                 continue
             # ---- idle: jump to the next arrival or tokenized request ----
             self._ratio = self._init_ratio  # on_idle resets the ratio (scheduler.py:5318)
+            self._stalled = bool(waiting) and bool(self._held)  # PD: waits for held KV
             if pending or tokenizing:
                 nxt = min(pending[0].arrival if pending else math.inf,
                           tokenizing[0].ready if tokenizing else math.inf)
@@ -660,8 +661,7 @@ class TwinEngine:
                 if self.now < nxt:
                     break
                 continue
-            if waiting and self._held:  # PD: the head waits for held KV to be released
-                self._stalled = True
+            if self._stalled:  # PD: the head waits for held KV to be released
                 break
             if waiting:  # nothing runs and the head cannot be admitted: it never fits
                 r = waiting.popleft()
@@ -1197,6 +1197,7 @@ class TwinEngine:
         if not self.busy:
             self.now = max(self.now, t)
         self._transferred.append(r)
+        self._stalled = False
 
     def _join_transferred(self) -> None:
         cap, now = self.lim.max_running_requests, self.now

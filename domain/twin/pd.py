@@ -216,7 +216,28 @@ class _Flight:
     d: int = -1              # decode scheduler
     d_idx: int = -1
     transfer_s: float = 0.0
+    prealloc_s: float = math.nan    # the decode server reserved its slot and KV
+    prefill_end_s: float = math.nan  # its prefill produced the first token
     error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TTFTParts:
+    """Where one request's time to first token went (seconds; they sum to its TTFT).
+
+    Attributes:
+        prealloc_wait_s: arrival to the decode server's preallocation (its prealloc queue).
+        prefill_s: preallocation to the end of its prefill (tokenizer, the prefill server's
+            queue, the prefill itself).
+        transfer_s: its KV transfer (queue on the link, wire, fixed latency).
+        decode_wait_s: KV on the decode server to the first token streamed (the wait for its
+            next iteration, plus the pipeline delay ``request_fixed_s``).
+    """
+
+    prealloc_wait_s: float
+    prefill_s: float
+    transfer_s: float
+    decode_wait_s: float
 
 
 @dataclass(slots=True)
@@ -393,6 +414,7 @@ class PDSimulation:
                 return
             q.popleft()
             at = max(t, e.now)
+            f.prealloc_s = at
             f.d_idx = e.preallocate(at, f.inp, f.out)
             self._d_map[d].append(fid)
             # the prefill server's bootstrap queue hands it to its waiting queue now
@@ -417,6 +439,7 @@ class PDSimulation:
                 self._p_done[self.P.server[k]] += 1
                 self.D.engines[f.d].release_held(f.d_idx, end)
                 continue
+            f.prefill_end_s = end
             start = max(end, self._link_free[k])
             wire = link.wire_seconds(f.inp)
             self._link_free[k] = start + wire
@@ -467,6 +490,18 @@ class PDSimulation:
                 f.error = r.error
             out.append(RequestRecord(arrival_s=f.arrival, input_tokens=f.inp, output_tokens=0,
                                      error=f.error or "request did not finish"))
+        return out
+
+    def ttft_parts(self, records: Sequence[RequestRecord]) -> list[TTFTParts | None]:
+        """The :class:`TTFTParts` of each request of :meth:`records` (None where it failed)."""
+        out: list[TTFTParts | None] = []
+        for f, r in zip(self.flights, records, strict=True):
+            if r.error is not None:
+                out.append(None)
+                continue
+            kv_at = f.prefill_end_s + f.transfer_s
+            out.append(TTFTParts(f.prealloc_s - f.arrival, f.prefill_end_s - f.prealloc_s,
+                                 f.transfer_s, r.first_token_s - kv_at))
         return out
 
     def stats(self) -> list[ReplicaStats]:
@@ -570,6 +605,20 @@ def simulate_open_loop(config: ServingConfig, report: FitReport, requests: Seque
         ComputeBudgetExceeded: ``budget`` ran out or was cancelled.
     """
     del report
+    sim = replay(config, requests, progress, budget)
+    return sim.records(), sim.stats()
+
+
+def replay(config: ServingConfig, requests: Sequence[Any], progress: SimProgress | None = None,
+           budget: ComputeBudget | None = None) -> PDSimulation:
+    """The :class:`PDSimulation` of ``requests`` on a PD ``config``, run to the end.
+
+    Its :meth:`~PDSimulation.records`, :meth:`~PDSimulation.stats` and
+    :meth:`~PDSimulation.ttft_parts` are what :func:`simulate_open_loop` returns and more.
+
+    Raises:
+        ComputeBudgetExceeded: ``budget`` ran out or was cancelled.
+    """
     sim = build(config, budget)
     index = next((e.cache.index for e in sim.P.engines if e.cache is not None), PathIndex())
     for req in requests:
@@ -577,7 +626,7 @@ def simulate_open_loop(config: ServingConfig, report: FitReport, requests: Seque
         path = index.path(hashes) if block else []
         sim.add(req[0], req[1], req[2], path, block if path else 0)
     sim.run(progress)
-    return sim.records(), sim.stats()
+    return sim
 
 
 def simulate_closed_loop(config: ServingConfig, report: FitReport, concurrency: int,

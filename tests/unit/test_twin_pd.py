@@ -8,6 +8,7 @@ event time can be checked in the comment above its assertion.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from fixtures.benchmarks import load_benchmark
 from fixtures.step_cost import StepCost
@@ -94,6 +95,11 @@ def test_ttft_is_prefill_plus_transfer_plus_the_decode_servers_next_iteration():
     assert b.ttft_s == pytest.approx(2.2 + 4.65 + 0.6)
     assert b.finish_s == pytest.approx(9.45)
     assert ttft_transfer_share([a, b]) == pytest.approx((2.25 + 4.65) / (4.45 + 7.45))
+    pa, pb = sim.ttft_parts([a, b])
+    assert (pa.prealloc_wait_s, pa.prefill_s, pa.transfer_s, pa.decode_wait_s) == \
+        pytest.approx((0.0, 2.2, 2.25, 0.0))
+    assert (pb.prealloc_wait_s, pb.prefill_s, pb.transfer_s, pb.decode_wait_s) == \
+        pytest.approx((0.0, 2.2, 4.65, 0.6))
     prefill, decode = sim.stats()
     assert (prefill.role, prefill.prefill_steps, prefill.decode_steps) == ("prefill", 1, 0)
     assert (decode.role, decode.prefill_steps) == ("decode", 0)
@@ -114,6 +120,11 @@ def test_decode_admission_waits_on_the_prealloc_queue():
     # prefills 5.25 -> 6.25, KV 6.25 + 2.25 = 8.5 (first token), decode 9.5, 10.5
     assert b.first_token_s == pytest.approx(8.5) and b.finish_s == pytest.approx(10.5)
     assert b.transfer_s == pytest.approx(2.25)
+    # B's TTFT 8.5 = 5.25 in the prealloc queue + 1 prefill + 2.25 transfer + 0 decode wait
+    parts = sim.ttft_parts([a, b])[1]
+    assert parts is not None
+    assert (parts.prealloc_wait_s, parts.prefill_s, parts.transfer_s, parts.decode_wait_s) == \
+        pytest.approx((5.25, 1.0, 2.25, 0.0))
 
 
 def test_the_prefill_server_holds_the_kv_until_its_transfer_ends():
@@ -170,3 +181,90 @@ def test_pd_split_keeps_the_decode_itl_flat_where_the_aggregated_pair_stalls():
     # the split's TTFT holds its transfers; the aggregated pair's none
     assert 0 < p["share"] < 1 and a["share"] == 0
     assert p["transfer_p50"] > 0
+
+
+def test_closed_loop_client_sends_its_next_request_after_the_last_token():
+    sim = pd_sim()
+    sim.closed_loop(1, 6.0, 10, 2)
+    sim.run()
+    first, second = sim.records()
+    # prefill 0 -> 1, KV on decode 3.25 (first token), one decode step -> 4.25; the client
+    # sends again at 4.25 (< 6 s): prefill 4.25 -> 5.25, KV 7.5, last token 8.5; it stops
+    assert (first.first_token_s, first.finish_s) == pytest.approx((3.25, 4.25))
+    assert (second.arrival_s, second.first_token_s, second.finish_s) == pytest.approx(
+        (4.25, 7.5, 8.5))
+
+
+def test_round_robin_over_two_prefill_and_two_decode_servers():
+    prefill, decode = [], []
+    for _ in range(2):
+        p = TwinEngine(StepCost(), lim(), PrefixCache(PathIndex()))
+        p.set_role("prefill")
+        d = TwinEngine(StepCost(), lim(radix_cache=False), None)
+        d.set_role("decode", reserved_decode_tokens=5)
+        prefill.append(p)
+        decode.append(d)
+    sim = PDSimulation(prefill, decode, LINK, Router("round_robin", 2), Router("round_robin", 2))
+    for _ in range(4):
+        sim.add(0.0, 10, 2)
+    sim.run()
+    recs = sim.records()
+    # requests 0, 2 -> prefill 0 and decode 0; 1, 3 -> prefill 1 and decode 1. Each prefill
+    # server prefills its two in one 2 s batch; its link sends them 2 -> 4 and 4 -> 6 (+0.25)
+    assert [r.first_token_s for r in recs] == pytest.approx([4.25, 4.25, 6.25, 6.25])
+    assert [r.finish_s for r in recs] == pytest.approx([5.25, 5.25, 7.25, 7.25])
+    assert [(s.role, s.replica, s.requests) for s in sim.stats()] == [
+        ("prefill", 0, 2), ("prefill", 1, 2), ("decode", 0, 2), ("decode", 1, 2)]
+
+
+@pytest.mark.parametrize("seed", [3, 22, 40, 41])
+def test_every_request_completes_under_tight_pools(seed):
+    # random layouts (1-2 prefill and decode servers, each router policy) on small pools and
+    # caps: prefill servers bound by held KV, decode prealloc waits, decode retractions while
+    # transfers are in flight (seeds 3 and 22 once left requests stranded). Every request ends
+    # with all its tokens, its transfer inside its TTFT.
+    rng = np.random.default_rng(seed)
+    n_p, n_d = int(rng.integers(1, 3)), int(rng.integers(1, 3))
+    index = PathIndex()
+    prefill, decode = [], []
+    for _ in range(n_p):
+        e = TwinEngine(StepCost(), lim(kv_tokens=int(rng.integers(250, 800)),
+                                       chunked_prefill_size=int(rng.integers(30, 300)),
+                                       max_running_requests=int(rng.integers(2, 8))),
+                       PrefixCache(index))
+        e.set_role("prefill")
+        prefill.append(e)
+    for _ in range(n_d):
+        e = TwinEngine(StepCost(), lim(kv_tokens=int(rng.integers(300, 900)), radix_cache=False,
+                                       max_running_requests=int(rng.integers(2, 10))), None)
+        e.set_role("decode", extra_slots=int(rng.integers(0, 4)),
+                   reserved_decode_tokens=int(rng.integers(0, 20)))
+        decode.append(e)
+    policy = ("round_robin", "power_of_two", "cache_aware")[seed % 3]
+    sim = PDSimulation(prefill, decode, LINK, Router(policy, n_p), Router(policy, n_d))
+    t = 0.0
+    for _ in range(150):
+        t += float(rng.exponential(0.3))
+        n = int(rng.integers(1, 200))
+        path = index.path([int(rng.integers(0, 3))] * (n // 16))  # shared leading blocks
+        sim.add(t, n, int(rng.integers(1, 60)), path, 16 if path else 0)
+    sim.run()
+    recs = sim.records()
+    assert all(r.error is None for r in recs)
+    assert all(len(r.itl_s) == r.output_tokens - 1 for r in recs)
+    assert all(r.ttft_s >= r.transfer_s >= 0.25 for r in recs)
+
+
+def test_a_pd_runs_counters_average_over_the_servers_doing_that_work():
+    from agents.analyst import replica_mean
+
+    sim = pd_sim()
+    for _ in range(2):
+        sim.add(0.0, 10, 3)
+    sim.run()
+    stats = sim.stats()
+    prefill, decode = stats
+    # the decode server's decode steps alone (the prefill server has none), and the prefill
+    # server's cache alone (the decode server has none)
+    assert replica_mean(stats, "decode_allreduce_share") == decode.decode_allreduce_share == 0.4
+    assert replica_mean(stats, "cache_hit_rate") == prefill.cache_hit_rate

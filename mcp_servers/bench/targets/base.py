@@ -238,8 +238,9 @@ class BenchTarget(ABC):
                          "cache evicts or is off")
         summary = summarize(recs, self.gpus, slo_ttft_ms=slo_ttft_ms)
         summary.retractions = sum(s.retractions for s in stats) if stats else retractions
-        summary.decode_batch = (sum(s.mean_decode_batch for s in stats) / len(stats)
-                                if stats else None)
+        decoding = [s for s in stats if s.role != "prefill"]  # PD: the decode servers
+        summary.decode_batch = (sum(s.mean_decode_batch for s in decoding) / len(decoding)
+                                if decoding else None)
         res = BenchResult(
             bench_id=bench_id, target=self.kind, deployment=self.deployment,
             endpoint=self.endpoint, config_id=self.config.config_id() if self.config else None,
