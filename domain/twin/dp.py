@@ -41,6 +41,7 @@ independently.
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from collections import deque
@@ -48,7 +49,7 @@ from collections.abc import Callable
 
 from domain.metrics import RequestRecord
 from domain.twin.budget import CHECK_EVERY
-from domain.twin.engine import EngineLoad, EngineStats, TwinEngine
+from domain.twin.engine import EngineLoad, EngineStats, RequestProgress, TwinEngine
 
 # data_parallel_controller.py:358 refresh_load_budget: at most one re-read per 20 ms
 LOAD_REFRESH_S = 0.02
@@ -159,6 +160,8 @@ class DPServer:
         self._seen = [0] * len(ranks)
         self._ended: list[tuple[int, float]] = []  # (request, end s) in the order collected
         self._rank_req: list[list[int]] = [[] for _ in ranks]  # rank index -> request
+        self._aborted: dict[int, str] = {}  # dropped before reaching a rank -> message
+        self._aborted_at: list[float] = []  # their drop times (non-decreasing)
 
     # ------------------------------------------------------------------ worker API
     def submit(self, arrival_s: float, input_tokens: int, output_tokens: int,
@@ -184,7 +187,55 @@ class DPServer:
 
     def finished_by(self, t: float) -> int:
         """Requests that ended at or before ``t`` (over every rank)."""
-        return sum(e.finished_by(t) for e in self.ranks)
+        return (sum(e.finished_by(t) for e in self.ranks)
+                + bisect.bisect_right(self._aborted_at, t))
+
+    @property
+    def next_event_s(self) -> float:
+        """Virtual time of the server's next decision: a rank's, or a request's dispatch.
+
+        Lockstep ranks take a dispatched request at a step's boundary, not before the server's
+        clock (the end of the step simulated last).
+        """
+        t = self._queue[0][0] if self._queue else math.inf
+        if self.lockstep and t < self.now:
+            t = self.now
+        for e in self.ranks:
+            if e.busy:
+                t = min(t, e.next_event_s)
+        return t
+
+    def progress(self, idx: int, since: int = 0) -> RequestProgress:
+        """Token times request ``idx`` has so far (:meth:`TwinEngine.progress`)."""
+        if idx in self._aborted:
+            return RequestProgress([], True, self._aborted[idx], 0)
+        rank, j = self._where[idx]
+        if rank < 0:  # in the tokenizer or the controller
+            return RequestProgress([], False, None, 0)
+        return self.ranks[rank].progress(j, since)
+
+    def abort(self, idx: int, message: str = "aborted by the client") -> bool:
+        """Drop request ``idx`` now (:meth:`TwinEngine.abort`); False if it had ended."""
+        rank, j = self._where[idx]
+        if rank >= 0:
+            return self.ranks[rank].abort(j, message)
+        if idx in self._aborted:
+            return False
+        self._queue = deque(x for x in self._queue if x[1] != idx)
+        self._aborted[idx] = message
+        self._aborted_at.append(max([self.now, *self._aborted_at[-1:]]))
+        return True
+
+    def load(self) -> EngineLoad:
+        """The server's gauges: its ranks' summed, requests not yet at a rank as queued."""
+        per = self.loads()
+        queued = self._queue
+        return EngineLoad(running=sum(x.running for x in per),
+                          queued=sum(x.queued for x in per) + len(queued),
+                          used_kv_tokens=sum(x.used_kv_tokens for x in per),
+                          kv_tokens=sum(x.kv_tokens for x in per),
+                          queued_tokens=sum(x.queued_tokens for x in per)
+                          + sum(self._req[k][0] for _, k in queued))
 
     def ended_since(self, n: int) -> list[tuple[int, float]]:
         """(request index, end time s) of the requests that ended after the first ``n``."""
@@ -204,10 +255,11 @@ class DPServer:
         per = [e.records() for e in self.ranks]
         out = []
         for k, (rank, j) in enumerate(self._where):
-            if rank < 0:  # still in the tokenizer or the controller
+            if rank < 0:  # dropped, or still in the tokenizer or the controller
                 inp = self._req[k][0]
                 out.append(RequestRecord(arrival_s=self._arrival[k], input_tokens=inp,
-                                         output_tokens=0, error="request did not finish"))
+                                         output_tokens=0,
+                                         error=self._aborted.get(k, "request did not finish")))
                 continue
             rec = per[rank][j]  # a fresh record: its arrival becomes the server's
             rec.arrival_s = self._arrival[k]

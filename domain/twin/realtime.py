@@ -27,6 +27,9 @@ sees them too.
 
 Replicas sit behind the config's router policy (:class:`~domain.twin.cluster.Router`); the
 router's load is, as in the offline replay, requests sent minus requests finished by ``v``.
+A replica of several schedulers (``dp_size`` x ``attn_dp_size`` > 1) is served as the offline
+simulation runs it (:class:`~domain.twin.dp.DPServer`: its tokenizer, the DP controller and
+the ranks, attention-DP ranks in lockstep); its gauges are its ranks' summed.
 
 Limits of the model: the engine keeps every request and decode step it simulated (about 50
 bytes per decode step and 300 per request), so a server's memory grows with what it served.
@@ -43,8 +46,9 @@ from dataclasses import dataclass, field
 from domain.config import ServingConfig
 from domain.costmodel import build_cost_model
 from domain.fit import FitReport
-from domain.twin.cluster import Router, engine_limits
-from domain.twin.engine import EngineLimits, EngineLoad, TwinEngine, new_cache
+from domain.twin.cluster import Router, Server, new_server, scheduler_limits
+from domain.twin.dp import DPServer
+from domain.twin.engine import EngineLimits, EngineLoad, EngineStats
 from domain.twin.prefix_cache import PathIndex
 
 # Tokens per prefix-cache block of a served prompt. SGLang's radix cache matches single tokens
@@ -146,11 +150,11 @@ class RealtimeTwin:
     def __init__(self, config: ServingConfig, report: FitReport,
                  block_tokens: int = BLOCK_TOKENS) -> None:
         self.config, self.block = config, block_tokens
-        self.limits: EngineLimits = engine_limits(config, report)
+        self.limits: EngineLimits = scheduler_limits(config, report)
         cost = build_cost_model(config, report)
         self.index = PathIndex()
-        self.engines = [TwinEngine(cost, self.limits, new_cache(self.limits, self.index))
-                        for _ in range(config.replicas)]
+        self.engines: list[Server] = [new_server(config, cost, self.limits, index=self.index)
+                                      for _ in range(config.replicas)]
         self.router = Router.for_config(config)
         self._sent = [0] * config.replicas
         self._generated = [0] * config.replicas
@@ -294,15 +298,23 @@ class RealtimeTwin:
 
     def loads(self) -> list[ReplicaLoad]:
         """Gauges and counters of every replica at its current simulated time."""
-        return [ReplicaLoad(engine=e.load(), prompt_tokens=e.stats.prompt_tokens,
-                            cached_tokens=e.stats.cached_tokens,
-                            generation_tokens=self._generated[i],
-                            requests=e.finished_by(math.inf),
-                            context_len=self.limits.context_len,
-                            retractions=e.stats.retractions)
-                for i, e in enumerate(self.engines)]
+        out = []
+        for i, e in enumerate(self.engines):
+            per = [e.stats] if not isinstance(e, DPServer) else [s for _, s in e.rank_stats()]
+            out.append(ReplicaLoad(engine=e.load(), prompt_tokens=_sum(per, "prompt_tokens"),
+                                   cached_tokens=_sum(per, "cached_tokens"),
+                                   generation_tokens=self._generated[i],
+                                   requests=e.finished_by(math.inf),
+                                   context_len=self.limits.context_len,
+                                   retractions=_sum(per, "retractions")))
+        return out
 
     @property
     def in_flight(self) -> int:
         """Requests submitted and not yet finished (all tokens released) or failed."""
         return len(self._live)
+
+
+def _sum(stats: Sequence[EngineStats], name: str) -> int:
+    """A counter of a replica: summed over its schedulers."""
+    return sum(int(getattr(s, name)) for s in stats)

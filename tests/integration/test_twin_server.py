@@ -200,6 +200,26 @@ def test_realtime_driver_reproduces_the_offline_replay_exactly(policy):
         assert hits > 0  # the shared system prompt is served from the cache
 
 
+@pytest.mark.parametrize("over", [
+    dict(model="deepseek-v3", tp_size=8, attn_dp_size=8, ep_size=8, moe_a2a_backend="deepep",
+         replicas=1, max_running_requests=None),
+    dict(tp_size=1, dp_size=2, replicas=1, load_balance_method="total_requests"),
+    dict(tp_size=2, attn_dp_size=2, load_balance_method="total_tokens"),
+], ids=["attn-dp8-lockstep", "dp2-total-requests", "2x-attn-dp2-total-tokens"])
+def test_realtime_driver_serves_schedulers_behind_the_dp_controller_exactly(over):
+    # a replica of several schedulers: its tokenizer, the DP controller and the ranks
+    # (domain/twin/dp.py) served online give the offline replay's token times
+    config = cfg(**over)
+    reqs = _workload()
+    want = offline_times(config, reqs)
+    for lateness in (0.0, 0.002):
+        twin = RealtimeTwin(config, fit_of(config))
+        got, _ = _drive(twin, reqs, lateness)
+        err = max(float(np.max(np.abs(g - w))) for g, w in zip(got, want, strict=True))
+        assert err < 1e-9, (over, lateness, err)
+        assert sum(load.cached_tokens for load in twin.loads()) > 0
+
+
 def test_refusals_are_sglangs_messages():
     twin = RealtimeTwin(cfg(), fit_of(cfg()))
     ctx = twin.limits.context_len  # 131072 for Llama 3.1

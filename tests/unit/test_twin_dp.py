@@ -179,3 +179,19 @@ def test_replica_stats_per_rank_of_a_real_attention_dp_server():
     # 16 clients round robin over 8 ranks: 2 each in the first wave
     assert all(s.max_running == 2 for s in stats)
     assert sum(s.requests for s in stats) == len(recs)
+
+
+def test_a_request_dropped_before_its_rank_ends_at_the_server():
+    srv = server(2, lockstep=True, tokenize=lambda n: 0.1 * n)
+    a = srv.submit(0.0, 10, 2)   # tokenized until 1.0
+    b = srv.submit(0.0, 10, 2)   # in the tokenizer queue until 2.0
+    srv.advance(0.5)
+    assert srv.abort(b)
+    assert not srv.abort(b)
+    assert srv.finished_by(0.5) == 1  # the router's in-flight count drops at once
+    srv.advance(float("inf"))
+    recs = srv.records()
+    # a: reaches rank 0 at 1.0, prefill 1 s -> first token 2.0, decode -> 3.0
+    assert (recs[a].first_token_s, recs[a].finish_s) == pytest.approx((2.0, 3.0))
+    assert recs[b].error == "aborted by the client"
+    assert srv.sent == [1, 0]
