@@ -323,6 +323,10 @@ def apply_knobs(config: ServingConfig, settings: Mapping[str, Any],
             msgs.append(f"knobs.{name}: {shown!r} is invalid: "
                         f"{err['msg'].removeprefix('Value error, ')}")
         raise ConfigInvalid(msgs) from e
+    problems = [f"knobs.{label}: {line}" for _, _, server in cfg.servers()
+                for line in engine(server.engine, server.engine_version).layout_refusals(server)]
+    if problems:
+        raise ConfigInvalid(list(dict.fromkeys(problems)))
     _check_pd(cfg, label, gpu_count)
     return cfg
 

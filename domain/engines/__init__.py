@@ -170,6 +170,14 @@ class Engine(Protocol):
         """
         ...
 
+    def layout_refusals(self, config: ServingConfig) -> list[str]:
+        """The engine's refusals of one server's layout, in its words with their site.
+
+        Beyond :meth:`layout_coupling`'s (e.g. ``--enable-eplb`` without expert parallelism);
+        empty when the engine resolves it.
+        """
+        ...
+
     def start(self, config: ServingConfig, nnodes: int | None = None) -> Startup:
         """The twin's start of one replica: the engine's startup log, ready or the failure.
 

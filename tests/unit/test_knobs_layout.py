@@ -31,7 +31,7 @@ def test_attn_dp_must_divide_tp_and_the_order_does_not_matter() -> None:
     with pytest.raises(ConfigInvalid) as e:
         apply_knob(tp4, "attn_dp_size", 8, 8)
     assert "attn_dp_size 8 does not divide tp_size 4" in str(e.value)
-    assert "parallel_hook.py:162" in str(e.value)
+    assert "parallel_hook.py:326" in str(e.value)
     # set together, in either order, from the tp 4 config: tp 8 with 8 attention-DP ranks
     for settings in ({"attn_dp_size": 8, "tp_size": 8}, {"tp_size": 8, "attn_dp_size": 8}):
         cfg = apply_knobs(tp4, settings, 8)
@@ -102,3 +102,14 @@ def test_a_study_takes_a_value_valid_with_another_layout_value() -> None:
     data = _study(tp_size=[8])
     data["baseline"] = dict(attn_dp_size=8, tp_size=8, weights="fp8", pd="off")
     assert parse_study(data).base_config().attn_dp_size == 8
+
+
+def test_the_engines_other_layout_refusals_are_skipped_before_any_launch() -> None:
+    # EPLB without expert parallelism: the engine asserts ep_size > 1 (parallel_hook.py:791)
+    with pytest.raises(ConfigInvalid, match="parallel_hook.py:791"):
+        apply_knob(BASE, "enable_eplb", True, 8)
+    assert apply_knobs(BASE, {"enable_eplb": True, "ep_size": 8}, 8).enable_eplb
+    # two-batch overlap needs an a2a backend or attention DP (validation_hook.py:768)
+    with pytest.raises(ConfigInvalid, match="two batch overlap"):
+        apply_knob(BASE, "enable_two_batch_overlap", True, 8)
+    assert apply_knobs(BASE, {"enable_two_batch_overlap": True, "attn_dp_size": 8}, 8)
