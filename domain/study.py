@@ -262,16 +262,14 @@ class Study(BaseModel):
 
     def _coupled_somewhere(self, base: ServingConfig, name: str,
                            value: Any) -> ServingConfig | None:
-        """A config of the space where layout knob ``name`` takes ``value``, or None.
+        """A config of the space where knob ``name`` takes ``value``, or None.
 
-        A coupled value (``attn_dp_size 8`` under a ``tp_size 4`` baseline, ``pd 1P1D``
-        where the baseline's servers fill the pool) may be refused on the baseline alone and
-        valid with another value of the study's other layout knobs
-        (:data:`domain.knobs.COUPLED_KNOBS`); the first :data:`COUPLED_TRIES` combinations are
-        tried.
+        A value coupled to the layout (``attn_dp_size 8`` under a ``tp_size 4`` baseline,
+        ``pd 1P1D`` where the baseline's servers fill the pool, ``enable_eplb`` under an
+        ``ep_size 1`` baseline) may be refused on the baseline alone and valid with another
+        value of the study's layout knobs (:data:`domain.knobs.COUPLED_KNOBS`); the first
+        :data:`COUPLED_TRIES` combinations are tried.
         """
-        if name not in COUPLED_KNOBS:
-            return None
         others = [n for n in self.knobs if n in COUPLED_KNOBS and n != name]
         combos = itertools.product(*(self.knobs[n] for n in others))
         for combo in itertools.islice(combos, COUPLED_TRIES):
