@@ -84,6 +84,11 @@ KV_BYTES = {"bf16": 2.0, "fp8_e4m3": 1.0}
 MEMORY_FIELDS = ("weights", "tp_size", "kv_cache_dtype", "mem_fraction_static",
                  "max_running_requests", "chunked_prefill_size", "cuda_graph_max_bs_decode",
                  "speculative_algorithm")
+# The layout fields that also size one GPU's memory (issue 21; domain/layout_memory.py): a
+# memory lesson about a layout config conditions on those it sets off their default.
+LAYOUT_MEMORY_FIELDS = ("attn_dp_size", "ep_size", "moe_a2a_backend", "deepep_mode",
+                        "moe_dense_tp_size", "ep_num_redundant_experts", "enable_dp_lm_head",
+                        "pp_size", "disaggregation_mode")
 # HiCache host pool (SGLang 0.5.23): hicache_ratio when unset (hicache_hook.py:
 # handle_hicache_ratio_default); each process keeps HICACHE_HOST_MEMORY_RESERVE_BYTES = 10 GiB of
 # host memory free (pool_host/base.py); an unset ratio is shrunk to fit 80 % of the host memory

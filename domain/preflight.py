@@ -344,7 +344,9 @@ def resolved(rep: FitReport | None, config: ServingConfig) -> dict[str, Any]:
 
     With the kernels the GPU's SM picks (:meth:`domain.engines.Engine.resolved_backends`):
     ``dsa_prefill_backend``/``dsa_decode_backend``, ``moe_runner_backend``,
-    ``fp4_gemm_runner_backend`` where they apply.
+    ``fp4_gemm_runner_backend`` where they apply. With a parallel layout also the resolved
+    ``ep_size``, ``attn_tp_size``, ``attn_dp_size``, ``schedulers`` (``deepep_mode`` with
+    DeepEP; a PD decode server's ``disable_radix_cache`` and extra request slots).
     """
     if rep is None:
         return {}
@@ -357,12 +359,15 @@ def resolved(rep: FitReport | None, config: ServingConfig) -> dict[str, Any]:
            "cuda_graph_max_bs_decode": rep.cuda_graph_max_bs_decode,
            "page_size": rep.page_size, "kv_cache_dtype": rep.kv_dtype,
            "mem_fraction_static": rep.mem_fraction_static}
-    if not default_layout(config) or config.schedulers > 1:
+    if not default_layout(config) or config.schedulers > 1 or config.disaggregation_mode != "null":
         # per scheduler: the request cap and chunk above are one rank's
         out.update(ep_size=resolved_ep_size(config), attn_tp_size=config.attn_tp_size,
                    attn_dp_size=config.attn_dp_size, schedulers=config.schedulers)
         if config.moe_a2a_backend == "deepep":
             out["deepep_mode"] = config.deepep_mode or "auto"
+        if config.disaggregation_mode == "decode":  # pd_disaggregation_hook.py:116-143
+            out.update(disable_radix_cache=True,
+                       disaggregation_decode_extra_slots=rep.decode_extra_slots)
     return out
 
 

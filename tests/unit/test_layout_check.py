@@ -110,3 +110,23 @@ def test_logs_read_the_layout_in_both_spellings() -> None:
     argv = logged_settings(["server_args=--model-path a --tp-size 8 --dp-size 4 "
                             "--enable-dp-attention"], "0.5.19")
     assert (argv["attn_dp_size"], argv["dp_size"]) == (4, 1)
+
+
+def test_a_pd_decode_command_resolves_its_role_rules() -> None:
+    r = check_command([*DSV3, "--disaggregation-mode", "decode", "--max-running-requests",
+                       "16"], "H200", 8)
+    # radix cache off, 2 x 16 extra request slots (pd_disaggregation_hook.py:116-143)
+    assert r.resolved["disable_radix_cache"] is True
+    assert r.resolved["disaggregation_decode_extra_slots"] == 32
+
+
+def test_deepseek_on_sm100_keeps_auto_moe_runner_under_an_a2a_backend() -> None:
+    from domain.config import ServingConfig
+    from domain.engines.sglang.arch import resolved_backends
+
+    base = {"model": "deepseek-v3", "gpu": "B200", "tp_size": 8, "weights": "fp8"}
+    assert resolved_backends(ServingConfig(**base))["moe_runner_backend"] == \
+        "flashinfer_trtllm"  # type: ignore[arg-type]
+    # overrides.py:810-811: only with --moe-a2a-backend none
+    deepep = ServingConfig(**base, attn_dp_size=8, moe_a2a_backend="deepep")  # type: ignore[arg-type]
+    assert resolved_backends(deepep)["moe_runner_backend"] == "auto"

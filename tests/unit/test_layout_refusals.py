@@ -111,3 +111,10 @@ def test_pd_and_moe_runner_layout_rules() -> None:
         ServingConfig(**glm, ep_size=8)).log  # type: ignore[arg-type]
     fp8 = start(_c(ep_size=8, moe_runner_backend="cutlass"))
     assert fp8.log[-1] == REFUSALS["cutlass_fp8_ep"].text()
+
+
+def test_the_request_cap_log_is_per_rank() -> None:
+    # speculative 48 over 8 attention-DP ranks is 6 each: not "reduced" (the pool holds more)
+    s = start(_c(attn_dp_size=8, ep_size=8, speculative_algorithm="EAGLE"))
+    assert s.ready and not any("was reduced" in line for line in s.log)
+    assert "max_running_requests=6," in s.log[-2]

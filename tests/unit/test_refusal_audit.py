@@ -845,3 +845,79 @@ def test_the_twin_page_lists_every_refusal_site():
     missing = [key for key, r in REFUSALS.items()
                if Path(r.file).name not in section or f":{r.line}" not in section]
     assert not missing, missing
+
+
+# ----------------------------------------------------------------------------- layouts (issue 21)
+LAYOUT_KEYS = ["pd_prefill_fake", "dp_with_attn_dp", "attn_dp_divides_tp",
+               "dp_lm_head_without_attn_dp", "eplb_without_ep", "nnodes_divide_tp",
+               "pp_spec_eagle_only", "pp_spec_prefill_only", "multi_node_dp", "moe_dense_tp",
+               "tbo_without_attn_dp", "ep_divides_experts"]
+
+
+def _layout_env(c: ServingConfig, nnodes: int) -> dict[str, Any]:
+    """What the layout guards read, as the resolution pipeline holds it at each site.
+
+    Bound, not modelled: attention DP is enabled when ``attn_dp_size`` > 1 (no elastic-EP
+    joiner); the a2a backend's ``ep_size = tp_size`` (``overrides.py:1611``) is resolved before
+    ``handle_eplb_and_dispatch`` and the expert layout; PP turns the overlap scheduler off
+    (``overrides.py:1624``) before ``check_pipeline_parallel_compat``; NEXTN is EAGLE by
+    ``check_server_args``; ``SGLANG_ENABLE_PP_SPEC`` unset; no elastic EP
+    (``initial_ep_size`` None); a MoE model has an expert-location config.
+    """
+    from domain.fit import resolved_ep_size
+
+    model = get_model(c.model)
+    a2a = c.moe_a2a_backend or "none"
+    spec = "EAGLE" if c.speculative_algorithm == "NEXTN" else c.speculative_algorithm
+    dp_on = c.attn_dp_size > 1
+    ep = resolved_ep_size(c)
+    env: dict[str, Any] = {
+        "cfg.attn_dp_size": c.attn_dp_size, "cfg.dp_size": c.dp_size, "cfg.tp_size": c.tp_size,
+        "cfg.pp_size": c.pp_size, "cfg.nnodes": nnodes, "cfg.moe_dense_tp_size":
+        c.moe_dense_tp_size, "cfg.enable_two_batch_overlap": c.enable_two_batch_overlap,
+        "cfg.moe_a2a_backend": a2a, "resolved_view(server_args).moe_a2a_backend": a2a,
+        "attn_dp_enabled_of(resolved_view(server_args))": dp_on,
+        "attn_dp_enabled_of(cfg)": dp_on, "attn_dp_enabled_of(view)": dp_on,
+        "view.enable_dp_lm_head": c.enable_dp_lm_head and c.schedulers > 1,
+        "cfg.speculative_algorithm": spec, "cfg.disable_overlap_schedule": c.pp_size > 1,
+        "cfg.speculative_algorithm.upper()": spec.upper() if spec else None,
+        "envs.SGLANG_ENABLE_PP_SPEC.get()": False,
+        "cfg.disaggregation_mode": c.disaggregation_mode,
+        "cfg.disaggregation_transfer_backend": c.disaggregation_transfer_backend or "mooncake",
+        "cfg.enable_eplb": c.enable_eplb, "resolved_view(server_args).ep_size": ep,
+        "model_config_for_expert_location": object() if model.n_routed_experts else None,
+        "initial_ep_size": None, "ep_size": ep,
+        "num_physical_experts": model.n_routed_experts + c.ep_num_redundant_experts}
+    return env
+
+
+@pytest.mark.parametrize("key", LAYOUT_KEYS)
+def test_layout_refusal(pinned_tree, key):  # noqa: F811
+    """Each layout site's guard from the tree (its ``if``/``assert`` path) against the twin's
+    verdict, over attention DP x dp copies x TP x PP x the layout knobs on DeepSeek-V3 (MoE)
+    and Llama 3.1 8B (dense), H200 (8 GPUs a node). Bindings: :func:`_layout_env`."""
+    grid = itertools.product(
+        ["deepseek-v3", "llama-3.1-8b"], [(8, 1), (4, 2), (9, 1), (16, 1)], [1, 2, 3, 8],
+        [1, 2], [None, 1, 2], [False, True], [None, "NEXTN", "EAGLE3"],
+        [("null", None), ("prefill", "fake"), ("prefill", None)], [False, True], [0, 3],
+        [False, True])
+    rows = []
+    for (m, (tp, pp), adp, dp, dense, tbo, spec, (role, xfer), eplb, red, head) in grid:
+        if (adp > 1) + (dp > 1) + (dense is not None) + tbo + (spec is not None) \
+                + (role != "null") + eplb + (red > 0) + head > 2:
+            continue  # at most two knobs off their default at once
+        c = ServingConfig.model_construct(**{**cfg(model=m, gpu="H200", weights=lightest(m),
+                                                   tp_size=8).model_dump(),
+                                             "tp_size": tp, "pp_size": pp, "attn_dp_size": adp,
+                                             "dp_size": dp, "moe_dense_tp_size": dense,
+                                             "enable_two_batch_overlap": tbo,
+                                             "speculative_algorithm": spec,
+                                             "disaggregation_mode": role,
+                                             "disaggregation_transfer_backend": xfer,
+                                             "enable_eplb": eplb, "ep_size": 8 if red else 1,
+                                             "ep_num_redundant_experts": red,
+                                             "enable_dp_lm_head": head})
+        nodes = c.nnodes(get_gpu("H200").gpus_per_node)
+        label = (m, tp, pp, adp, dp, dense, tbo, spec, role, xfer, eplb, red, head)
+        rows.append((label, holds(pinned_tree, key, _layout_env(c, nodes)), start(c)))
+    check(key, rows)

@@ -171,9 +171,10 @@ def moe_runner_backend(config: ServingConfig, model: ModelArch, gpu: GPU,
 
     Explicit values are kept. ``auto``: the DeepSeek family (DeepSeek-V3/V3.2, GLM-5, Kimi)
     on SM 10 with fp8 / modelopt_fp8 / modelopt_fp4 / bf16 experts, or Kimi-K2-Thinking's
-    compressed-tensors int4 (group 32) experts, takes ``flashinfer_trtllm``
-    (``overrides.py:771-832``); gpt-oss's MXFP4 experts on SM 10 and SM 12 take
-    ``flashinfer_mxfp4`` and its bf16 experts ``triton_kernel``
+    compressed-tensors int4 (group 32) experts, takes ``flashinfer_trtllm`` without an a2a
+    backend (``overrides.py:771-832``; with one, e.g. DeepEP, it stays ``auto``: the
+    quantization method picks DeepGEMM at load time); gpt-oss's MXFP4 experts on SM 10 and
+    SM 12 take ``flashinfer_mxfp4`` and its bf16 experts ``triton_kernel``
     (``model_overrides/gpt_oss.py:64-117``); a ModelOpt NVFP4 checkpoint on SM 11/12 takes
     ``flashinfer_cutlass`` (``overrides.py:1513-1522``: trtllm-gen MoE kernels are SM100-only);
     anything else stays ``auto`` (the quantization method picks its kernels at load time,
@@ -186,6 +187,7 @@ def moe_runner_backend(config: ServingConfig, model: ModelArch, gpu: GPU,
         return runner
     int4_w4a16 = quantization == "compressed-tensors" and config.weights == "w4a16"
     if gpu.sm_major == 10 and model.architecture in DEEPSEEK_FAMILY \
+            and config.moe_a2a_backend in (None, "none") \
             and (quantization in _DEEPSEEK_TRTLLM_MOE_QUANTS or int4_w4a16):
         return "flashinfer_trtllm"
     if model.architecture == "GptOssForCausalLM":
