@@ -13,9 +13,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from domain import fit as fitmod
-from domain.config import ServingConfig
+from domain.config import LAYOUT_FIELDS, ServingConfig
 from domain.errors import DoesNotFit
 from domain.fit import FitReport
+
+
+def has_layout(config: ServingConfig) -> bool:
+    """Whether any parallel-layout field (``LAYOUT_FIELDS``) is off its default.
+
+    TP alone and replicas are not a layout in this sense: every config has them, and the
+    report names them as it always did.
+    """
+    fields = ServingConfig.model_fields
+    return any(getattr(config, name) != fields[name].default for name in LAYOUT_FIELDS)
 
 
 def server_label(config: ServingConfig) -> str:

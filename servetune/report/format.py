@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from domain.layout import has_layout, layout_label
 from domain.metrics import MetricsSummary
 from domain.trial import Trial
 
@@ -43,7 +44,14 @@ def _table(header: list[str], rows: Iterable[list[object]]) -> list[str]:
 
 
 def _changed(t: Trial) -> str:
-    return t.changed or "baseline"
+    """A trial's name: what it changed ('baseline'), then its layout when it has one.
+
+    A config with a parallel layout (``domain.layout.has_layout``) is named with its layout
+    label in brackets, e.g. ``"attn_dp_size=8 [TP8 DP-attn8 EP8]"``, ``"baseline [1P1D TP4]"``;
+    other configs keep their plain name.
+    """
+    name = t.changed or "baseline"
+    return f"{name} [{layout_label(t.config)}]" if has_layout(t.config) else name
 
 
 def _fence(text: str, lang: str = "") -> list[str]:

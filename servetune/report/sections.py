@@ -14,6 +14,7 @@ from typing import Any
 from agents.analyst import ceiling_point
 from domain.calibration import calibration_line
 from domain.config import ServingConfig
+from domain.layout import has_layout, server_label
 from domain.metrics import GRAPH_CEILING_ITL_RATIO, graph_ceiling
 from domain.pareto import dominated_by, pareto_front
 from domain.study import SLO, Study
@@ -28,6 +29,7 @@ from servetune.report.format import (
     _retractions,
     _table,
 )
+from servetune.report.layout import launch_section, needs_launch_section, pd_text
 from servetune.report.plots import FRONTIER_PNG, REPLAY_PNG, _xy
 
 
@@ -113,9 +115,28 @@ def _workloads(study: Study, replay_requests: int, trace_file: str) -> list[str]
     ]
 
 
+def _serve_line(config: ServingConfig) -> str:
+    """How to serve the winner's servers side by side, and what fronts them."""
+    if config.pd is not None:
+        return (f"- Serve every prefill and decode server on its own GPUs ({config.gpus} GPUs "
+                "in all), clients sending requests to the PD router above.")
+    g = config.gpus_per_server
+    return (f"- Serve the {config.replicas} replica(s), each on its own {g} GPUs (add "
+            f"`--base-gpu-id {g}` and `--port 30001` for the second one on the node, and so "
+            "on), " + _router_line(config))
+
+
 def _numbers(t: Trial, slo_ms: float) -> list[str]:
-    out = [f"- replicas: {t.config.replicas} (tp_size {t.config.tp_size} each, "
-           f"{t.config.gpus} GPUs)"]
+    if t.config.pd is not None:
+        out = ["- servers: " + ", ".join(
+            f"{n} {role} ({server_label(c)}, {c.gpus_per_server} GPUs each)"
+            for role, n, c in t.config.servers()) + f"; {t.config.gpus} GPUs"]
+    elif has_layout(t.config):
+        out = [f"- replicas: {t.config.replicas} ({server_label(t.config)}, "
+               f"{t.config.gpus_per_server} GPUs each, {t.config.gpus} GPUs)"]
+    else:
+        out = [f"- replicas: {t.config.replicas} (tp_size {t.config.tp_size} each, "
+               f"{t.config.gpus} GPUs)"]
     if t.saturation is not None:
         out.append(f"- Saturation: {_num(t.saturation.output_tok_s_per_gpu)} output tok/s/GPU, "
                    f"{_num(t.saturation.tok_s_per_user)} tok/s/user")
@@ -141,6 +162,7 @@ def _vs_baseline(t: Trial, trials: list[Trial]) -> list[str]:
     if base is None:
         return []
     a, b = base.config.model_dump(), t.config.model_dump()
+    a["pd"], b["pd"] = pd_text(base.config.pd), pd_text(t.config.pd)  # not a nested dict
     diffs = [f"{k} {a[k] if a[k] is not None else 'unset'} -> "
              f"{b[k] if b[k] is not None else 'unset'}" for k in a if a[k] != b[k]]
     out = [f"- Changes from the baseline (trial #{base.seq}): "
@@ -159,28 +181,34 @@ def _result(study: Study, trials: list[Trial]) -> list[str]:
     if winner is not None:
         flags = winner.config.set_fields()
         src = f" (search trial #{winner.parent_seq})" if winner.parent_seq else ""
-        out += [f"Winner: trial #{winner.seq}{src}, reached by {_changed(winner)}; "
-                f"{len(flags)} tuned flag(s) beyond model, TP and quantization. "
-                "Launch command for ONE replica:", ""]
-        out += _fence(winner.config.launch_command(), "bash")
+        if needs_launch_section(winner.config):
+            out += [f"Winner: trial #{winner.seq}{src}, reached by {_changed(winner)}; "
+                    f"{len(flags)} tuned flag(s) beyond model, TP and quantization.", ""]
+            out += launch_section(winner.config)
+        else:
+            out += [f"Winner: trial #{winner.seq}{src}, reached by {_changed(winner)}; "
+                    f"{len(flags)} tuned flag(s) beyond model, TP and quantization. "
+                    "Launch command for ONE replica:", ""]
+            out += _fence(winner.config.launch_command(), "bash")
         q = winner.quality
         gate = [] if q is None else [f"- Quality gate: {q.reason}" if q.status in (
             "not-applicable", "not-needed") else f"- Quality gate: {q.status} ({q.reason})"]
         out += ["", *_numbers(winner, slo), *_vs_baseline(winner, trials), *gate,
-                *_not_modelled(winner),
-                f"- Serve the {winner.config.replicas} replica(s), each on its own "
-                f"{winner.config.tp_size} GPUs (add `--base-gpu-id {winner.config.tp_size}` and "
-                "`--port 30001` for the second one on the node, and so on), "
-                + _router_line(winner.config), ""]
+                *_not_modelled(winner), _serve_line(winner.config), ""]
         return out
     out += [f"No finalist met the SLO (TTFT p99 <= {slo:,.0f} ms on the replay).", ""]
     best = _best_finalist(validated)
     if best is None:
         out += ["No finalist was replayed on the trace.", ""]
         return out
-    out += [f"Best finalist by output tok/s/GPU: trial #{best.seq} ({_changed(best)}), "
-            f"status {best.status}. Its launch command for ONE replica:", ""]
-    out += _fence(best.config.launch_command(), "bash")
+    if needs_launch_section(best.config):
+        out += [f"Best finalist by output tok/s/GPU: trial #{best.seq} ({_changed(best)}), "
+                f"status {best.status}.", ""]
+        out += launch_section(best.config)
+    else:
+        out += [f"Best finalist by output tok/s/GPU: trial #{best.seq} ({_changed(best)}), "
+                f"status {best.status}. Its launch command for ONE replica:", ""]
+        out += _fence(best.config.launch_command(), "bash")
     out += ["", *_numbers(best, slo), *_not_modelled(best), ""]
     return out
 
