@@ -58,7 +58,6 @@ against a reference that routes every request with live counts.
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import random
 from collections.abc import Callable, Sequence
@@ -68,7 +67,7 @@ from pydantic import BaseModel
 
 from domain.config import ServingConfig
 from domain.costmodel import StepCostModel, build_cost_model
-from domain.fit import KV_BYTES, FitReport
+from domain.fit import FitReport
 from domain.metrics import RequestRecord
 from domain.models import get_model
 from domain.speculative import accept_length
@@ -98,8 +97,11 @@ ROUTED_CLOSED_LOOP = ("round_robin", "power_of_two")
 SimProgress = Callable[[int, int], None]
 PROGRESS_EVERY = 1000  # requests routed between two open-loop progress calls
 # Wall cost of one attention-DP rank's lockstep step over a lone engine's step (the compute
-# budget's estimate, _step_weight): measured by benchmarks/twin_speed.py --estimate
-LOCKSTEP_STEP_WEIGHT = 4.0
+# budget's estimate, _step_weight). benchmarks/twin_speed.py prints estimate and wall per row:
+# with 6 the DeepSeek-V3 attention-DP 8 saturation run is estimated at 0.6 s (wall 0.3-0.6 s on
+# the 2-core machine), its Mooncake replay at 5.5 s (wall 11-13 s; the TP rows: 1.15 s, wall
+# 1.0-1.4 s); docs/benchmarks.md
+LOCKSTEP_STEP_WEIGHT = 6.0
 
 
 class ReplicaStats(BaseModel):
@@ -155,27 +157,12 @@ def engine_limits(config: ServingConfig, report: FitReport) -> EngineLimits:
 def scheduler_limits(config: ServingConfig, report: FitReport) -> EngineLimits:
     """The limits of ONE scheduler of ``config`` (one attention-DP rank or one dp copy).
 
-    A report that already counts per scheduler (it has ``schedulers``, :func:`domain.fit.fit`
-    of issue 21) is used as it is. Otherwise the per-server report is split here: the
-    request cap over the attention-DP ranks, ``max(1, max_running_requests // attn_dp_size)``
-    (SGLang 0.5.23 ``model_executor/pool_configurator.py:956``; a ``dp_size`` copy keeps the
-    whole cap), and the KV pool per GPU re-counted at the rank's KV bytes per token: each rank
-    holds its requests' KV on its ``attn_tp_size`` GPUs (:meth:`ServingConfig.attn_tp_size`),
-    so GQA heads are split ``attn_tp_size`` ways rather than ``tp_size`` (MLA's latent is
-    replicated either way: the same pool).
+    :func:`domain.fit.fit` counts ``kv_tokens``, ``max_running_requests`` and
+    ``chunked_prefill_size`` per scheduler (``FitReport.schedulers`` of them per server: the
+    cap split over attention-DP ranks as ``pool_configurator.py:956`` splits it, the KV pool
+    of one rank's GPUs), so they are the engine's limits as they are.
     """
-    lim = engine_limits(config, report)
-    adp = config.attn_dp_size
-    if adp == 1 or hasattr(report, "schedulers"):
-        return lim
-    model = get_model(config.model)
-    kv = KV_BYTES[report.kv_dtype]
-    scale = model.kv_bytes_per_token(kv, config.tp_size) / model.kv_bytes_per_token(
-        kv, config.attn_tp_size)
-    tokens = int(report.kv_tokens * scale)
-    return dataclasses.replace(lim, kv_tokens=tokens,
-                               max_running_requests=max(1, report.max_running_requests // adp),
-                               host_kv_tokens=int(lim.host_kv_tokens * scale))
+    return engine_limits(config, report)
 
 
 def new_server(config: ServingConfig, cost: StepCostModel, lim: EngineLimits,
@@ -486,7 +473,7 @@ def _closed_loop_pinned(config: ServingConfig, report: FitReport, concurrency: i
 
     The router's first wave places the clients (:meth:`Router.client_shares`; with one
     replica all of them); each server then runs its own closed loop, every request sent
-    through its tokenizer and DP controller as it is sent (:func:`_closed_loop_windows`).
+    through its tokenizer and DP controller as it is sent (:meth:`DPServer.run_closed_loop`).
     """
     cost = build_cost_model(config, report)
     lim = scheduler_limits(config, report)
@@ -500,10 +487,12 @@ def _closed_loop_pinned(config: ServingConfig, report: FitReport, concurrency: i
             continue
         server = new_server(config, cost, lim, budget)
         cap = max(share, max_requests * share // concurrency) if max_requests else 0
-        sent = _closed_loop_windows([server], lambda loads: 0, cost, share, duration_s, isl,
-                                    osl, cap, max(1, share // config.schedulers))
+        if isinstance(server, DPServer):
+            sent = server.run_closed_loop(share, duration_s, isl, osl, cap)
+        else:  # not reached: a config of one scheduler takes the engine's own closed loop
+            sent = len(server.run(closed_loop=(share, duration_s, isl, osl), max_requests=cap))
         records += server.records()
-        stats += server_stats(i, sent[0], server)
+        stats += server_stats(i, sent, server)
         if progress is not None:
             progress(i + 1, R)
     return records, stats

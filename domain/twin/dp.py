@@ -27,16 +27,17 @@ to one rank by ``--load-balance-method``:
 Attention-DP ranks step together: every rank joins each forward for the MoE's collectives
 (``managers/scheduler_components/dp_attn.py:519-700`` ``prepare_mlp_sync_batch_raw``: the
 ranks all-gather their token counts and a rank without work runs an idle batch while any rank
-has one), and the decode CUDA graph pads every rank to the largest rank's batch
-(``layers/dp_attention.py:185-201``, MAX_LEN padding). :class:`DPServer` therefore advances its
-attention-DP ranks in lockstep: each forms its iteration (:meth:`TwinEngine.plan_step`), the
-step lasts the slowest rank's own step time, and every rank's clock moves by it
-(:meth:`TwinEngine.commit_step`); a rank that prefills stalls the others' decode for its
-prefill. Each rank's time comes from the per-scheduler cost model unchanged (whose contract is
-that every rank runs the same batch, so the MoE is priced for ``ranks x`` that batch: the
-slowest rank's batch sets the MoE's price, an upper estimate when ranks are uneven). ``dp_size``
-copies are independent TP groups (``launch_dp_schedulers``, 420-467) and are simulated
-independently.
+has one). :class:`DPServer` therefore advances its attention-DP ranks in lockstep: each forms
+its iteration (:meth:`TwinEngine.plan_step`), the server prices the forward they share
+(:meth:`DPServer._price`) and every rank's clock moves by it (:meth:`TwinEngine.commit_step`).
+The cost model prices one rank whose peers run the same batch (its MoE sees ``ranks x`` the
+rank's tokens), so a shared step is priced at an equivalent uniform batch: a decode-only step
+at the largest rank's batch and KV read (the decode CUDA graph pads every rank to the largest
+batch, ``layers/dp_attention.py:185-201``, MAX_LEN); a step with a prefill on any rank, whose
+MoE gathers the sum of the ranks' tokens (SUM_LEN for extend), as a rank's prefill of the mean
+tokens per rank with the slowest rank's attention pairs, and no shorter than the decode ranks'
+step. ``dp_size`` copies are independent TP groups (``launch_dp_schedulers``, 420-467) and are
+simulated independently.
 """
 
 from __future__ import annotations
@@ -47,9 +48,10 @@ import random
 from collections import deque
 from collections.abc import Callable
 
+from domain.costmodel import StepCostModel
 from domain.metrics import RequestRecord
 from domain.twin.budget import CHECK_EVERY
-from domain.twin.engine import EngineLoad, EngineStats, RequestProgress, TwinEngine
+from domain.twin.engine import EngineLoad, EngineStats, RequestProgress, StepShape, TwinEngine
 
 # data_parallel_controller.py:358 refresh_load_budget: at most one re-read per 20 ms
 LOAD_REFRESH_S = 0.02
@@ -162,6 +164,7 @@ class DPServer:
         self._rank_req: list[list[int]] = [[] for _ in ranks]  # rank index -> request
         self._aborted: dict[int, str] = {}  # dropped before reaching a rank -> message
         self._aborted_at: list[float] = []  # their drop times (non-decreasing)
+        self._by_batch: dict[int, tuple[float, bool]] = {}  # decode batch -> (all-reduce, eager)
 
     # ------------------------------------------------------------------ worker API
     def submit(self, arrival_s: float, input_tokens: int, output_tokens: int,
@@ -289,8 +292,49 @@ class DPServer:
                 rr = self._rank_req[i]
                 self._ended += [(rr[j], at) for j, at in new]
 
-    def advance(self, until: float, *, max_virtual_s: float = 1e7) -> None:
+    def run_closed_loop(self, clients: int, duration_s: float, isl: int, osl: int,
+                        max_requests: int = 0) -> int:
+        """``clients`` closed-loop clients of this server alone; returns requests sent.
+
+        Each client sends its next request when it has its previous one's last token (the
+        request's end, ``request_fixed_s`` after its last iteration), until ``duration_s`` or
+        ``max_requests`` (0: no cap), through the tokenizer and the DP controller; then the
+        server drains. Exact in event order: attention-DP ranks stop after every step that
+        ended a request; ``dp_size`` copies run one iteration at a time, the copy with the
+        earliest clock first, so a request sent at ``t`` reaches a copy busy at ``t`` when its
+        iteration ends, as on a real server.
+
+        Raises:
+            ComputeBudgetExceeded: a rank's budget ran out or was cancelled.
+        """
+        for _ in range(clients):
+            self.submit(0.0, isl, osl)
+        issued, seen, last = clients, 0, 0.0
+        ranks, q = self.ranks, self._queue
+        while self.busy:
+            if self.lockstep:
+                self.advance(math.inf, stop_on_end=True)
+            else:
+                t, i = min((e.next_event_s if e.busy else math.inf, k)
+                           for k, e in enumerate(ranks))
+                if q and q[0][0] <= t:
+                    self._dispatch(q[0][0])
+                    continue
+                ranks[i].advance(math.nextafter(t, math.inf))  # one iteration
+            new = self.ended_since(seen)
+            seen += len(new)
+            for _, at in sorted(new, key=lambda x: x[1]):
+                if at < duration_s and (not max_requests or issued < max_requests):
+                    last = max(last, at)  # the server takes arrivals in order
+                    self.submit(last, isl, osl)
+                    issued += 1
+        return issued
+
+    def advance(self, until: float, *, max_virtual_s: float = 1e7,
+                stop_on_end: bool = False) -> None:
         """Run the server's iterations while virtual time is before ``until``.
+
+        ``stop_on_end`` (attention DP only): return after the first step that ended a request.
 
         Raises:
             ComputeBudgetExceeded: a rank's budget ran out or was cancelled.
@@ -313,27 +357,27 @@ class DPServer:
             now = self.now
             self._dispatch(now)
             dt = None
-            n_max = ctx_max = 0
+            shapes: list[StepShape] = []
             for e in ranks:
-                d = e.plan_step(max_virtual_s, shared_decode=True)
+                d = e.plan_step(max_virtual_s, shared=True)
                 if d is not None and (dt is None or d > dt):
                     dt = d
-                shape = e.shared_decode
-                if shape is not None:
-                    n_max, ctx_max = max(n_max, shape[0]), max(ctx_max, shape[1])
-            if n_max:  # the decode ranks' forward: padded to the largest batch (docstring)
-                gpu = cost.decode_time(n_max, ctx_max)
-                ar = cost.decode_allreduce_time(n_max)
-                roof = cost.decode_roofline_time(n_max, ctx_max)
-                eager = cost.eager(n_max)
-                for e in ranks:
-                    if e.shared_decode is not None:
-                        e.count_shared_decode(ar, roof, eager)
+                if e.step_shape is not None:
+                    shapes.append(e.step_shape)
+            if shapes:
+                gpu = self._price(cost, shapes)
                 dt = gpu if dt is None or gpu > dt else dt
             if dt is not None:
+                ended = 0
                 for e in ranks:
+                    if stop_on_end:
+                        ended -= e.ended
                     e.commit_step(dt)
+                    if stop_on_end:
+                        ended += e.ended
                 self.now = ranks[0].now
+                if ended:
+                    return
                 continue
             # every rank idle: jump to the next arrival at a rank or dispatch
             nxt = min(q[0][0] if q else math.inf, min(e.next_arrival_s for e in ranks))
@@ -345,3 +389,43 @@ class DPServer:
             self.now = t
             if t < nxt:
                 break
+
+    def _price(self, cost: StepCostModel, shapes: list[StepShape]) -> float:
+        """GPU seconds of one lockstep forward of the ranks' ``shapes`` (module docstring).
+
+        Decode only: every rank padded to the largest batch (MAX_LEN), so the step is one
+        rank's step at the largest batch and the largest KV read. With a prefill on any rank:
+        an extend step whose gathered MoE batch is the sum of every rank's tokens (SUM_LEN;
+        a decode row is one token), priced as a rank's prefill of the mean tokens per rank
+        with the slowest rank's attention pairs (the cost model prices a rank whose peers run
+        the same batch), and at least the decode ranks' own step. The decode ranks count the
+        decode step's statistics (all-reduce, roofline, eager) at the largest batch.
+        """
+        dec = [x for x in shapes if not x.extend]
+        ext = [x for x in shapes if x.extend]
+        gpu = 0.0
+        if dec:
+            n = max(x.tokens for x in dec)
+            ctx = int(max(x.attn for x in dec))
+            gpu = cost.decode_time(n, ctx)
+            by_n = self._by_batch.get(n)
+            if by_n is None:  # functions of the batch alone: computed once per batch size
+                by_n = self._by_batch[n] = (cost.decode_allreduce_time(n), cost.eager(n))
+            ar, eager = by_n
+            roof = cost.decode_roofline_time(n, ctx)
+            for e in self.ranks:
+                if e.step_shape is not None and not e.step_shape.extend:
+                    e.count_shared_decode(ar, roof, eager)
+        if ext:
+            total = sum(x.tokens for x in shapes)
+            mean = max(1, math.ceil(total / len(self.ranks)))
+            attn = max(x.attn for x in ext)
+            index = max(x.index for x in ext)
+            t = cost.prefill_time(mean, attn, index)
+            if self.ranks[0].lim.spec is not None:  # the draft layers' extend (engine.py)
+                t += cost.draft_prefill_time(mean, attn, index, max(x.chunks for x in ext))
+            loaded = max(x.loaded for x in ext)
+            if loaded:
+                t += cost.host_load_time(loaded)
+            gpu = max(gpu, t)
+        return gpu

@@ -156,6 +156,27 @@ class EngineLimits:
 
 
 @dataclass(frozen=True, slots=True)
+class StepShape:
+    """The work of one rank's next iteration, for a caller that prices ranks together.
+
+    Attributes:
+        extend: a prefill (extend) step; else a plain decode step.
+        tokens: new tokens (extend) or sequences in the batch (decode).
+        attn: extend: query-key pairs (``sum c x attended context``); decode: KV tokens held.
+        index: extend, DSA: indexer pairs; else 0.
+        chunks: extend: requests in the batch.
+        loaded: extend: HiCache tokens loaded back before the forward.
+    """
+
+    extend: bool
+    tokens: int
+    attn: float
+    index: float = 0.0
+    chunks: int = 0
+    loaded: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class RequestProgress:
     """What one request has produced so far in the simulation.
 
@@ -351,7 +372,8 @@ class TwinEngine:
         self._pd_max_total = 0
         # lockstep (domain.twin.dp): the iteration plan_step formed, for commit_step
         self._plan: tuple[list[tuple[_Req, int]], int, float, int] | None = None
-        self.shared_decode: tuple[int, int] | None = None  # see plan_step
+        # lockstep with shared pricing: the step plan_step formed (see StepShape), or None
+        self.step_shape: StepShape | None = None
 
     # ------------------------------------------------------------------ public API
     def submit(self, arrival_s: float, input_tokens: int, output_tokens: int,
@@ -510,8 +532,7 @@ class TwinEngine:
         return len(self._finish_times)
 
     # ------------------------------------------------------------------ lockstep (DP ranks)
-    def plan_step(self, max_virtual_s: float = 1e7, shared_decode: bool = False
-                  ) -> float | None:
+    def plan_step(self, max_virtual_s: float = 1e7, shared: bool = False) -> float | None:
         """Form this engine's next iteration at :attr:`now`; return its own duration, s.
 
         For attention-DP ranks that step together (:mod:`domain.twin.dp`): the caller takes
@@ -520,13 +541,13 @@ class TwinEngine:
         to make room), so its state changes are made here. None: nothing to run (the rank
         joins the others' forward with an idle batch, or all are idle).
 
-        ``shared_decode``: a plain (not speculative) decode step is priced by the caller for
-        all ranks at once; the engine then sets :attr:`shared_decode` to ``(batch, context
-        tokens)``, returns only its CPU floor (the queue scan of its admission pass, else 0)
-        and takes the step's statistics from :meth:`count_shared_decode`.
+        ``shared``: a prefill step and a plain (not speculative) decode step are priced by the
+        caller for all ranks at once; the engine then sets :attr:`step_shape` to the step's
+        work, returns only its CPU floor (the queue scan of the admission pass that formed it,
+        else 0) and takes a shared decode step's statistics from :meth:`count_shared_decode`.
         """
         now = self.now
-        self.shared_decode = None
+        self.step_shape = None
         if self._pending or self._tokenizing:
             self._intake(now)
         if now > max_virtual_s:
@@ -541,13 +562,17 @@ class TwinEngine:
                 chunks, loaded = self._admit()
             if chunks:
                 self._plan = (chunks, 0, 0.0, 0)
+                if shared:
+                    new_tok, attn, index = self._prefill_shape(chunks, self.lim.index_topk)
+                    self.step_shape = StepShape(True, new_tok, attn, index, len(chunks), loaded)
+                    return self._scan_s
                 return self._prefill_time(chunks, loaded, self.lim.index_topk)
             if self._running:
                 retracted = self.stats.retractions
                 n = self._make_room(len(self._running))
-                if shared_decode and self.lim.spec is None:
+                if shared and self.lim.spec is None:
                     self._plan = ([], n, 1.0, retracted)
-                    self.shared_decode = (n, int(self._ctx_running))
+                    self.step_shape = StepShape(False, n, float(int(self._ctx_running)))
                     self.stats.waiting_sum += len(self._waiting)
                     floor = 0.0
                     if self._scan_s:
@@ -565,7 +590,7 @@ class TwinEngine:
             return None
 
     def count_shared_decode(self, allreduce_s: float, roofline_s: float, eager: bool) -> None:
-        """Count the statistics of a decode step priced for all ranks (``shared_decode``)."""
+        """Count the statistics of a decode step priced for all ranks (:meth:`plan_step`)."""
         st = self.stats
         st.decode_allreduce_s += allreduce_s
         st.decode_roofline_s += roofline_s
@@ -929,8 +954,9 @@ class TwinEngine:
     def _prefill(self, chunks: list[tuple[_Req, int]], loaded: int, topk: int) -> None:
         self._prefill_commit(chunks, self._prefill_time(chunks, loaded, topk))
 
-    def _prefill_time(self, chunks: list[tuple[_Req, int]], loaded: int, topk: int) -> float:
-        """Seconds the prefill step of ``chunks`` takes (evicting the cache for its tokens)."""
+    def _prefill_shape(self, chunks: list[tuple[_Req, int]], topk: int
+                       ) -> tuple[int, float, float]:
+        """(new tokens, attention pairs, indexer pairs) of a prefill step; evicts room for it."""
         new_tok = sum(c for _, c in chunks)
         attn = index = 0.0
         for r, c in chunks:
@@ -938,6 +964,11 @@ class TwinEngine:
             attn += c * (min(ctx, topk) if topk else ctx)
             index += c * ctx if topk else 0.0
         self._ensure_free(new_tok)
+        return new_tok, attn, index
+
+    def _prefill_time(self, chunks: list[tuple[_Req, int]], loaded: int, topk: int) -> float:
+        """Seconds the prefill step of ``chunks`` takes (evicting the cache for its tokens)."""
+        new_tok, attn, index = self._prefill_shape(chunks, topk)
         dt = self.cost.prefill_time(new_tok, attn, index)
         if self.lim.spec is not None:  # the draft layers extend over the same prompt tokens
             dt += self.cost.draft_prefill_time(new_tok, attn, index, len(chunks))

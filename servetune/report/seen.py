@@ -33,8 +33,10 @@ def _per(stats: Sequence[ReplicaStats], value: Callable[[ReplicaStats], float],
 
 def seen_line(stats: Sequence[ReplicaStats]) -> str:
     """What the twin saw on one run, all replicas (see the module docstring)."""
-    n = len(stats)
+    n = len({s.replica for s in stats})
     who = f"{n} replicas" if n > 1 else "1 replica"
+    if len(stats) > n:  # servers of several schedulers: one row per DP rank (issue 21)
+        who += f" x {len(stats) // n} schedulers (per scheduler)"
     return (f"{who}: requests {_per(stats, lambda s: s.requests, ',')}; in flight mean "
             f"{_per(stats, lambda s: s.mean_inflight, ',.1f')}, max "
             f"{_per(stats, lambda s: s.max_inflight, ',')}; retractions "

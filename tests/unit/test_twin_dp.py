@@ -112,16 +112,33 @@ def test_each_rank_enforces_its_own_cap():
 
 
 # ---------------------------------------------------------------- lockstep
-def test_attention_dp_ranks_step_with_the_slowest():
+def test_attention_dp_ranks_prefill_together_at_the_gathered_tokens():
     srv = server(2, lockstep=True)
-    srv.submit(0.0, 10, 3)   # rank 0: prefill 1 s
-    srv.submit(0.0, 20, 2)   # rank 1: prefill 2 s
+    srv.submit(0.0, 10, 3)   # rank 0: 10 prompt tokens
+    srv.submit(0.0, 20, 2)   # rank 1: 20
     srv.advance(float("inf"))
     a, b = srv.records()
-    # step 1 lasts rank 1's 2 s prefill: both first tokens at 2; step 2 decode -> 3 (b done);
-    # step 3 rank 0 decodes alone -> 4
-    assert (a.first_token_s, a.finish_s) == pytest.approx((2.0, 4.0))
-    assert (b.first_token_s, b.finish_s) == pytest.approx((2.0, 3.0))
+    # step 1, one extend forward of 30 gathered tokens = a rank's prefill of 15: 1.5 s, both
+    # first tokens at 1.5; step 2 decode (1 s) -> 2.5 (b done); step 3 rank 0 alone -> 3.5
+    assert (a.first_token_s, a.finish_s) == pytest.approx((1.5, 3.5))
+    assert (b.first_token_s, b.finish_s) == pytest.approx((1.5, 2.5))
+
+
+def test_attention_dp_decode_is_priced_at_the_largest_rank_batch():
+    class Batch(StepCost):
+        def decode_time(self, batch, context_sum):
+            return 0.5 * batch  # 0.5 s per sequence of the (padded) batch
+
+    limits = lim()
+    ranks = [TwinEngine(Batch(), limits, None, tokenize=False) for _ in range(2)]
+    srv = DPServer(ranks, DPController("round_robin", 2), True, None, fits=lambda i, o: True)
+    for _ in range(3):
+        srv.submit(0.0, 10, 2)  # ranks 0, 1, 0
+    srv.advance(float("inf"))
+    recs = srv.records()
+    # extend of 30 gathered tokens = 15 per rank: 1.5 s; then one decode step with batches
+    # 2 and 1, both ranks padded to 2: 1 s (not 0.5 s for rank 1) -> everyone ends at 2.5
+    assert [r.finish_s for r in recs] == pytest.approx([2.5, 2.5, 2.5])
 
 
 def test_dp_size_copies_step_independently():
@@ -141,11 +158,13 @@ def test_a_rank_prefill_stalls_the_other_rank():
     srv.submit(1.0, 10, 2)   # rank 1, arrives at 1 while rank 0's step runs
     srv.advance(float("inf"))
     a, b = srv.records()
-    # the request reaches its rank at the step boundary (10); its 1 s prefill runs beside
-    # rank 0's 1 s decode: first token at 11, TTFT 10 s, then one decode step -> 12
-    assert a.finish_s == pytest.approx(11.0)
+    # step 1: 100 gathered tokens, 50 per rank: 5 s. The request reaches its rank at that
+    # step's end (5); step 2: its 10 tokens + rank 0's decode row (11 gathered, 6 per rank,
+    # 0.6 s) against rank 0's 1 s decode: 1 s -> first token 6 (TTFT 5 s), a done; then
+    # one decode step -> 7
+    assert a.finish_s == pytest.approx(6.0)
     assert b.arrival_s == 1.0
-    assert (b.ttft_s, b.finish_s) == pytest.approx((10.0, 12.0))
+    assert (b.ttft_s, b.finish_s) == pytest.approx((5.0, 7.0))
 
 
 def test_the_server_tokenizer_is_shared_by_its_ranks():
@@ -160,15 +179,30 @@ def test_the_server_tokenizer_is_shared_by_its_ranks():
     assert (a.first_token_s, b.first_token_s) == pytest.approx((1.1, 1.2))
 
 
-def test_closed_loop_client_requests_go_round_robin_over_the_ranks():
-    srv = server(2)
-    # one client, 10-token prompts, 1 output token: 1 s each (prefill only), for 4 s
-    sent = _closed_loop_windows([srv], lambda loads: 0, StepCost(), 1, 4.0, 10, 1, 0, 1)
+@pytest.mark.parametrize("lockstep", [True, False], ids=["attn-dp", "dp-copies"])
+def test_closed_loop_client_requests_go_round_robin_over_the_ranks(lockstep):
+    srv = server(2, lockstep=lockstep)
+    # one client, 10-token prompts, 1 output token (prefill only), for 4 s: alone on 2
+    # attention-DP ranks a prefill of 10 gathered tokens is 5 per rank, 0.5 s; a dp copy
+    # prefills its 10 tokens in 1 s
+    sent = srv.run_closed_loop(1, 4.0, 10, 1)
     recs = srv.records()
-    # requests end at 1, 2, 3, 4; the one ended at 4 sends none: 4 requests, alternating ranks
+    step = 0.5 if lockstep else 1.0
+    # the request ending at 4.0 sends none; each is sent at the previous one's end
+    n = round(4.0 / step)
+    assert sent == n
+    assert [r.finish_s for r in recs] == pytest.approx([step * (k + 1) for k in range(n)])
+    assert [r.arrival_s for r in recs] == pytest.approx([step * k for k in range(n)])
+    assert srv.sent == [n // 2, n // 2]
+
+
+def test_windowed_closed_loop_over_servers():
+    srv = server(2, lockstep=False)
+    # the routed loop's windows (1 s, one decode step): the requests ending at 1, 2, 3 are
+    # taken at the window's end, each then prefills 1 s on the next rank
+    sent = _closed_loop_windows([srv], lambda loads: 0, StepCost(), 1, 4.0, 10, 1, 0, 1)
     assert sent == [4]
-    assert [r.finish_s for r in recs] == pytest.approx([1.0, 2.0, 3.0, 4.0])
-    assert srv.sent == [2, 2]
+    assert [r.finish_s for r in srv.records()] == pytest.approx([1.0, 2.0, 3.0, 4.0])
 
 
 def test_replica_stats_per_rank_of_a_real_attention_dp_server():
@@ -191,7 +225,22 @@ def test_a_request_dropped_before_its_rank_ends_at_the_server():
     assert srv.finished_by(0.5) == 1  # the router's in-flight count drops at once
     srv.advance(float("inf"))
     recs = srv.records()
-    # a: reaches rank 0 at 1.0, prefill 1 s -> first token 2.0, decode -> 3.0
-    assert (recs[a].first_token_s, recs[a].finish_s) == pytest.approx((2.0, 3.0))
+    # a: reaches rank 0 at 1.0; alone, its 10 tokens are 5 per rank: 0.5 s -> first token
+    # 1.5, decode 1 s -> 2.5
+    assert (recs[a].first_token_s, recs[a].finish_s) == pytest.approx((1.5, 2.5))
     assert recs[b].error == "aborted by the client"
     assert srv.sent == [1, 0]
+
+
+def test_the_report_names_schedulers_inside_a_replica():
+    from domain.twin.cluster import ReplicaStats
+    from servetune.report.seen import seen_line
+
+    def row(replica, rank):
+        return ReplicaStats(replica=replica, rank=rank, requests=3, prefill_steps=1,
+                            decode_steps=2, retractions=0, max_running=1,
+                            mean_decode_batch=1.0, busy_s=1.0)
+
+    assert seen_line([row(0, k) for k in range(8)]).startswith(
+        "1 replica x 8 schedulers (per scheduler): requests 3..3;")
+    assert seen_line([row(0, 0), row(1, 0)]).startswith("2 replicas: requests 3 / 3;")
