@@ -18,7 +18,7 @@ refused before any launch with the engine's reason:
 - :func:`config_refusals`: every other argument check of the engine's resolution that a layout
   trips (``--enable-eplb`` without EP, two-batch overlap without an a2a backend or attention
   DP, experts not splitting over EP, ``moe_dense_tp_size``, ...), as the twin's startup refuses
-  them (:func:`domain.engines.sglang.startup.layout_refusal`, :func:`tbo_refusal`,
+  them (:func:`domain.engines.sglang.layout_rules.layout_refusal`, :func:`tbo_refusal`,
   :func:`expert_refusal`), in the engine's words with their site.
 """
 
@@ -103,8 +103,8 @@ def config_refusals(config: ServingConfig) -> list[str]:
     Each line is ``Exception: message (SGLang 0.5.23 file:line function)``; a bare assert
     shows its source line. Empty when the engine resolves the layout.
     """
+    from domain.engines.sglang.layout_rules import expert_refusal, layout_refusal, tbo_refusal
     from domain.engines.sglang.refusals import REFUSALS
-    from domain.engines.sglang.startup import expert_refusal, layout_refusal, tbo_refusal
 
     found: list[tuple[str, dict[str, object]]] = []
     lay = layout_refusal(config)
