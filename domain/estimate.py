@@ -51,12 +51,13 @@ of ``replicas`` servers runs ``replicas x config.schedulers`` copies of the stea
 each with its share of the clients and arrivals. Attention-DP ranks step together
 (``domain/twin/dp.py``), so in the replay a rank's decode also waits for its peers' prefills:
 with each rank prefilling a share ``u`` of the time independently, some rank prefills
-``1 - (1 - u)^ranks`` of it; in the excess over ``u`` the rank is held by a peer's prefill step,
-in which it still runs one decode step of its own, so it loses the share ``1 - T_dec / T_pre``
-of that excess; the loss is added to its utilization and stretches its decode steps
-(saturation keeps one rank's own prefills: there the ranks' prefills coincide). A PD layout
-(``config.pd``) is a prefill pool and a decode pool, each fitted and costed as its own
-servers, joined by the KV transfer (:func:`transfer_time`): its throughput is the smaller
+``1 - (1 - u)^ranks`` of it. The twin prices a shared prefill step as the mean tokens per rank
+with the prompt's attention (``T_peer``, shorter than the prompt's own ``T_pre``), in which the
+stalled rank still runs one decode step (``T_dec``), so the rank loses ``excess x T_peer / T_pre
+x (1 - T_dec / T_peer)`` of its time; the loss is added to its utilization and stretches its
+decode steps (saturation keeps one rank's own prefills: there the ranks' prefills coincide).
+A PD layout (``config.pd``) is a prefill pool and a decode pool, each fitted and costed as its
+own servers, joined by the KV transfer (:func:`transfer_time`): its throughput is the smaller
 pool's capacity and its TTFT adds the transfer and the wait for a decode slot
 (:func:`_estimate_pd`).
 
@@ -333,10 +334,17 @@ def estimate(config: ServingConfig, saturation: SaturationSpec,
     # rank's decode. With the ranks' prefills independent, some rank prefills a share
     # 1 - (1 - rho_p)^ranks of the time (rho_p for one rank), and decode runs only in the rest
     stall = 1.0 - (1.0 - min(rho_p, 1.0)) ** config.attn_dp_size - min(rho_p, 1.0)
-    if stall > 0:  # a stalled rank still runs one decode step in each peer prefill's step
+    if stall > 0:
+        # a peer's prefill step is priced as the mean tokens per rank with that prompt's
+        # attention (domain/twin/dp.py), and the stalled rank still runs one decode step in it
+        ranks = config.attn_dp_size
+        new = max(1.0, r.isl_mean * (1 - r.reuse_share))
+        attn, index = _pairs(cost, new, r.isl_mean * r.reuse_share + new / 2)
+        t_peer = cost.prefill_time(max(1, int(new / ranks)), attn, index)
         t_step, _ = _decode_step(cost, rep, max(1, int(round(b_max))),
                                  r.isl_mean + r.osl_mean / 2)
-        stall *= max(0.0, 1.0 - t_step / t_pre) if t_pre > 0 else 0.0
+        stall *= max(0.0, 1.0 - t_step / t_peer) * min(1.0, t_peer / t_pre) \
+            if t_pre > 0 and t_peer > 0 else 0.0
     mu = req_s * n
     if stall > 0:  # the pool's rate at which the stalled ranks would be full
         mu = r.rate_req_s / (lam / req_s + stall)

@@ -342,10 +342,11 @@ def test_attention_dp_ranks_stall_for_each_others_prefills(hand_model):
                       reuse_share=0.0, requests=120)
     copies = estimate(DSV3.model_copy(update={"dp_size": 2}), HAND_SAT, r)
     assert copies.utilization == pytest.approx(1 / 8)  # independent TP groups: no stall
-    # attention-DP ranks step together: the peer prefills 1 - 0.9^2 - 0.1 = 0.09 of the time,
-    # and each of its 0.1 s prefill steps still carries one 0.01 s decode step of this rank:
-    # it loses 0.09 x (1 - 0.01 / 0.1) = 0.081
+    # attention-DP ranks step together: alone the peer would prefill 1 - 0.9^2 - 0.1 = 0.09 of
+    # the time; the shared step is priced as the mean tokens per rank (100 / 2 = 50 tokens:
+    # 0.05 s, half its own 0.1 s), and this rank still runs one 0.01 s decode step in it:
+    # it loses 0.09 x 0.05 / 0.1 x (1 - 0.01 / 0.05) = 0.036
     lock = estimate(DSV3.model_copy(update={"attn_dp_size": 2}), HAND_SAT, r)
-    assert lock.utilization == pytest.approx(1 / 8 + 0.081)
-    assert lock.capacity_req_s == pytest.approx(2.0 / (1 / 8 + 0.081))
+    assert lock.utilization == pytest.approx(1 / 8 + 0.036)
+    assert lock.capacity_req_s == pytest.approx(2.0 / (1 / 8 + 0.036))
     assert lock.ttft_p99_ms > copies.ttft_p99_ms
