@@ -97,6 +97,14 @@ def _fmt(v: Any) -> str:
     return "unset" if v is None else str(v)
 
 
+def decode_schedulers(config: ServingConfig) -> int:
+    """Schedulers that decode in ``config``: every server's, or a PD layout's decode workers'.
+
+    ``config.schedulers`` (dp x attn_dp) per server times the servers that decode.
+    """
+    return sum(n * c.schedulers for role, n, c in config.servers() if role != "prefill")
+
+
 def spec_cap_target(best: ServingConfig, study: Study) -> int | None:
     """The admission cap to raise ``best`` to when speculation's default cap is what limits it.
 
@@ -120,7 +128,8 @@ def spec_cap_target(best: ServingConfig, study: Study) -> int | None:
     if rep.speculative is None or rep.max_running_requests != SPEC_MAX_RUNNING_REQUESTS:
         return None
     sat = study.saturation
-    clients = -(-sat.concurrency // best.replicas)  # ceil: the most clients on one replica
+    # ceil: the most clients on one scheduler (the cap and the KV pool are per scheduler)
+    clients = -(-sat.concurrency // (best.replicas * best.schedulers))
     target = min(clients, int(rep.kv_tokens // (sat.isl + sat.osl)))
     return target if target > SPEC_MAX_RUNNING_REQUESTS else None
 
@@ -135,6 +144,9 @@ class Planner:
 
     def __init__(self, study: Study, lessons: Client) -> None:
         self.study, self.lessons = study, lessons
+        # 'knob=value' moves (or space points) skipped because the coupled layout is invalid
+        # there, with the reason (domain.knobs.apply_knobs): never launched, never a crash
+        self.skipped: dict[str, str] = {}
         # resolved_settings signature -> config id, for incumbents and launched candidates
         self.resolved: dict[tuple[Any, ...], str] = {}
         # estimate lessons of this step's pruned candidates: the caller stores them once their
@@ -152,16 +164,18 @@ class Planner:
     def capacity(self, config: ServingConfig) -> float:
         """Sequences the pool can hold at once in the saturation run, by the memory-fit estimate.
 
-        ``replicas x min(request slots, KV tokens / (ISL + OSL))``, capped by the run's
-        concurrency (more room than clients buys nothing); 0 when the estimate rules it out.
+        ``schedulers x min(request slots, KV tokens / (ISL + OSL))`` (the fit's slots and KV
+        pool are per scheduler: one attention-DP rank or dp copy), over every decoding server
+        (``replicas``, or a PD layout's decode workers), capped by the run's concurrency (more
+        room than clients buys nothing); 0 when the estimate rules it out.
         """
         try:
             rep = fit(config)
         except (DoesNotFit, ConfigInvalid):
             return 0.0
         sat = self.study.saturation
-        per_replica = min(rep.max_running_requests, rep.kv_tokens / (sat.isl + sat.osl))
-        return min(config.replicas * per_replica, float(sat.concurrency))
+        per_scheduler = min(rep.max_running_requests, rep.kv_tokens / (sat.isl + sat.osl))
+        return min(decode_schedulers(config) * per_scheduler, float(sat.concurrency))
 
     def ordered(self, best: ServingConfig) -> list[tuple[ServingConfig, str]]:
         """:meth:`neighbours` by the memory-fit estimate's predicted benefit, best first.
@@ -227,12 +241,16 @@ class Planner:
         """Configs one knob away from ``best``, in the study's knob and value order."""
         for name, values in self.study.knobs.items():
             for v in values:
+                move = f"{name}={_fmt(normalize_value(v))}"
                 try:
                     cand = apply_knob(best, name, v, self.study.gpu_count)
-                except ConfigInvalid:
-                    continue  # validated at study load; unreachable for a parsed study
+                except ConfigInvalid as e:
+                    # each value is valid somewhere (study load); a coupled one may not be here
+                    # (attn_dp_size 8 from tp_size 4): skipped with the reason
+                    self.skipped[move] = "; ".join(e.violations)
+                    continue
                 if cand != best:
-                    yield cand, f"{name}={_fmt(normalize_value(v))}"
+                    yield cand, move
 
     async def forbidding(self, config: ServingConfig) -> list[dict[str, Any]]:
         """Lessons (id, title) that forbid ``config``.
@@ -268,13 +286,22 @@ class Planner:
             return Pruned(config=cand, changed=changed, lesson_ids=[lesson.id],
                           new_lesson=lesson,
                           reason=f"pruned by memory-fit estimate: {e.arithmetic}")
-        predicted = {"kv_tokens_per_replica": rep.kv_tokens,
-                     "max_running_requests": rep.max_running_requests,
-                     "mem_fraction_static": rep.mem_fraction_static,
-                     "kv_pool_gb_per_gpu": round(rep.kv_pool_gb, 2)}
+        except ConfigInvalid as e:  # the engine's argument checks refuse it (a layout rule)
+            return Pruned(config=cand, changed=changed, lesson_ids=[],
+                          reason=f"refused pre-flight: {'; '.join(e.violations)[:300]}")
+        # the fit's KV pool and cap are per scheduler (attention-DP rank or dp copy); a
+        # server holds schedulers of them (for a PD layout: a decode server)
+        server = cand if cand.pd is None else cand.pd_worker("decode")
+        kv_server = rep.kv_tokens * server.schedulers
+        predicted: dict[str, Any] = {"kv_tokens_per_replica": kv_server,
+                                     "max_running_requests": rep.max_running_requests,
+                                     "mem_fraction_static": rep.mem_fraction_static,
+                                     "kv_pool_gb_per_gpu": round(rep.kv_pool_gb, 2)}
+        if server.schedulers > 1:
+            predicted["schedulers_per_replica"] = server.schedulers
         return TrialPlan(config=cand, changed=changed, predicted=predicted,
                          rationale=f"{changed or 'baseline'}: the estimate fits with "
-                                   f"{rep.kv_tokens:,} KV tokens per replica")
+                                   f"{kv_server:,} KV tokens per replica")
 
     async def screened(self, best: ServingConfig, seen: set[str], run_id: str,
                        losers: dict[str, str]) -> AsyncIterator[Pruned | TrialPlan]:
@@ -337,7 +364,16 @@ class Planner:
                 verdict.rationale = f"{verdict.rationale}; {self.spec_cap_note}"
             return PlanStep(pruned=pruned, decision=verdict)
         return PlanStep(pruned=pruned, decision=NoViableConfig(
-            reason="every one-knob change of the best config was tried or pruned"))
+            reason="every one-knob change of the best config was tried or pruned"
+                   + self.skipped_note()))
+
+    def skipped_note(self) -> str:
+        """'; N moves skipped: <move>: <reason>' for coupled moves invalid here ('' if none)."""
+        if not self.skipped:
+            return ""
+        move, why = next(iter(self.skipped.items()))
+        return (f"; {len(self.skipped)} coupled layout moves are invalid from it (e.g. "
+                f"{move}: {why[:200]})")
 
     async def decide(self, plan: TrialPlan, outcomes: list[dict[str, Any]],
                      run_id: str) -> Decision:

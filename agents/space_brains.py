@@ -8,14 +8,17 @@ Parzen Estimator, taught by the run's ledger. The estimate-guided brain
 ``agents.brains.make_planner`` picks among them by ``search.brain``.
 
 A point of the space is a tuple of value indices, one per knob in the study's knob order; its
-config is the study's baseline with every knob set to its value (:func:`domain.knobs.apply_knob`,
-so ``tp_size`` also sets the replicas and ``speculative`` its bundle). Several points can give the
+config is the study's baseline with every knob set to its value at once
+(:func:`domain.knobs.apply_knobs`, so ``tp_size`` also sets the replicas, ``speculative`` its
+bundle, and the coupled layout knobs move together; a combination the layout rules refuse is no
+config and is skipped with its reason). Several points can give the
 same config (e.g. a knob set to the baseline's own value); the ``seen`` config ids deduplicate
 them.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
@@ -28,7 +31,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from agents.planner import NoViableConfig, Planner, PlanStep, Pruned, _fmt
 from domain.config import ServingConfig
 from domain.errors import ConfigInvalid
-from domain.knobs import apply_knob, normalize_value
+from domain.knobs import apply_knob, apply_knobs, normalize_value
 from domain.search import Point, point_at, seeded_permutation
 from domain.study import Study
 
@@ -60,16 +63,28 @@ class SpacePlanner(Planner, ABC):
         self.values: list[list[Any]] = [list(v) for v in study.knobs.values()]
         self.size = math.prod(len(v) for v in self.values) if self.values else 0
         self.base = study.base_config()
+        self._configs: dict[Point, ServingConfig | None] = {}  # config_of, memoised
 
     # -- the space ------------------------------------------------------------------------
     def config_of(self, point: Point) -> ServingConfig | None:
-        """The config of ``point`` (baseline with every knob set), or None if it is invalid."""
-        cfg = self.base
+        """The config of ``point`` (baseline with every knob set), or None if it is invalid.
+
+        The knobs are set at once (:func:`domain.knobs.apply_knobs`), so coupled layout knobs
+        (``attn_dp_size`` under ``tp_size``, ``ep_size`` with ``moe_a2a_backend``, ``pd``)
+        hold in any knob order; a combination the layout rules refuse is None, its reason in
+        :attr:`skipped` (never launched, never a crash).
+        """
+        hit = self._configs.get(point, False)
+        if hit is not False:
+            return hit
+        settings = {name: vals[i]
+                    for name, vals, i in zip(self.names, self.values, point, strict=True)}
         try:
-            for name, vals, i in zip(self.names, self.values, point, strict=True):
-                cfg = apply_knob(cfg, name, vals[i], self.study.gpu_count)
-        except ConfigInvalid:
-            return None
+            cfg: ServingConfig | None = apply_knobs(self.base, settings, self.study.gpu_count)
+        except ConfigInvalid as e:
+            self.skipped[self.changed_text(point)] = "; ".join(e.violations)
+            cfg = None
+        self._configs[point] = cfg
         return cfg
 
     def point_of(self, config: ServingConfig) -> Point | None:
@@ -77,19 +92,28 @@ class SpacePlanner(Planner, ABC):
 
         A knob has value ``v`` in ``config`` when setting it to ``v`` leaves ``config``
         unchanged, so bundles (speculative, tp_size with replicas) are read back exactly.
+        Coupled layout knobs may match several values (``ep_size 4`` and ``8`` under an a2a
+        backend that forces ``ep_size = tp_size``): the first combination whose
+        :meth:`config_of` is ``config`` wins.
         """
-        out: list[int] = []
+        matches: list[list[int]] = []
         for name, vals in zip(self.names, self.values, strict=True):
+            hits = []
             for i, v in enumerate(vals):
                 try:
                     if apply_knob(config, name, v, self.study.gpu_count) == config:
-                        out.append(i)
-                        break
+                        hits.append(i)
                 except ConfigInvalid:
                     continue
-            else:
+            if not hits:
                 return None
-        return tuple(out)
+            matches.append(hits)
+        if all(len(h) == 1 for h in matches):
+            return tuple(h[0] for h in matches)
+        for point in itertools.islice(itertools.product(*matches), 256):
+            if self.config_of(point) == config:
+                return tuple(point)
+        return tuple(h[0] for h in matches)
 
     def point_at(self, k: int) -> Point:
         """The ``k``-th point of the product (:func:`domain.search.point_at`)."""
@@ -102,6 +126,11 @@ class SpacePlanner(Planner, ABC):
         """
         for k in seeded_permutation(self.size, self.seed):
             yield self.point_at(k)
+
+    def changed_text(self, point: Point) -> str:
+        """'knob=value' of every knob of ``point`` (', '-joined)."""
+        return ", ".join(f"{n}={_fmt(normalize_value(self.values[j][i]))}"
+                         for j, (n, i) in enumerate(zip(self.names, point, strict=True)))
 
     def changed(self, best: ServingConfig, point: Point) -> str:
         """'knob=value' for each knob where ``point`` differs from ``best`` (', '-joined)."""
@@ -171,7 +200,7 @@ class SpacePlanner(Planner, ABC):
                 "rationale": f"{self.brain}: {self.why(point, verdict.rationale)}"}))
         return PlanStep(pruned=pruned, decision=NoViableConfig(
             reason=f"{self.brain}: every config of the knob space ({self.size} combinations) "
-                   "was tried or pruned"))
+                   "was tried or pruned" + self.skipped_note()))
 
 
 class GridPlanner(SpacePlanner):

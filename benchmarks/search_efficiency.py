@@ -90,7 +90,7 @@ from domain.config import ServingConfig  # noqa: E402
 from domain.engines.sglang.failures import classify  # noqa: E402
 from domain.errors import ConfigInvalid  # noqa: E402
 from domain.estimate import Estimate, ReplayProfile, safe_estimate  # noqa: E402
-from domain.knobs import apply_knob  # noqa: E402
+from domain.knobs import apply_knob, apply_knobs  # noqa: E402
 from domain.lesson import Clause, Lesson, Scope  # noqa: E402
 from domain.metrics import summarize  # noqa: E402
 from domain.study import Study, parse_study  # noqa: E402
@@ -123,9 +123,11 @@ AT_TRIALS = 12  # launches within which the headline brain should get there (iss
 SPEEDUP_TARGET = 2.0  # the headline brain needs at least 2x fewer launches than TPE (issue 8)
 # Sources of the twin's numbers: a change to any of them changes every objective table.
 TWIN_SOURCES = ("domain/twin/*.py", "domain/costmodel.py", "domain/calibration.py",
-                "domain/fit.py", "domain/speculative.py", "domain/metrics.py", "domain/models.py",
-                "domain/hardware.py", "domain/config.py", "domain/knobs.py", "domain/workload.py",
-                "domain/traces.py", "domain/data/*.json", "data/models/*.json")
+                "domain/fit.py", "domain/layout_cost.py", "domain/interconnect.py",
+                "domain/graph_memory.py", "domain/speculative.py", "domain/metrics.py",
+                "domain/models.py", "domain/hardware.py", "domain/config.py", "domain/knobs.py",
+                "domain/engines/sglang/*.py", "domain/workload.py", "domain/traces.py",
+                "domain/data/*.json", "data/models/*.json")
 
 
 # -- scenarios ------------------------------------------------------------------------------------
@@ -245,6 +247,17 @@ SCENARIOS: list[Scenario] = [
         (2048, 512, 1024, 60.0),
         dict(trace=AZURE, format="azure", start_s=2400, duration_s=300, time_scale=6.0),
         3000), [FA3_ON_B200]),
+    # The layouts (issue 21): DeepSeek-V3 FP8 on 8x H200 at 1,024 clients, where attention DP
+    # and expert parallelism pay (sgl-project/sglang #2882, #3658): attention-DP width, EP
+    # (ep 8 brings DeepEP), its load balancer, the admission cap and the KV dtype.
+    Scenario("dsv3-layouts-h200-azure", _study(
+        "dsv3-layouts-h200-azure", "deepseek-v3", "H200", 8,
+        dict(tp_size=8, weights="fp8"),
+        dict(attn_dp_size=[1, 2, 4, 8], ep_size=[1, 8], enable_eplb=[False, True],
+             kv_cache_dtype=["auto", "fp8_e4m3"], max_running_requests=["unset", 512]),
+        (1024, 512, 1024, 30.0),
+        dict(trace=AZURE, format="azure", start_s=1800, duration_s=300, time_scale=2.0),
+        5000)),
 ]
 
 
@@ -263,18 +276,16 @@ def twin_digest() -> str:
 def space(study: Study) -> Iterator[ServingConfig]:
     """Every config of the study's knob space: each combination applied to the baseline.
 
-    Knobs are applied in the study's order, as ``Planner.neighbours`` does one at a time;
-    combinations that give the same config (e.g. ``hicache_ratio`` setting HiCache on) are
+    Knobs are set at once (:func:`domain.knobs.apply_knobs`, as ``SpacePlanner.config_of``
+    does); combinations that give the same config (e.g. ``hicache_ratio`` setting HiCache on) are
     yielded once.
     """
     base = study.base_config()
     names = list(study.knobs)
     done: set[str] = set()
     for values in itertools.product(*(study.knobs[n] for n in names)):
-        cfg = base
-        try:
-            for n, v in zip(names, values, strict=True):
-                cfg = apply_knob(cfg, n, v, study.gpu_count)
+        try:  # at once, as the space brains do: coupled layout knobs hold in any order
+            cfg = apply_knobs(base, dict(zip(names, values, strict=True)), study.gpu_count)
         except ConfigInvalid:
             continue  # study validation checks single values; a combination may still clash
         cid = cfg.config_id()

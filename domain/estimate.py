@@ -45,6 +45,22 @@ is the sum of
   one request's E2E (Halfin & Whitt's many-server approximation of Erlang C, Operations
   Research 29(3), 1981): negligible until ``rho`` nears 1, then dominant.
 
+Layouts: the fit and the step costs are per scheduler (one attention-DP rank or dp copy of a
+server; every rank assumed to run the same batch, the MoE seeing the gathered one), so a pool
+of ``replicas`` servers runs ``replicas x config.schedulers`` copies of the steady state above,
+each with its share of the clients and arrivals. Attention-DP ranks step together
+(``domain/twin/dp.py``), so in the replay a rank's decode also waits for its peers' prefills:
+with each rank prefilling a share ``u`` of the time independently, some rank prefills
+``1 - (1 - u)^ranks`` of it. The twin prices a shared prefill step as the mean tokens per rank
+with the prompt's attention (``T_peer``, shorter than the prompt's own ``T_pre``), in which the
+stalled rank still runs one decode step (``T_dec``), so the rank loses ``excess x T_peer / T_pre
+x (1 - T_dec / T_peer)`` of its time; the loss is added to its utilization and stretches its
+decode steps (saturation keeps one rank's own prefills: there the ranks' prefills coincide).
+A PD layout (``config.pd``) is a prefill pool and a decode pool, each fitted and costed as its
+own servers, joined by the KV transfer (:func:`transfer_time`): its throughput is the smaller
+pool's capacity and its TTFT adds the transfer and the wait for a decode slot
+(:func:`_estimate_pd`).
+
 On the search benchmark's GLM-5 scenario the best config is predicted at 6.1 s TTFT p99
 against 7.0 s on the twin; over its six scenarios the SLO verdict is right for 58-97 % of the
 configs that start (``benchmarks/search_efficiency.py`` prints the estimate's accuracy).
@@ -131,12 +147,13 @@ class Estimate:
     """
 
     fits: bool
-    batch: float  # running sequences per replica in the saturation run
+    batch: float  # running sequences per scheduler in the saturation run (PD: per decode one)
     output_tok_s_per_gpu: float  # saturation run
     capacity_req_s: float = 0.0  # whole pool, at the replay's mean lengths
     utilization: float = math.inf  # replay rate / capacity
     ttft_p99_ms: float = math.inf  # on the replay
     why: str = ""
+    transfer_ms: float = 0.0  # PD: the p99 prompt's KV transfer inside ttft_p99_ms (0 otherwise)
 
     def slo_ratio(self, slo_ttft_p99_ms: float) -> float:
         """Predicted TTFT p99 over the SLO (<= 1: predicted to meet it)."""
@@ -195,17 +212,19 @@ def _decode_step(cost: StepCostModel, rep: FitReport, batch: int,
 
 
 def _throughput(cost: StepCostModel, rep: FitReport, batch: float, isl: float, osl: float,
-                hit: float, outside_s: float = 0.0) -> tuple[float, float, float]:
+                hit: float, outside_s: float = 0.0,
+                lockstep: int = 1) -> tuple[float, float, float]:
     """(output tok/s, requests/s, T_pre s) of one replica at a running ``batch``.
 
     ``outside_s``: seconds per request a closed-loop client spends outside the engine's steps
     (the TTFT path: tokenize + ``request_fixed_s``, ``domain/twin/engine.py``), added to the
-    cycle; 0 for an open-loop capacity.
+    cycle; 0 for an open-loop capacity. ``lockstep``: ranks whose prefills stall this one's
+    decode (attention DP, see :func:`estimate`); 1 otherwise.
     """
     b = max(1, int(round(batch)))
     t_pre = _prefill_per_request(cost, isl, hit, rep.chunked_prefill_size)
     t_dec, acc = _decode_step(cost, rep, b, isl + osl / 2)
-    cycle = b * t_pre + max(osl - 1, 0.0) / acc * t_dec + outside_s
+    cycle = lockstep * b * t_pre + max(osl - 1, 0.0) / acc * t_dec + outside_s
     if cycle <= 0:
         return 0.0, 0.0, t_pre
     return b * osl / cycle, b / cycle, t_pre
@@ -248,14 +267,33 @@ def _p99_slot_wait(rho: float, slots: float, e2e_s: float) -> float:
     return math.log(100 * p_wait) * e2e_s / (c * (1 - rho))
 
 
+def _not_fit(why: str, batch: float = 0.0) -> Estimate:
+    return Estimate(fits=False, batch=batch, output_tok_s_per_gpu=0.0, why=why[:300])
+
+
+def _first_prefill(cost: StepCostModel, rep: FitReport, r: ReplayProfile) -> float:
+    """Seconds of the prefill of the replay's p99 prompt by uncached tokens."""
+    if r.new_p99 > 0:  # the p99 prompt by uncached tokens, on top of its cached history
+        return _prefill_per_request(cost, r.new_p99 + r.cached_at_p99, 0.0,
+                                    rep.chunked_prefill_size, cached=r.cached_at_p99)
+    return _prefill_per_request(cost, r.isl_p99, r.reuse_share, rep.chunked_prefill_size)
+
+
 def estimate(config: ServingConfig, saturation: SaturationSpec,
              replay: ReplayProfile | None = None) -> Estimate:
     """Steady-state prior of ``config`` for a study's saturation run and replay.
 
+    The step costs and the memory fit are per scheduler (one attention-DP rank or dp copy:
+    :func:`domain.fit.fit` gives its KV pool and cap, :func:`domain.costmodel.build_cost_model`
+    its step times, every rank assumed to run the same batch); the pool has ``replicas x
+    config.schedulers`` of them, each taking an equal share of the clients and of the replay's
+    arrivals. A PD layout (``config.pd``) is :func:`_estimate_pd`.
+
     Args:
         config: the candidate.
         saturation: the study's closed-loop run (ISL, OSL, concurrency over the whole pool;
-            the router spreads clients evenly over the replicas).
+            the router and the engine's DP controller spread clients evenly over the
+            schedulers).
         replay: the replayed window's profile; None leaves the replay fields at their
             "unknown" values (capacity 0, utilization and TTFT infinite).
 
@@ -267,19 +305,21 @@ def estimate(config: ServingConfig, saturation: SaturationSpec,
     Raises:
         ConfigInvalid: an unknown model or GPU (not a candidate of any valid study).
     """
+    if config.pd is not None:
+        return _estimate_pd(config, saturation, replay)
     try:
         rep = fit(config)
     except (DoesNotFit, InvalidCombination) as e:
-        return Estimate(fits=False, batch=0.0, output_tok_s_per_gpu=0.0, why=str(e)[:300])
+        return _not_fit(str(e))
     cost = build_cost_model(config, rep)
     s = saturation
-    batch = _batch(rep, s.concurrency / config.replicas, s.isl, s.osl)
+    n = config.replicas * config.schedulers  # schedulers of the pool
+    batch = _batch(rep, s.concurrency / n, s.isl, s.osl)
     if batch < 1:
-        return Estimate(fits=False, batch=batch, output_tok_s_per_gpu=0.0,
-                        why="the KV pool holds less than one request of the saturation run")
+        return _not_fit("the KV pool holds less than one request of the saturation run", batch)
     tok_s, _, _ = _throughput(cost, rep, batch, s.isl, s.osl, 0.0,
                               cost.tokenize_time(s.isl) + cost.request_fixed_s)
-    sat = tok_s * config.replicas / config.gpus
+    sat = tok_s * n / config.gpus
     if replay is None:
         return Estimate(fits=True, batch=batch, output_tok_s_per_gpu=sat)
     r = replay
@@ -288,18 +328,33 @@ def estimate(config: ServingConfig, saturation: SaturationSpec,
         return Estimate(fits=True, batch=batch, output_tok_s_per_gpu=sat,
                         why="the KV pool holds less than one mean request of the replay")
     _, req_s, t_pre = _throughput(cost, rep, b_max, r.isl_mean, r.osl_mean, r.reuse_share)
-    mu = req_s * config.replicas
+    lam = r.rate_req_s / n  # arrivals per scheduler
+    rho_p = lam * t_pre  # its own prefills' share of its time
+    # attention-DP ranks step together (domain/twin/dp.py): a peer's prefill stalls this
+    # rank's decode. With the ranks' prefills independent, some rank prefills a share
+    # 1 - (1 - rho_p)^ranks of the time (rho_p for one rank), and decode runs only in the rest
+    stall = 1.0 - (1.0 - min(rho_p, 1.0)) ** config.attn_dp_size - min(rho_p, 1.0)
+    if stall > 0:
+        # a peer's prefill step is priced as the mean tokens per rank with that prompt's
+        # attention (domain/twin/dp.py), and the stalled rank still runs one decode step in it
+        ranks = config.attn_dp_size
+        new = max(1.0, r.isl_mean * (1 - r.reuse_share))
+        attn, index = _pairs(cost, new, r.isl_mean * r.reuse_share + new / 2)
+        t_peer = cost.prefill_time(max(1, int(new / ranks)), attn, index)
+        t_step, _ = _decode_step(cost, rep, max(1, int(round(b_max))),
+                                 r.isl_mean + r.osl_mean / 2)
+        stall *= max(0.0, 1.0 - t_step / t_peer) * min(1.0, t_peer / t_pre) \
+            if t_pre > 0 and t_peer > 0 else 0.0
+    mu = req_s * n
+    if stall > 0:  # the pool's rate at which the stalled ranks would be full
+        mu = r.rate_req_s / (lam / req_s + stall)
     rho = r.rate_req_s / mu if mu > 0 else math.inf
     # the decode batch a request meets on arrival: the load's share of the largest batch
     b_load = max(1, int(round(min(rho, 1.0) * b_max)))
     t_dec, acc = _decode_step(cost, rep, b_load, r.isl_mean + r.osl_mean / 2)
-    if r.new_p99 > 0:  # the p99 prompt by uncached tokens, on top of its cached history
-        first = _prefill_per_request(cost, r.new_p99 + r.cached_at_p99, 0.0,
-                                     rep.chunked_prefill_size, cached=r.cached_at_p99)
-    else:
-        first = _prefill_per_request(cost, r.isl_p99, r.reuse_share, rep.chunked_prefill_size)
-    lam = r.rate_req_s / config.replicas
-    rho_p = lam * t_pre
+    if stall > 0:
+        t_dec /= max(1e-9, 1.0 - stall)  # the peers' prefills in between
+    first = _first_prefill(cost, rep, r)
     if rho >= 1 or rho_p >= 1:
         ttft = math.inf
     else:
@@ -310,6 +365,101 @@ def estimate(config: ServingConfig, saturation: SaturationSpec,
                 + cost.tokenize_time(r.isl_p99) + cost.request_fixed_s) * 1000
     return Estimate(fits=True, batch=batch, output_tok_s_per_gpu=sat, capacity_req_s=mu,
                     utilization=rho, ttft_p99_ms=ttft)
+
+
+def transfer_time(config: ServingConfig, prefill: tuple[ServingConfig, FitReport],
+                  decode: tuple[ServingConfig, FitReport], tokens: float) -> float:
+    """Seconds to move ``tokens`` prompt tokens of KV from a prefill to a decode server.
+
+    The twin's transfer on an idle link (:func:`domain.twin.pd.transfer_link`): every prefill
+    GPU holding the request sends its share over its own NIC at ``Efficiency.pd_transfer_eta``
+    of ``Interconnect.nic_bytes_per_s``, plus ``pd_transfer_latency_s`` per request; no queue
+    on the link (the estimate's queueing is the prefill's M/M/1 wait).
+
+    Args:
+        config: the PD config (its ``disaggregation_transfer_backend``).
+        prefill: one prefill server's config and memory fit.
+        decode: one decode server's config and memory fit.
+        tokens: prompt tokens whose KV moves (cached ones too: the decode server holds none).
+    """
+    from domain.twin.pd import transfer_link  # the twin's link, imported when a PD is priced
+
+    link = transfer_link(config, prefill[0], prefill[1], decode[0], decode[1])
+    return link.seconds(int(round(max(tokens, 0.0))))
+
+
+def _estimate_pd(config: ServingConfig, saturation: SaturationSpec,
+                 replay: ReplayProfile | None) -> Estimate:
+    """The prior of a PD layout: a prefill pool, the KV transfer, a decode pool.
+
+    Each group is fitted and costed per scheduler as its own server (``config.pd_worker``);
+    ``n_p`` prefill and ``n_d`` decode schedulers (workers x ``schedulers``). Saturation: the
+    pool completes ``min(n_p / T_pre, n_d x B / T_dec_req, C / cycle)`` requests/s, the prefill
+    capacity, the decode capacity at the decode batch ``B`` (``_batch`` of the decode fit at
+    ``C / n_d`` clients) with ``T_dec_req = (osl - 1) / a x T_dec`` and the closed loop of ``C``
+    clients whose cycle is prefill + transfer (:func:`transfer_time`) + first decode step +
+    decode + the path outside the GPU; output ``osl`` tokens each, over every GPU of the
+    layout. Replay: the capacity ``mu`` is the smaller pool's at the trace's mean lengths;
+    TTFT p99 is the p99 prompt's prefill, the M/M/1 wait for a prefill scheduler, its KV
+    transfer, one decode step and the wait for a decode slot (an M/M/c queue of ``B_max``
+    slots per decode scheduler, as for an aggregated server), plus tokenize and the fixed
+    latency; ``transfer_ms`` is the transfer's share.
+    """
+    roles: dict[str, tuple[int, ServingConfig, FitReport, StepCostModel]] = {}
+    for role, count, worker in config.servers():
+        try:
+            rep = fit(worker)
+        except (DoesNotFit, InvalidCombination) as e:
+            return _not_fit(f"{role} servers: {e}")
+        roles[role] = (count * worker.schedulers, worker, rep, build_cost_model(worker, rep))
+    n_p, pw, rep_p, cost_p = roles["prefill"]
+    n_d, dw, rep_d, cost_d = roles["decode"]
+
+    def move(tokens: float) -> float:
+        return transfer_time(config, (pw, rep_p), (dw, rep_d), tokens)
+
+    s = saturation
+    batch = _batch(rep_d, s.concurrency / n_d, s.isl, s.osl)
+    if batch < 1:
+        return _not_fit("the decode KV pool holds less than one request of the saturation run",
+                        batch)
+    b = max(1, int(round(batch)))
+    t_pre = _prefill_per_request(cost_p, s.isl, 0.0, rep_p.chunked_prefill_size)
+    t_dec, acc = _decode_step(cost_d, rep_d, b, s.isl + s.osl / 2)
+    dec_req = max(s.osl - 1, 0.0) / acc * t_dec
+    cycle = (t_pre + move(s.isl) + t_dec + dec_req
+             + cost_p.tokenize_time(s.isl) + cost_p.request_fixed_s)
+    x = min(n_p / t_pre if t_pre > 0 else math.inf,
+            n_d * b / dec_req if dec_req > 0 else math.inf, s.concurrency / cycle)
+    sat = x * s.osl / config.gpus
+    if replay is None:
+        return Estimate(fits=True, batch=batch, output_tok_s_per_gpu=sat)
+    r = replay
+    b_max = _batch(rep_d, math.inf, r.isl_mean, r.osl_mean)
+    if b_max < 1:
+        return Estimate(fits=True, batch=batch, output_tok_s_per_gpu=sat,
+                        why="the decode KV pool holds less than one mean request of the replay")
+    t_pre = _prefill_per_request(cost_p, r.isl_mean, r.reuse_share, rep_p.chunked_prefill_size)
+    bm = max(1, int(round(b_max)))
+    t_dec_max, acc = _decode_step(cost_d, rep_d, bm, r.isl_mean + r.osl_mean / 2)
+    dec_e2e = max(r.osl_mean - 1, 0.0) / acc * t_dec_max
+    cap_p = n_p / t_pre if t_pre > 0 else math.inf
+    cap_d = n_d * b_max / dec_e2e if dec_e2e > 0 else math.inf
+    mu = min(cap_p, cap_d)
+    rho = r.rate_req_s / mu if mu > 0 else math.inf
+    rho_p = r.rate_req_s / n_p * t_pre
+    rho_d = r.rate_req_s / cap_d if math.isfinite(cap_d) else 0.0
+    b_load = max(1, int(round(min(rho_d, 1.0) * b_max)))
+    t_dec, _ = _decode_step(cost_d, rep_d, b_load, r.isl_mean + r.osl_mean / 2)
+    moved = move(r.isl_p99)
+    if rho >= 1 or rho_p >= 1:
+        ttft = math.inf
+    else:
+        ttft = (_first_prefill(cost_p, rep_p, r) + _p99_exp_wait(rho_p, t_pre) + moved + t_dec
+                + _p99_slot_wait(rho_d, b_max, dec_e2e + t_dec)
+                + cost_p.tokenize_time(r.isl_p99) + cost_p.request_fixed_s) * 1000
+    return Estimate(fits=True, batch=batch, output_tok_s_per_gpu=sat, capacity_req_s=mu,
+                    utilization=rho, ttft_p99_ms=ttft, transfer_ms=moved * 1000)
 
 
 def safe_estimate(config: ServingConfig, saturation: SaturationSpec,

@@ -7,14 +7,18 @@ it cannot drift from the schema of record:
 
 - ``Literal`` fields and ``bool``: their members; ``attention_backend`` and
   ``mm_attention_backend`` (``CHOICE_FIELDS``): the choices of the shipped SGLang flag
-  inventories; ``weights``: every checkpoint key of the model catalog.
+  inventories (also ``moe_a2a_backend``, ``disaggregation_transfer_backend``, ...,
+  ``domain.config.CHOICE_FIELDS``); ``weights``: every checkpoint key of the model catalog;
+  ``pd``: its ``"<n>P<m>D"`` names for n, m in 1..4 (a study may give groups with their own
+  layout; those are no domain of names).
 - ``int``/``float`` fields: the numbers within the field's ``ge``/``gt``/``le``/``lt`` bounds
   (``allow_inf_nan=False``: finite), less what the model's own validators refuse
   (``chunked_prefill_size`` 0).
 - ``None`` when the field is optional ("unset"). What unset means decides whether it is a
   family of its own: where the field's description says ``None = off``
   (``speculative_algorithm``: no speculative decoding) it is a real option
-  (:attr:`FieldDomain.unset_is_off`); everywhere else it is the engine's default, resolved at
+  (:attr:`FieldDomain.unset_is_off`), and so is ``pd``'s None (the aggregated layout,
+  :data:`UNSET_IS_OFF`); everywhere else it is the engine's default, resolved at
   launch (``mem_fraction_static``, ``max_running_requests``, ``chunked_prefill_size``, ...), so
   "every set value" of such a field names no family: every search sets the knobs it tunes (see
   :meth:`domain.lesson.Clause.problem`).
@@ -44,6 +48,9 @@ from domain.engines import engine
 
 BIG_INT = 10**18  # stands for "no bound" on an unbounded integer field
 BIG_FLOAT = 1e300  # stands for "no bound" on an unbounded float field (finite: no inf/nan)
+# Optional fields whose None is a layout of its own, not an engine default: ``pd`` None is the
+# aggregated layout (every server prefills and decodes), so "pd is set" names a family.
+UNSET_IS_OFF = ("pd",)
 
 
 @dataclass(frozen=True)
@@ -203,7 +210,7 @@ def field_domain(field: str) -> FieldDomain:
         args = [a for a in get_args(ann) if a is not type(None)]
         nullable = len(args) < len(get_args(ann))
         ann = args[0] if len(args) == 1 else ann
-    off = nullable and "None = off" in (info.description or "")
+    off = nullable and ("None = off" in (info.description or "") or field in UNSET_IS_OFF)
     return replace(_plain_domain(field, ann, info, nullable), unset_is_off=off)
 
 

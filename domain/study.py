@@ -7,6 +7,7 @@ resolves every knob value against the catalog, so a bad study fails before anyth
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
 from pathlib import Path
@@ -24,7 +25,11 @@ from pydantic import (
 from domain.config import EngineVersion, ServingConfig
 from domain.errors import ConfigInvalid
 from domain.faults import FaultSpec
-from domain.knobs import KNOBS, apply_knob
+from domain.knobs import COUPLED_KNOBS, KNOBS, apply_knob, apply_knobs
+
+# Combinations of the other layout knobs tried before a coupled knob value is refused
+# (Study._coupled_somewhere); a study's layout knobs have a few values each.
+COUPLED_TRIES = 4096
 
 
 class SaturationSpec(BaseModel):
@@ -251,9 +256,29 @@ class Study(BaseModel):
             raise ConfigInvalid([
                 f"{'.'.join(map(str, err['loc'])) or 'study'}: "
                 f"{err['msg'].removeprefix('Value error, ')}" for err in e.errors()]) from e
-        for name, value in self.baseline.items():
-            cfg = apply_knob(cfg, name.replace("baseline.", ""), value, self.gpu_count)
-        return cfg
+        # all at once: the coupled layout knobs hold in any order (domain.knobs.apply_knobs)
+        return apply_knobs(cfg, {name.replace("baseline.", ""): value
+                                 for name, value in self.baseline.items()}, self.gpu_count)
+
+    def _coupled_somewhere(self, base: ServingConfig, name: str,
+                           value: Any) -> ServingConfig | None:
+        """A config of the space where knob ``name`` takes ``value``, or None.
+
+        A value coupled to the layout (``attn_dp_size 8`` under a ``tp_size 4`` baseline,
+        ``pd 1P1D`` where the baseline's servers fill the pool, ``enable_eplb`` under an
+        ``ep_size 1`` baseline) may be refused on the baseline alone and valid with another
+        value of the study's layout knobs (:data:`domain.knobs.COUPLED_KNOBS`); the first
+        :data:`COUPLED_TRIES` combinations are tried.
+        """
+        others = [n for n in self.knobs if n in COUPLED_KNOBS and n != name]
+        combos = itertools.product(*(self.knobs[n] for n in others))
+        for combo in itertools.islice(combos, COUPLED_TRIES):
+            try:
+                return apply_knobs(base, {**dict(zip(others, combo, strict=True)),
+                                          name: value}, self.gpu_count)
+            except ConfigInvalid:
+                continue
+        return None
 
     def validate_space(self) -> None:
         """Check every knob value against the catalog and the model (weights keys, choices).
@@ -287,7 +312,8 @@ class Study(BaseModel):
                     cfg = apply_knob(base, name, v, self.gpu_count)
                     get_model(self.model).checkpoint(cfg.weights)
                 except ConfigInvalid as e:
-                    problems += e.violations
+                    if self._coupled_somewhere(base, name, v) is None:
+                        problems += e.violations
                     continue
                 if name == "context_length" and cfg.context_length is not None \
                         and need > cfg.context_length:

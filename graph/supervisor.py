@@ -42,16 +42,20 @@ SUCCESS = ("baseline", "keep", "discard")
 def _finalists(ledger: Ledger, k: int) -> list[int]:
     """The best ``k`` layouts, one finalist per layout, topped up with the next best.
 
-    A layout is (tp_size, weights, kv_cache_dtype, attention_backend); its best trial stands for
-    it, so finalists differ in how the model is laid out, not only in memory or admission knobs.
-    With fewer layouts than ``k``, the remaining slots go to the next best trials.
+    A layout is (tp_size, weights, kv_cache_dtype, attention_backend) plus the parallel layout
+    (pp_size, dp_size, attn_dp_size, ep_size, the PD split; constant for a study that does not
+    tune them); its best trial stands for it, so finalists differ in how the model is laid out,
+    not only in memory or admission knobs. With fewer layouts than ``k``, the remaining slots go
+    to the next best trials.
     """
     ok = [t for t in ledger.trials("search") if t.status in SUCCESS and t.objective is not None]
     ok.sort(key=Trial.rank_key)
     chosen: dict[tuple, int] = {}
     for t in ok:
         c = t.config
-        chosen.setdefault((c.tp_size, c.weights, c.kv_cache_dtype, c.attention_backend), t.seq)
+        chosen.setdefault((c.tp_size, c.weights, c.kv_cache_dtype, c.attention_backend,
+                           c.pp_size, c.dp_size, c.attn_dp_size, c.ep_size,
+                           c.pd.label() if c.pd is not None else None), t.seq)
     picked = list(chosen.values())[:k]
     picked += [t.seq for t in ok if t.seq not in picked][:k - len(picked)]  # fewer layouts
     return sorted(picked, key=lambda s: [t.seq for t in ok].index(s))

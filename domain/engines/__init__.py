@@ -161,6 +161,23 @@ class Engine(Protocol):
         """What the engine actually runs ``config`` with, as a hashable signature."""
         ...
 
+    def layout_coupling(self, fields: dict[str, int | str | None]
+                        ) -> tuple[dict[str, int], list[str]]:
+        """The engine's rewrite of one server's layout fields and its refusals of the result.
+
+        ``fields``: ``tp_size``, ``attn_dp_size``, ``dp_size``, ``ep_size``,
+        ``moe_a2a_backend``. Returns ``(rewritten fields, refusal lines)``.
+        """
+        ...
+
+    def layout_refusals(self, config: ServingConfig) -> list[str]:
+        """The engine's refusals of one server's layout, in its words with their site.
+
+        Beyond :meth:`layout_coupling`'s (e.g. ``--enable-eplb`` without expert parallelism);
+        empty when the engine resolves it.
+        """
+        ...
+
     def start(self, config: ServingConfig, nnodes: int | None = None) -> Startup:
         """The twin's start of one replica: the engine's startup log, ready or the failure.
 

@@ -287,7 +287,8 @@ def _finalists_table(trials: list[Trial], has_plot: bool) -> list[str]:
     validated = [t for t in trials if t.phase == "validate"]
     out = ["## Finalists on the real trace", "",
            "Finalists: the best search trial of each layout (tp_size, weights, kv_cache_dtype, "
-           "attention_backend), topped up with the next best when there are fewer layouts; the "
+           "attention_backend and the parallel layout: pp_size, dp_size, attn_dp_size, ep_size, "
+           "pd), topped up with the next best when there are fewer layouts; the "
            "winner is the best of them by saturation tok/s/GPU whose replay meets the SLO.", ""]
     if not validated:
         return out + ["No finalist was replayed.", ""]

@@ -168,14 +168,15 @@ async def test_add_lesson_refuses_conditions_that_only_say_a_knob_is_set(store, 
     assert store.count() == 0
 
 
-def test_unset_means_off_only_for_speculative_algorithm():
-    """None is a real option (a family of its own) only where it means "off"; elsewhere it is
-    the engine's default, resolved at launch (ServingConfig's field descriptions)."""
+def test_unset_means_off_only_for_speculative_algorithm_and_pd():
+    """None is a real option (a family of its own) only where it means "off" (or, for pd, the
+    aggregated layout); elsewhere it is the engine's default, resolved at launch
+    (ServingConfig's field descriptions, knob_domain.UNSET_IS_OFF)."""
     from domain.knob_domain import field_domain
     from domain.lesson import KNOB_FIELDS
 
     off = [f for f in KNOB_FIELDS if field_domain(f).nullable and field_domain(f).unset_is_off]
-    assert off == ["speculative_algorithm"]
+    assert off == ["speculative_algorithm", "pd"]
 
 
 async def test_a_stored_set_only_lesson_is_ignored(store):

@@ -178,3 +178,38 @@ def test_speculation_default_cap_makes_ovat_raise_max_running_requests_first():
     assert spec_cap_target(base.model_copy(update={"max_running_requests": 48}), st) is None
     off = base.model_copy(update={"speculative_algorithm": None})
     assert spec_cap_target(off, st) is None
+
+
+LAYOUTS = {"tp_size": [4, 8], "attn_dp_size": [1, 8], "ep_size": [1, 8]}  # 8 points
+
+
+def layout_study(brain: str):
+    """DeepSeek-V3 FP8 on 8x H200 over TP, attention DP and EP: (tp 4, attn_dp 8) is invalid."""
+    return study(model="deepseek-v3", gpu="H200", knobs=LAYOUTS,
+                 baseline={"tp_size": 8, "weights": "fp8"}, search={"brain": brain})
+
+
+def layout_objective(c) -> float:
+    """Attention DP with EP best, then EP alone, then plain TP; TP4 x 2 in between."""
+    return 100.0 * (1.5 if c.attn_dp_size > 1 else 1) * (1.2 if c.ep_size > 1 else 1) \
+        * (1.1 if c.tp_size == 4 else 1)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("brain", ["ovat", "grid", "tpe", "guided"])
+async def test_every_brain_skips_an_invalid_coupled_layout_with_its_reason(lessons, brain):
+    st = layout_study(brain)
+    planner = make_planner(st, lessons)
+    launched, pruned, stop, _ = await drive_with(planner, st, 12, layout_objective)
+    tried = [p.config for p in launched] + [p.config for p in pruned]
+    assert all(c.tp_size % c.attn_dp_size == 0 for c in tried)
+    # ep 8 brought deepep, and deepep makes ep = tp (SGLang 0.5.23 overrides.py:1611)
+    assert all(c.moe_a2a_backend == "deepep" and c.ep_size == c.tp_size
+               for c in tried if c.ep_size > 1)
+    if brain != "ovat":  # the whole space: every valid point, the invalid ones skipped
+        assert isinstance(stop, NoViableConfig)
+        # grid and TPE walk the space to its end; guided may converge before it
+        assert "coupled layout moves are invalid" in stop.reason or "converged" in stop.reason
+        assert any("attn_dp_size 8 does not divide tp_size 4" in why
+                   for why in planner.skipped.values())
+        assert any(c.attn_dp_size == 8 and c.ep_size == 8 for c in tried)

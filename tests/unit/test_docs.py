@@ -121,3 +121,11 @@ def test_the_architecture_page_shows_the_graphs_own_drawing() -> None:
     assert block is not None, "docs/architecture.md has no Mermaid block"
     assert block.group(1).strip() == drawing.read_text(encoding="utf-8").strip(), (
         "docs/architecture.md's Mermaid block differs from docs/architecture-graph.mmd: copy it")
+
+
+def test_every_knob_is_documented() -> None:
+    from domain.knobs import KNOBS
+
+    text = (DOCS / "study-file.md").read_text(encoding="utf-8")
+    missing = [k for k in KNOBS if f"| `{k}` |" not in text]
+    assert not missing, f"docs/study-file.md's knob table has no row for {missing}"

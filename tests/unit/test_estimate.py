@@ -9,6 +9,7 @@ import math
 
 import pytest
 
+from domain.calibration import efficiency
 from domain.config import ServingConfig
 from domain.costmodel import build_cost_model
 from domain.errors import DoesNotFit
@@ -258,3 +259,94 @@ def test_dsa_prefill_attends_at_most_index_topk_keys():
     # a dense model attends everything and has no indexer
     dense = build_cost_model(LLAMA_H100, fit(LLAMA_H100))
     assert dense.topk == 0 and _pairs(dense, 1000, ctx) == (1000 * ctx, 0.0)
+
+
+# -- layouts: per scheduler x schedulers x servers; PD as min(prefill, decode) -------------
+
+@dataclasses.dataclass
+class _Rep:
+    """A hand-made memory fit: per scheduler 1,000 KV tokens and 4 request slots."""
+
+    kv_tokens: int = 1000
+    max_running_requests: int = 4
+    chunked_prefill_size: int = 8192
+    speculative: None = None
+    kv_bytes_per_token: float = 1e6
+    draft_kv_bytes_per_token: float = 0.0
+
+
+class _Cost:
+    """A hand-made step model: 1 ms per prefill token, 10 ms per decode step, nothing else."""
+
+    topk = 0
+    request_fixed_s = 0.0
+
+    def prefill_time(self, tokens: int, attn: float, index: float) -> float:
+        return 1e-3 * tokens
+
+    def decode_time(self, batch: int, context: int) -> float:
+        return 0.01
+
+    def tokenize_time(self, tokens: float) -> float:
+        return 0.0
+
+
+@pytest.fixture
+def hand_model(monkeypatch):
+    monkeypatch.setattr("domain.estimate.fit", lambda c: _Rep())
+    monkeypatch.setattr("domain.estimate.build_cost_model", lambda c, r: _Cost())
+
+
+DSV3 = ServingConfig(model="deepseek-v3", gpu="H200", tp_size=8, weights="fp8")
+HAND_SAT = SaturationSpec(isl=100, osl=11, concurrency=64, duration_s=60)
+
+
+def test_attention_dp_counts_every_scheduler(hand_model):
+    # one scheduler: batch min(64 clients, 4 slots, 1000 / 111) = 4; 4 requests finish every
+    # 4 x 0.1 s prefill + 10 x 0.01 s decode = 0.5 s: 4 x 11 / 0.5 = 88 tok/s over 8 GPUs
+    tp8 = estimate(DSV3, HAND_SAT)
+    assert (tp8.batch, tp8.output_tok_s_per_gpu) == (4, pytest.approx(88 / 8))
+    # 8 attention-DP ranks, each its own scheduler with the same fit and step: 8x the output
+    dp8 = estimate(DSV3.model_copy(update={"attn_dp_size": 8}), HAND_SAT)
+    assert (dp8.batch, dp8.output_tok_s_per_gpu) == (4, pytest.approx(88))
+
+
+def test_pd_is_the_slower_pool_and_its_ttft_carries_the_transfer(hand_model):
+    pd = ServingConfig.model_validate({**DSV3.model_dump(), "tp_size": 4, "pd": "1P1D"})
+    est = estimate(pd, HAND_SAT)
+    # prefill: 1 scheduler / 0.1 s = 10 req/s; decode: 4 slots / (10 x 0.01 s) = 40 req/s;
+    # the closed loop 64 / (0.1 + transfer + 0.01 + 0.1) s is far above: 10 req/s x 11 tokens
+    # over the 8 GPUs of the two TP4 servers
+    assert est.output_tok_s_per_gpu == pytest.approx(10 * 11 / 8)
+    # the p99 prompt's KV: 100 tokens x 1 MB per GPU over each GPU's 50 GB/s NIC at the
+    # transfer's share of it, plus its fixed latency (the twin's link, domain/twin/pd.py)
+    eff = efficiency("H200")
+    move = 100 * 1e6 / (50e9 * eff.pd_transfer_eta) + eff.pd_transfer_latency_s
+    r = ReplayProfile(rate_req_s=1.0, isl_mean=100, isl_p99=100, osl_mean=11,
+                      reuse_share=0.0, requests=60)
+    est = estimate(pd, HAND_SAT, r)
+    assert est.transfer_ms == pytest.approx(move * 1000)
+    assert est.capacity_req_s == pytest.approx(10.0) and est.utilization == pytest.approx(0.1)
+    # TTFT: prefill 0.1 s + its M/M/1 wait at rho 0.1 (0.1 ln 10 / 0.9) + the move + one 10 ms
+    # decode step + the wait for one of the 4 decode slots at rho 1/40 (each held 0.11 s)
+    wait = 0.1 * math.log(10) / 0.9
+    slot = _p99_slot_wait(1 / 40, 4, 0.11)
+    assert 0 < slot < 0.05
+    assert est.ttft_p99_ms == pytest.approx((0.1 + wait + move + 0.01 + slot) * 1000)
+
+
+def test_attention_dp_ranks_stall_for_each_others_prefills(hand_model):
+    # 2 schedulers at 1 req/s each; each: 4 slots, 4 x 0.1 s prefill + 10 x 0.01 s decode per
+    # 4 requests = 8 req/s, and a 0.1 s prefill per request: its own prefill share u = 0.1
+    r = ReplayProfile(rate_req_s=2.0, isl_mean=100, isl_p99=100, osl_mean=11,
+                      reuse_share=0.0, requests=120)
+    copies = estimate(DSV3.model_copy(update={"dp_size": 2}), HAND_SAT, r)
+    assert copies.utilization == pytest.approx(1 / 8)  # independent TP groups: no stall
+    # attention-DP ranks step together: alone the peer would prefill 1 - 0.9^2 - 0.1 = 0.09 of
+    # the time; the shared step is priced as the mean tokens per rank (100 / 2 = 50 tokens:
+    # 0.05 s, half its own 0.1 s), and this rank still runs one 0.01 s decode step in it:
+    # it loses 0.09 x 0.05 / 0.1 x (1 - 0.01 / 0.05) = 0.036
+    lock = estimate(DSV3.model_copy(update={"attn_dp_size": 2}), HAND_SAT, r)
+    assert lock.utilization == pytest.approx(1 / 8 + 0.036)
+    assert lock.capacity_req_s == pytest.approx(2.0 / (1 / 8 + 0.036))
+    assert lock.ttft_p99_ms > copies.ttft_p99_ms

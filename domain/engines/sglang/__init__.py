@@ -112,6 +112,19 @@ class SglangEngine:
 
         return defaults.resolved_settings(config)
 
+    def layout_coupling(self, fields: dict[str, int | str | None]
+                        ) -> tuple[dict[str, int], list[str]]:
+        """The a2a ``ep_size`` rewrite and the layout refusals (:func:`layout_coupling.couple`)."""
+        from domain.engines.sglang import layout_coupling
+
+        return layout_coupling.couple(fields)
+
+    def layout_refusals(self, config: ServingConfig) -> list[str]:
+        """The engine's other layout refusals (:func:`layout_coupling.config_refusals`)."""
+        from domain.engines.sglang import layout_coupling
+
+        return layout_coupling.config_refusals(config)
+
     def start(self, config: ServingConfig, nnodes: int | None = None) -> Startup:
         """The twin's start of one replica of ``config`` (:func:`startup.start`)."""
         from domain.engines.sglang import startup
