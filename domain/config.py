@@ -4,6 +4,10 @@ The same model is the MCP tool input of the cluster server, the planner's output
 row, so they cannot drift. ``None`` means "unset": the flag is not passed and the engine's own
 default rule decides (see ``domain/fit.py`` for those rules). Its command line is the engine's
 (:meth:`domain.engines.Engine.argv`).
+
+Longer than 500 lines on purpose: ``ServingConfig`` is the one schema of record; each
+field carries its flag's description, and the PD layout classes and the server expansion
+(:meth:`ServingConfig.servers`) must validate with it.
 """
 
 from __future__ import annotations

@@ -2,6 +2,10 @@
 
 A lesson's *family* is the set of configs its condition matches inside its scope; the planner asks
 ``lesson.forbids(config)`` before launching anything, so one failure prunes its whole family.
+
+Longer than 500 lines on purpose: a lesson's scope, its clauses and the matching rules
+(:meth:`Lesson.forbids`) share one value model, layout fields (``pd`` by name) included;
+split apart, a clause's comparison and the condition text could drift.
 """
 
 from __future__ import annotations

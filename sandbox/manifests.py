@@ -12,6 +12,9 @@ Facts used here come from servetune's SGLang reference (``sglang-knobs.md``, SGL
 sglang-router 0.3.2) and the LeaderWorkerSet sources (kubernetes-sigs/lws v0.10.0); each
 constant names its source. The sandbox the backend runs in is rendered by
 ``sandbox.namespace.render_sandbox`` (re-exported here).
+
+Longer than 500 lines on purpose: every layout (one node, LeaderWorkerSet, PD groups and
+the PD router) renders from the same pod spec and labels, which the policy checks as one set.
 """
 
 from __future__ import annotations

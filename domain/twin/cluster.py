@@ -54,6 +54,10 @@ requests finishes, so the replacement returns to a worker at the fleet minimum a
 stay the balanced split of the first wave (which worker holds a remainder client may change
 on exact ties; replicas are identical). ``tests/unit/test_router_policy.py`` checks both
 against a reference that routes every request with live counts.
+
+Longer than 500 lines on purpose: the router, the replicas' saturation and replay loops
+and the compute-budget estimates of the same loops live together, so an estimate follows the
+loop it estimates (schedulers and PD dispatch from here).
 """
 
 from __future__ import annotations

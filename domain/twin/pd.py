@@ -54,6 +54,10 @@ The servers are simulated in one event loop in virtual time (:class:`PDSimulatio
 transfer ends, prefill iterations (one at a time) and, while a decode server's prealloc queue
 waits on its memory or a closed loop needs its finishes, its decode iterations one at a time;
 otherwise a decode server is advanced lazily to the next event that concerns it.
+
+Longer than 500 lines on purpose: one event loop carries a request through preallocation,
+prefill, the transfer links and decode; its states are shared by every stage, so the stages
+cannot be split into modules without passing that state around.
 """
 
 from __future__ import annotations

@@ -327,7 +327,8 @@ def test_weights_estimate_lesson_names_the_largest_failing_tp():
 
 
 def test_weights_estimate_lesson_at_the_largest_tp_names_the_weights_alone(monkeypatch):
-    """Weights that fail at every TP up to the domain's largest (64): ``tp_size <= 64`` would
+    """Weights that fail at every TP up to the domain's largest (512 since issue 21's PD
+    groups): ``tp_size <= 512`` would
     be true for every config and is refused (issue 16, D2), so the family is the checkpoint
     (at this PP width or less: issue 21)."""
     import yaml
@@ -336,7 +337,7 @@ def test_weights_estimate_lesson_at_the_largest_tp_names_the_weights_alone(monke
     from domain.study import parse_study
 
     study = parse_study(yaml.safe_load(DEFAULT_STUDY.read_text()))
-    study = study.model_copy(update={"knobs": {**study.knobs, "tp_size": [8, 16, 32, 64]}})
+    study = study.model_copy(update={"knobs": {**study.knobs, "tp_size": [8, 16, 32, 64, 128, 256, 512]}})
     err = DoesNotFit("weights_load", 2000.0, 180.0, "weights 2000 GB per GPU > 180 GB")
 
     def never_fits(config):

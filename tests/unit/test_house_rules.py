@@ -17,7 +17,8 @@ MAX_LINES = 500
 # The only product files that may be longer, each with its reason in its module docstring.
 DESERVED = {"domain/twin/engine.py", "domain/costmodel.py", "mcp_servers/cluster/local.py",
             "mcp_servers/cluster/kubernetes.py", "agents/claude.py", "sandbox/policy.py",
-            "mcp_servers/source/analysis.py"}
+            "mcp_servers/source/analysis.py", "domain/config.py", "domain/lesson.py",
+            "domain/twin/cluster.py", "domain/twin/pd.py", "sandbox/manifests.py"}
 REASON = "Longer than 500 lines on purpose:"
 
 

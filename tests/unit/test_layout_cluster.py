@@ -90,6 +90,7 @@ async def test_twin_deploys_a_pd_layout_through_the_mcp_tool():
         assert groups == [("prefill", 1, "TP8", 8, True), ("decode", 1, "TP8", 8, True)]
         for g in st["groups"]:  # one rank's memory, as domain.fit resolves the server
             assert g["weights_gb_per_gpu"] > 80 and g["kv_tokens_per_scheduler"] > 0
+        decode_kv = st["groups"][1]["kv_tokens_per_scheduler"]
         ev = (await c.call_tool("get_events", {"name": "pd"})).structured_content["events"]
         assert ev[0]["message"].startswith("1 prefill + 1 decode server(s) of config ")
         assert ev[0]["message"].endswith("(1P1D TP8)")
@@ -103,7 +104,7 @@ async def test_twin_deploys_a_pd_layout_through_the_mcp_tool():
         assert [g["ready"] for g in st["groups"]] == [True, False]
         assert st["groups"][1]["weights_gb_per_gpu"] is None
     config, report = twin.ready_fit("pd")  # the bench simulates the PD config, decode's fit
-    assert config == PD_1P1D and report.kv_tokens == st["groups"][0]["kv_tokens_per_scheduler"]
+    assert config == PD_1P1D and report.kv_tokens == decode_kv
 
 
 def test_twin_status_shows_schedulers_of_attention_dp():
