@@ -337,7 +337,8 @@ def test_weights_estimate_lesson_at_the_largest_tp_names_the_weights_alone(monke
     from domain.study import parse_study
 
     study = parse_study(yaml.safe_load(DEFAULT_STUDY.read_text()))
-    study = study.model_copy(update={"knobs": {**study.knobs, "tp_size": [8, 16, 32, 64, 128, 256, 512]}})
+    tps = [8, 16, 32, 64, 128, 256, 512]
+    study = study.model_copy(update={"knobs": {**study.knobs, "tp_size": tps}})
     err = DoesNotFit("weights_load", 2000.0, 180.0, "weights 2000 GB per GPU > 180 GB")
 
     def never_fits(config):
