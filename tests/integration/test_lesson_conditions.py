@@ -46,10 +46,10 @@ def store(tmp_path):
 # domain and conditions no config satisfies. (clause(s), words the refusal must contain)
 REFUSED = [
     pytest.param([{"field": "tp_size", "op": "not_in", "value": []}],
-                 ["tp_size not in []", "holds for every valid config", "1..64"],
+                 ["tp_size not in []", "holds for every valid config", "1..512"],
                  id="not-in-empty"),
     pytest.param([{"field": "tp_size", "op": "ne", "value": 1000}],
-                 ["tp_size != 1000", "1000 is not in the domain of tp_size", "1..64"],
+                 ["tp_size != 1000", "1000 is not in the domain of tp_size", "1..512"],
                  id="ne-out-of-range"),
     pytest.param([{"field": "replicas", "op": "ne", "value": -7}],
                  ["replicas != -7", "-7 is not in the domain of replicas", "1..512"],
@@ -69,8 +69,8 @@ REFUSED = [
                  id="unknown-checkpoint"),
     pytest.param([{"field": "mem_fraction_static", "op": "eq", "value": 1.5}],
                  ["1.5 is not in the domain of mem_fraction_static"], id="float-out-of-range"),
-    pytest.param([{"field": "tp_size", "op": "gt", "value": 64}],
-                 ["tp_size > 64", "holds for no config"], id="never-true"),
+    pytest.param([{"field": "tp_size", "op": "gt", "value": 512}],
+                 ["tp_size > 512", "holds for no config"], id="never-true"),
     pytest.param([{"field": "tp_size", "op": "le", "value": 2},
                   {"field": "tp_size", "op": "ge", "value": 4}],
                  ["tp_size <= 2 AND tp_size >= 4", "no config satisfies"], id="contradiction"),
