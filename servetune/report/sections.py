@@ -181,15 +181,9 @@ def _result(study: Study, trials: list[Trial]) -> list[str]:
     if winner is not None:
         flags = winner.config.set_fields()
         src = f" (search trial #{winner.parent_seq})" if winner.parent_seq else ""
-        if needs_launch_section(winner.config):
-            out += [f"Winner: trial #{winner.seq}{src}, reached by {_changed(winner)}; "
-                    f"{len(flags)} tuned flag(s) beyond model, TP and quantization.", ""]
-            out += launch_section(winner.config)
-        else:
-            out += [f"Winner: trial #{winner.seq}{src}, reached by {_changed(winner)}; "
-                    f"{len(flags)} tuned flag(s) beyond model, TP and quantization. "
-                    "Launch command for ONE replica:", ""]
-            out += _fence(winner.config.launch_command(), "bash")
+        out += _commands(winner.config, f"Winner: trial #{winner.seq}{src}, reached by "
+                         f"{_changed(winner)}; {len(flags)} tuned flag(s) beyond model, TP and "
+                         "quantization", "Launch command")
         q = winner.quality
         gate = [] if q is None else [f"- Quality gate: {q.reason}" if q.status in (
             "not-applicable", "not-needed") else f"- Quality gate: {q.status} ({q.reason})"]
@@ -201,17 +195,22 @@ def _result(study: Study, trials: list[Trial]) -> list[str]:
     if best is None:
         out += ["No finalist was replayed on the trace.", ""]
         return out
-    if needs_launch_section(best.config):
-        out += [f"Best finalist by output tok/s/GPU: trial #{best.seq} ({_changed(best)}), "
-                f"status {best.status}.", ""]
-        out += launch_section(best.config)
-    else:
-        out += [f"Best finalist by output tok/s/GPU: trial #{best.seq} ({_changed(best)}), "
-                f"status {best.status}. Its launch command for ONE replica:", ""]
-        out += _fence(best.config.launch_command(), "bash")
+    out += _commands(best.config, f"Best finalist by output tok/s/GPU: trial #{best.seq} "
+                     f"({_changed(best)}), status {best.status}", "Its launch command")
     out += ["", *_numbers(best, slo), *_not_modelled(best), ""]
     return out
 
+
+
+def _commands(config: ServingConfig, lead: str, one: str) -> list[str]:
+    """``lead`` and the config's commands (report lines).
+
+    A layout gets its launch section (per group, the router); otherwise ``one`` "for ONE
+    replica" and that replica's command line.
+    """
+    if needs_launch_section(config):
+        return [f"{lead}.", "", *launch_section(config)]
+    return [f"{lead}. {one} for ONE replica:", "", *_fence(config.launch_command(), "bash")]
 
 def _not_modelled(t: Trial) -> list[str]:
     """A line naming the set flags the twin passes through without modelling them."""
